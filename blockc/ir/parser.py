@@ -1,0 +1,307 @@
+"""Reads the text printed by ``printer.print_graph`` back into a ``Graph``.
+
+One statement per line. Errors are ``ParseError`` with line and column.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from ..errors import BlockcError, ParseError
+from .dims import Sym, parse_dim
+from .dtypes import DType
+from .graph import Graph
+from .types import TensorType
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<string>"(?:[^"\\]|\\.)*")
+  | (?P<value>%(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|"(?:[^"\\]|\\.)*"))
+  | (?P<param>@(?:[A-Za-z0-9_][A-Za-z0-9_.]*|"(?:[^"\\]|\\.)*"))
+  | (?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|[0-9]+))
+  | (?P<ident>-?[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<punct>[:,={}\[\]()<>+*-])
+""", re.VERBOSE)
+
+
+class _Line:
+    """Tokens of one line with a cursor; errors point at the current token."""
+
+    def __init__(self, text: str, lineno: int):
+        self.text, self.lineno, self.toks, self.i = text, lineno, [], 0
+        pos = 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if not m:
+                raise ParseError(f"unexpected character {text[pos]!r}", lineno, pos + 1, text)
+            if m.lastgroup != "ws":
+                self.toks.append((m.lastgroup, m.group(), pos + 1))
+            pos = m.end()
+
+    def error(self, message: str) -> ParseError:
+        col = self.toks[self.i][2] if self.i < len(self.toks) else len(self.text) + 1
+        return ParseError(message, self.lineno, col, self.text)
+
+    def peek(self, offset: int = 0):
+        j = self.i + offset
+        return self.toks[j] if j < len(self.toks) else (None, None, len(self.text) + 1)
+
+    def at(self, text: str) -> bool:
+        return self.peek()[1] == text
+
+    def take(self, kind: str | None = None, text: str | None = None) -> str:
+        k, t, _ = self.peek()
+        if k is None or (kind and k != kind) or (text and t != text):
+            want = repr(text) if text else (kind or "a token")
+            got = repr(t) if t is not None else "end of line"
+            raise self.error(f"expected {want}, found {got}")
+        self.i += 1
+        return t
+
+    def done(self) -> bool:
+        return self.i >= len(self.toks)
+
+    def end(self) -> None:
+        if not self.done():
+            raise self.error(f"unexpected {self.peek()[1]!r}")
+
+
+def _unquote(text: str) -> str:
+    return json.loads(text) if text.startswith('"') else text
+
+
+def _dim_text(line: _Line, stops: set) -> str:
+    """Raw text of a dimension expression, up to a stop token at depth 0."""
+    parts, depth = [], 0
+    while not line.done():
+        t = line.peek()[1]
+        if depth == 0 and t in stops:
+            break
+        depth += (t == "(") - (t == ")")
+        parts.append(t)
+        line.i += 1
+    if not parts:
+        raise line.error("expected a dimension")
+    return " ".join(parts)
+
+
+def _dim(line: _Line, stops: set):
+    start = line.i
+    text = _dim_text(line, stops)
+    try:
+        return parse_dim(text.replace(" ", ""))
+    except (ValueError, BlockcError) as e:
+        line.i = start
+        raise line.error(f"bad dimension {text!r}: {e}") from None
+
+
+def _type(line: _Line) -> TensorType:
+    name = line.take("ident")
+    try:
+        dtype = DType.parse(name)
+    except KeyError:
+        line.i -= 1
+        raise line.error(f"unknown dtype {name!r}") from None
+    line.take(text="[")
+    shape = []
+    while not line.at("]"):
+        shape.append(_dim(line, {",", "]"}))
+        if not line.at("]"):
+            line.take(text=",")
+    line.take(text="]")
+    return TensorType(dtype, tuple(shape))
+
+
+def _scalar(line: _Line, dtype: DType | None = None):
+    kind, text, _ = line.peek()
+    if kind == "number":
+        line.i += 1
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    if kind == "ident" and text in ("inf", "-inf", "nan"):
+        line.i += 1
+        return float(text)
+    if kind == "ident" and text in ("true", "false"):
+        line.i += 1
+        return text == "true"
+    raise line.error(f"expected a number, found {text!r}")
+
+
+def _attr_value(line: _Line):
+    kind, text, _ = line.peek()
+    if kind == "string":
+        line.i += 1
+        return json.loads(text)
+    if text == "[":
+        line.i += 1
+        items = []
+        while not line.at("]"):
+            items.append(_list_item(line))
+            if not line.at("]"):
+                line.take(text=",")
+        line.take(text="]")
+        return tuple(items)
+    if text == "dense" and line.peek(1)[1] == "<":
+        return _dense(line)
+    if kind == "number" or text in ("inf", "-inf", "nan", "true", "false"):
+        if kind == "number" and line.peek(1)[1] in ("+", "-", "*"):
+            return _dim(line, {",", "}"})
+        return _scalar(line)
+    if kind == "ident" or text in ("(", "-"):
+        return _dim(line, {",", "}"})
+    raise line.error(f"expected an attribute value, found {text!r}")
+
+
+def _list_item(line: _Line):
+    kind, text, _ = line.peek()
+    if kind == "number" and line.peek(1)[1] not in ("+", "-", "*"):
+        return _scalar(line)
+    return _dim(line, {",", "]"})
+
+
+def _dense(line: _Line) -> np.ndarray:
+    line.take(text="dense")
+    line.take(text="<")
+    start = line.i
+    t = _type(line)
+    line.take(text=":")
+    line.take(text="[")
+    items = []
+    while not line.at("]"):
+        items.append(_scalar(line))
+        if not line.at("]"):
+            line.take(text=",")
+    line.take(text="]")
+    line.take(text=">")
+    shape = tuple(t.shape)
+    if not all(isinstance(d, int) for d in shape):
+        line.i = start
+        raise line.error("a dense constant needs a static shape")
+    if int(np.prod(shape, dtype=np.int64)) != len(items):
+        line.i = start
+        raise line.error(f"dense constant of shape {list(shape)} has {len(items)} values")
+    return np.array(items, dtype=np.float64 if t.dtype.is_float else None).astype(t.dtype.numpy).reshape(shape)
+
+
+def parse_graph(text: str) -> Graph:
+    """Parse printed IR. Raises ``ParseError`` naming line and column."""
+    lines = text.splitlines()
+    values: dict[str, object] = {}
+    g: Graph | None = None
+    finished = False
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        line = _Line(raw, lineno)
+        if finished:
+            raise line.error("text after the end of the graph")
+        if g is None:
+            line.take(text="graph")
+            kind, name, _ = line.peek()
+            if kind not in ("ident", "string"):
+                raise line.error("expected the graph's name")
+            line.i += 1
+            g = Graph(_unquote(name))
+            line.take(text="(")
+            while not line.at(")"):
+                vname = line.take("value")
+                line.take(text=":")
+                label = _unquote(vname[1:])
+                if vname in values:
+                    line.i -= 3
+                    raise line.error(f"input {vname} declared twice")
+                values[vname] = g.add_input(label, _type(line))
+                if not line.at(")"):
+                    line.take(text=",")
+            line.take(text=")")
+            line.take(text="{")
+            line.end()
+            continue
+        first = line.peek()[1]
+        if first == "}":
+            line.take(text="}")
+            line.end()
+            finished = True
+        elif first == "param":
+            line.take(text="param")
+            pname = line.take("param")
+            line.take(text=":")
+            values[pname] = g.add_param(_unquote(pname[1:]), _type(line))
+            line.end()
+        elif first == "return":
+            line.take(text="return")
+            outs = []
+            while not line.done():
+                kind, oname, _ = line.peek()
+                if kind not in ("ident", "string"):
+                    raise line.error("expected an output name")
+                line.i += 1
+                line.take(text="=")
+                ref = line.take()
+                if ref not in values:
+                    line.i -= 1
+                    raise line.error(f"undefined value {ref}")
+                outs.append((_unquote(oname), values[ref]))
+                if not line.done():
+                    line.take(text=",")
+            g.set_outputs(outs)
+        else:
+            _node(line, g, values)
+    if g is None:
+        raise ParseError("empty text: expected 'graph NAME(...) {'", 1, 1)
+    if not finished:
+        raise ParseError("missing closing '}'", len(lines), 1, lines[-1] if lines else "")
+    return g
+
+
+def _node(line: _Line, g: Graph, values: dict) -> None:
+    results = []
+    while True:
+        name = line.take("value")
+        if name in values:
+            line.i -= 1
+            raise line.error(f"value {name} is defined twice")
+        line.take(text=":")
+        results.append((name, _type(line), line.i))
+        if line.at("="):
+            break
+        line.take(text=",")
+    line.take(text="=")
+    op_start = line.i
+    op = line.take("ident")
+    inputs = []
+    if not line.done() and not line.at("{"):
+        while True:
+            ref = line.take()
+            if ref not in values:
+                line.i -= 1
+                raise line.error(f"undefined value {ref}")
+            inputs.append(values[ref])
+            if not line.at(","):
+                break
+            line.take(text=",")
+    attrs = {}
+    if line.at("{"):
+        line.take(text="{")
+        while not line.at("}"):
+            key = line.take("ident")
+            line.take(text="=")
+            attrs[key] = _attr_value(line)
+            if not line.at("}"):
+                line.take(text=",")
+        line.take(text="}")
+    line.end()
+    try:
+        node = g.add_node(op, inputs, attrs)
+    except BlockcError as e:
+        line.i = op_start
+        raise line.error(str(e)) from None
+    if len(node.outputs) != len(results):
+        line.i = op_start
+        raise line.error(f"{op} has {len(node.outputs)} results, the text names {len(results)}")
+    for (name, declared, _), out in zip(results, node.outputs):
+        if declared != out.type:
+            line.i = op_start
+            raise line.error(f"{name} is declared {declared} but {op} gives {out.type}")
+        values[name] = out

@@ -1,0 +1,156 @@
+"""The one op registry.
+
+Each op is declared once, in one place, with everything blockc knows about it:
+
+* ``attrs``     -- attribute names, kinds and defaults;
+* ``infer``     -- the shape/dtype rule, over symbolic dims;
+* ``numpy``     -- its meaning, run by the reference interpreter;
+* ``onnx``      -- how it lowers to standard ONNX nodes;
+* ``decompose`` -- (optional) the same math in more primitive ops.
+
+Adding an op touches its declaration here (``blockc/ops/*.py``) plus tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import BlockcError, ShapeError
+from ..ir.dims import Sym, is_dim
+
+# Attribute kinds. Lists of dims double as lists of ints (ints are dims).
+INT, FLOAT, STR, BOOL, DIM, DIMS, TENSOR = "int", "float", "str", "bool", "dim", "dims", "tensor"
+
+REQUIRED = object()
+
+
+@dataclass
+class OpDef:
+    name: str
+    inputs: tuple            # names of inputs; a trailing "*" name is variadic
+    outputs: int | Callable[[Mapping[str, Any], int], int] = 1
+    attrs: dict = field(default_factory=dict)   # name -> (kind, default or REQUIRED)
+    doc: str = ""
+    infer_fn: Callable | None = None
+    numpy_fn: Callable | None = None
+    onnx_fn: Callable | None = None
+    decompose_fn: Callable | None = None
+
+    # -- decorators used by the op modules --------------------------------
+    def infer(self, fn):
+        self.infer_fn = fn
+        return fn
+
+    def numpy(self, fn):
+        self.numpy_fn = fn
+        return fn
+
+    def onnx(self, fn):
+        self.onnx_fn = fn
+        return fn
+
+    def decompose(self, fn):
+        self.decompose_fn = fn
+        return fn
+
+    # -- checks -------------------------------------------------------------
+    @property
+    def variadic(self) -> bool:
+        return bool(self.inputs) and self.inputs[-1].startswith("*")
+
+    def num_outputs(self, attrs: Mapping[str, Any], num_inputs: int) -> int:
+        return self.outputs(attrs, num_inputs) if callable(self.outputs) else self.outputs
+
+    def check_arity(self, n: int) -> None:
+        if self.variadic:
+            least = len(self.inputs)  # the variadic slot needs one value at least
+            if n < least:
+                raise ShapeError(f"{self.name} takes at least {least} inputs, got {n}")
+        elif n != len(self.inputs):
+            raise ShapeError(f"{self.name} takes {len(self.inputs)} inputs, got {n}")
+
+    def normalize_attrs(self, attrs: Mapping[str, Any]) -> dict:
+        """Defaults filled in, kinds checked; unknown names rejected."""
+        out = {}
+        for key in attrs:
+            if key not in self.attrs:
+                known = ", ".join(self.attrs) or "none"
+                raise BlockcError(f"{self.name} has no attribute {key!r} (attributes: {known})")
+        for key, (kind, default) in self.attrs.items():
+            if key in attrs:
+                out[key] = _coerce(self.name, key, kind, attrs[key])
+            elif default is REQUIRED:
+                raise BlockcError(f"{self.name} needs attribute {key!r}")
+            elif default is not None:
+                out[key] = default
+        return out
+
+
+def _coerce(op: str, key: str, kind: str, v):
+    bad = BlockcError(f"{op}: attribute {key}={v!r} is not a {kind}")
+    if kind == INT:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise bad
+        return int(v)
+    if kind == FLOAT:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise bad
+        return float(v)
+    if kind == STR:
+        if not isinstance(v, str):
+            raise bad
+        return v
+    if kind == BOOL:
+        if not isinstance(v, (bool, np.bool_)):
+            raise bad
+        return bool(v)
+    if kind == DIM:
+        if isinstance(v, np.integer):
+            v = int(v)
+        if not is_dim(v):
+            raise bad
+        return v
+    if kind == DIMS:
+        if not isinstance(v, (list, tuple)):
+            raise bad
+        items = [int(x) if isinstance(x, np.integer) else x for x in v]
+        if not all(is_dim(x) for x in items):
+            raise bad
+        return tuple(items)
+    if kind == TENSOR:
+        if not isinstance(v, np.ndarray):
+            raise bad
+        return v
+    raise AssertionError(kind)
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "") -> OpDef:
+    """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
+    if name in OPS:
+        raise AssertionError(f"op {name} declared twice")
+    op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc)
+    OPS[name] = op
+    return op
+
+
+def get(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise BlockcError(f"unknown op {name!r}") from None
+
+
+def attr_symbols(attrs: Mapping[str, Any]) -> set:
+    """Symbols used by symbolic-dim attributes (e.g. ``slice end=seq``)."""
+    out = set()
+    for v in attrs.values():
+        items = v if isinstance(v, tuple) else (v,)
+        for x in items:
+            if isinstance(x, Sym):
+                out |= x.symbols
+    return out

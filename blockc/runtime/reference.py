@@ -1,0 +1,89 @@
+"""The numpy reference interpreter.
+
+``float64=True`` (the default) runs every floating-point value in float64:
+this is the oracle that every pass and backend is checked against.
+``float64=False`` runs in the graph's own dtypes; float16/bfloat16 ops compute
+in float32 and round their results, as GPU kernels with float32 accumulation do.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import BlockcError, WeightsError
+from ..ir.dims import evaluate
+from ..ir.dtypes import DType
+from ..ir.graph import Graph
+from ..ops import registry
+from .bindings import bind_inputs
+
+_NARROW_NP = (DType.float16.numpy, DType.bfloat16.numpy)
+
+
+class Env:
+    """What an op's numpy rule may ask of the interpreter."""
+
+    def __init__(self, bindings: Mapping[str, int], float64: bool):
+        self.bindings, self.float64 = dict(bindings), float64
+
+    def numpy_dtype(self, dtype: DType) -> np.dtype:
+        return np.dtype(np.float64) if self.float64 and dtype.is_float else dtype.numpy
+
+    def eval_dims(self, dims) -> list[int]:
+        return [evaluate(d, self.bindings) for d in dims]
+
+
+def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
+                  *, float64: bool = True) -> dict[str, np.ndarray]:
+    """Run ``graph`` on ``feeds``; returns ``{output name: array}``.
+
+    In float64 mode every float output is float64; otherwise outputs have the
+    graph's declared dtypes.
+    """
+    bindings = bind_inputs(graph, feeds)
+    env = Env(bindings, float64)
+    missing = [name for name in graph.params if name not in weights]
+    if missing:
+        raise WeightsError(f"no weights for {len(missing)} parameter(s): {', '.join(missing[:10])}"
+                           + (" ..." if len(missing) > 10 else ""))
+
+    def load(v, array) -> np.ndarray:
+        return np.asarray(array).astype(env.numpy_dtype(v.dtype), copy=False)
+
+    vals: dict[int, np.ndarray] = {}
+    for v in graph.inputs:
+        vals[id(v)] = load(v, feeds[v.name])
+    for name, v in graph.params.items():
+        w = np.asarray(weights[name])
+        if tuple(w.shape) != v.type.concrete_shape({}):
+            raise WeightsError(f"weight {name!r} has shape {list(w.shape)}, the graph expects {v.type}")
+        vals[id(v)] = load(v, w)
+
+    # Free each intermediate after its last use: a 50257-wide logits tensor
+    # should not outlive the node that reads it.
+    last_use: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            last_use[id(v)] = i
+    keep = {id(v) for _, v in graph.outputs}
+
+    for i, n in enumerate(graph.nodes):
+        opdef = registry.get(n.op)
+        args = [vals[id(v)] for v in n.inputs]
+        # float16/bfloat16 compute in float32; results round to the storage dtype below.
+        args = [a.astype(np.float32) if a.dtype in _NARROW_NP else a for a in args]
+        with np.errstate(all="ignore"):
+            try:
+                result = opdef.numpy_fn(args, n.attrs, env)
+            except BlockcError:
+                raise
+            except Exception as e:  # a numpy failure is a blockc bug or a bad feed: name the node
+                raise BlockcError(f"reference interpreter failed at {n.op} (node {i}): {e}") from e
+        results = result if isinstance(result, (list, tuple)) else [result]
+        for out, r in zip(n.outputs, results):
+            vals[id(out)] = np.asarray(r).astype(env.numpy_dtype(out.dtype), copy=False)
+        for v in n.inputs:
+            if last_use.get(id(v)) == i and id(v) not in keep and v.kind == "node":
+                vals.pop(id(v), None)
+    return {name: vals[id(v)] for name, v in graph.outputs}
