@@ -1,0 +1,201 @@
+"""Whole models built from the layer library: a decoder-only LM (GPT-2
+shaped), a post-norm encoder (BERT shaped), and a single block."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ModelError
+from ..ir.dims import Sym
+from ..ir.dtypes import DType
+from .layers import (ACTIVATIONS, Embedding, LearnedPositionEmbedding, SinusoidalPositionEmbedding,
+                     TransformerBlock, make_norm)
+from .module import InputSpec, Model, ModuleList
+from .tensor import Tensor
+
+BATCH, SEQ = Sym.var("batch"), Sym.var("seq")
+
+
+def _check_common(cfg) -> None:
+    for key in ("d_model", "layers", "heads"):
+        if getattr(cfg, key) <= 0:
+            raise ModelError(f"{key} must be positive, got {getattr(cfg, key)}")
+    if cfg.d_model % cfg.heads:
+        raise ModelError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}")
+    if cfg.activation not in ACTIVATIONS:
+        raise ModelError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
+    if cfg.norm not in ("layernorm", "rmsnorm"):
+        raise ModelError(f"norm must be layernorm or rmsnorm, got {cfg.norm!r}")
+    try:
+        dtype = DType.parse(cfg.dtype)
+    except KeyError:
+        dtype = None
+    if dtype is None or not dtype.is_float:
+        raise ModelError(f"dtype must be float32, float16, bfloat16 or float64, got {cfg.dtype!r}")
+
+
+@dataclass
+class DecoderConfig:
+    """A decoder-only language model. ``d_ff=0`` means ``4*d_model``."""
+
+    vocab: int = 50257
+    max_positions: int = 1024
+    d_model: int = 768
+    layers: int = 12
+    heads: int = 12
+    d_ff: int = 0
+    norm_first: bool = True
+    activation: str = "gelu_tanh"
+    norm: str = "layernorm"
+    positions: str = "learned"
+    eps: float = 1e-5
+    probs: bool = True
+    dtype: str = "float32"
+
+    def check(self) -> None:
+        _check_common(self)
+        if self.positions not in ("learned", "sinusoidal"):
+            raise ModelError(f"positions must be learned or sinusoidal, got {self.positions!r}")
+        if self.vocab <= 0 or self.max_positions <= 0:
+            raise ModelError("vocab and max_positions must be positive")
+
+
+class DecoderLM(Model):
+    """Token + position embeddings, L causal blocks, the final norm of
+    pre-norm stacks, logits through the tied unembedding ``Eᵀ``, and (with
+    ``probs``) the softmax over the vocabulary."""
+
+    def __init__(self, cfg: DecoderConfig, name: str = "decoder"):
+        super().__init__()
+        cfg.check()
+        self.cfg, self.name, self.dtype = cfg, name, DType.parse(cfg.dtype)
+        self.tok = Embedding(cfg.vocab, cfg.d_model)
+        pos_cls = LearnedPositionEmbedding if cfg.positions == "learned" else SinusoidalPositionEmbedding
+        self.pos = pos_cls(cfg.max_positions, cfg.d_model)
+        self.blocks = ModuleList([
+            TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=cfg.norm_first,
+                             activation=cfg.activation, causal=True, eps=cfg.eps, norm=cfg.norm)
+            for _ in range(cfg.layers)])
+        if cfg.norm_first:
+            self.ln_f = make_norm(cfg.norm, cfg.d_model, cfg.eps)
+
+    def inputs(self) -> list[InputSpec]:
+        return [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
+
+    def max_dims(self) -> dict[str, int]:
+        return {"seq": self.cfg.max_positions}
+
+    def forward(self, input_ids: Tensor):
+        x = self.tok(input_ids) + self.pos(input_ids.shape[1])
+        for block in self.blocks:
+            x = block(x)
+        if self.cfg.norm_first:
+            x = self.ln_f(x)
+        logits = x @ self.tok.weight.T
+        return {"logits": logits, "probs": logits.softmax(-1)} if self.cfg.probs else {"logits": logits}
+
+
+@dataclass
+class EncoderConfig:
+    """A post-norm (BERT-shaped) encoder with a padding mask."""
+
+    vocab: int = 30522
+    max_positions: int = 512
+    type_vocab: int = 2
+    d_model: int = 768
+    layers: int = 12
+    heads: int = 12
+    d_ff: int = 0
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    eps: float = 1e-12
+    dtype: str = "float32"
+
+    def check(self) -> None:
+        _check_common(self)
+        if self.vocab <= 0 or self.max_positions <= 0 or self.type_vocab < 0:
+            raise ModelError("vocab and max_positions must be positive, type_vocab non-negative")
+
+
+class Encoder(Model):
+    """Embeddings (token + position + segment) and their LayerNorm, then L
+    post-norm blocks with a padding mask (``attention_mask``: 1 = token, 0 = pad)."""
+
+    def __init__(self, cfg: EncoderConfig, name: str = "encoder"):
+        super().__init__()
+        cfg.check()
+        self.cfg, self.name, self.dtype = cfg, name, DType.parse(cfg.dtype)
+        self.tok = Embedding(cfg.vocab, cfg.d_model)
+        self.pos = LearnedPositionEmbedding(cfg.max_positions, cfg.d_model, std=0.02)
+        if cfg.type_vocab:
+            self.segment = Embedding(cfg.type_vocab, cfg.d_model)
+        self.ln_emb = make_norm(cfg.norm, cfg.d_model, cfg.eps)
+        self.blocks = ModuleList([
+            TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=False,
+                             activation=cfg.activation, eps=cfg.eps, norm=cfg.norm)
+            for _ in range(cfg.layers)])
+
+    def inputs(self) -> list[InputSpec]:
+        specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
+        if self.cfg.type_vocab:
+            specs.append(InputSpec("token_type_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.type_vocab))
+        specs.append(InputSpec("attention_mask", DType.int64, (BATCH, SEQ), "mask"))
+        return specs
+
+    def max_dims(self) -> dict[str, int]:
+        return {"seq": self.cfg.max_positions}
+
+    def forward(self, input_ids: Tensor, *rest: Tensor):
+        token_type_ids, attention_mask = rest if self.cfg.type_vocab else (None, rest[0])
+        x = self.tok(input_ids) + self.pos(input_ids.shape[1])
+        if token_type_ids is not None:
+            x = x + self.segment(token_type_ids)
+        x = self.ln_emb(x)
+        # [batch, seq] -> [batch, 1, 1, seq]: one key mask shared by heads and queries.
+        mask = attention_mask.cast("bool").reshape(0, 1, 1, -1)
+        for block in self.blocks:
+            x = block(x, mask)
+        return {"last_hidden_state": x}
+
+
+@dataclass
+class BlockConfig:
+    """One transformer block on float inputs ``x: [batch, seq, d_model]``."""
+
+    d_model: int = 768
+    heads: int = 12
+    d_ff: int = 0
+    norm_first: bool = True
+    activation: str = "gelu_tanh"
+    norm: str = "layernorm"
+    causal: bool = True
+    eps: float = 1e-5
+    max_positions: int = 1024
+    layers: int = 1
+    dtype: str = "float32"
+
+    def check(self) -> None:
+        _check_common(self)
+
+
+class BlockModel(Model):
+    """``layers`` transformer blocks applied to a float tensor."""
+
+    def __init__(self, cfg: BlockConfig, name: str = "block"):
+        super().__init__()
+        cfg.check()
+        self.cfg, self.name, self.dtype = cfg, name, DType.parse(cfg.dtype)
+        self.blocks = ModuleList([
+            TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=cfg.norm_first,
+                             activation=cfg.activation, causal=cfg.causal, eps=cfg.eps, norm=cfg.norm)
+            for _ in range(cfg.layers)])
+
+    def inputs(self) -> list[InputSpec]:
+        return [InputSpec("x", self.dtype, (BATCH, SEQ, self.cfg.d_model))]
+
+    def max_dims(self) -> dict[str, int]:
+        return {"seq": self.cfg.max_positions}
+
+    def forward(self, x: Tensor):
+        for block in self.blocks:
+            x = block(x)
+        return {"y": x}

@@ -1,0 +1,260 @@
+"""Modules and parameters, PyTorch-style, and tracing a model into IR.
+
+Parameters are declared (shape, dtype, initialiser) but hold no data: the
+graph refers to them by hierarchical name (``blocks.3.attn.w_q.weight``) and
+weights are made on demand, deterministically from a seed, by
+``init_weights``. A GPT-3-shaped model therefore traces without 700 GB.
+"""
+from __future__ import annotations
+
+import contextlib
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ModelError, at_user_line
+from ..ir.dims import Dim, Sym, evaluate
+from ..ir.dtypes import DType
+from ..ir.graph import Graph
+from ..ir.types import TensorType
+from .tensor import Tensor, current_graph, tracing
+
+Init = Callable[[tuple, np.random.Generator], np.ndarray]
+
+
+class Parameter:
+    """A declared weight. ``init`` is "normal", "zeros", "ones" or a function
+    ``(shape, rng) -> array``; ``dtype`` None means the model's dtype."""
+
+    def __init__(self, shape: Sequence[int], init: str | Init = "normal", std: float = 0.02,
+                 dtype: DType | None = None):
+        shape = tuple(int(d) for d in shape)
+        if any(d <= 0 for d in shape):
+            raise ModelError(at_user_line(f"parameter shape {list(shape)} has a non-positive dimension"))
+        if isinstance(init, str) and init not in ("normal", "zeros", "ones"):
+            raise ModelError(at_user_line(f"unknown initialiser {init!r}: use normal, zeros, ones or a function"))
+        self.shape, self.init, self.std, self.dtype = shape, init, std, dtype
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def make(self, name: str, seed: int, dtype: DType) -> np.ndarray:
+        """The initial value; the same for the same (name, seed) whatever else exists."""
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        if callable(self.init):
+            value = np.asarray(self.init(self.shape, rng))
+        elif self.init == "normal":
+            value = rng.standard_normal(self.shape) * self.std
+        elif self.init == "zeros":
+            value = np.zeros(self.shape)
+        else:
+            value = np.ones(self.shape)
+        return value.astype(np.float64).astype((self.dtype or dtype).numpy)
+
+    def __repr__(self) -> str:
+        return f"Parameter({list(self.shape)})"
+
+
+# The names and dtype of parameters of the model being traced.
+_PARAM_CTX: list[tuple[dict, DType]] = []
+
+
+class Module:
+    """Base class of DSL modules: assign ``Parameter``s and sub-``Module``s as
+    attributes in ``__init__``; write ``forward`` with ``Tensor`` operations."""
+
+    def __init__(self):
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_modules", {})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_params" not in self.__dict__:
+            raise ModelError(at_user_line(f"{type(self).__name__}.__init__ must call super().__init__() "
+                                          f"before setting attributes"))
+        self._params.pop(name, None)
+        self._modules.pop(name, None)
+        if isinstance(value, Parameter):
+            self._params[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):
+        d = self.__dict__
+        if name in d.get("_params", {}):
+            return _param_tensor(d["_params"][name])
+        if name in d.get("_modules", {}):
+            return d["_modules"][name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def parameter(self, name: str) -> Parameter:
+        """The declaration of a parameter (outside tracing, attribute access
+        gives this too)."""
+        return self._params[name]
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        """Every parameter once, in declaration order, by hierarchical name."""
+        seen: set[int] = set()
+        for name, p in self._named_parameters(prefix):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def _named_parameters(self, prefix: str):
+        for name, p in self._params.items():
+            yield prefix + name, p
+        for name, m in self._modules.items():
+            yield from m._named_parameters(f"{prefix}{name}.")
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix.rstrip("."), self
+        for name, m in self._modules.items():
+            yield from m.named_modules(f"{prefix}{name}.")
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+def _param_tensor(p: Parameter):
+    if not _PARAM_CTX:
+        return p
+    names, dtype = _PARAM_CTX[-1]
+    if id(p) not in names:
+        raise ModelError(at_user_line(f"{p} is used by the model but not registered in any of its modules"))
+    ptype = TensorType(p.dtype or dtype, p.shape)
+    return Tensor(current_graph().add_param(names[id(p)], ptype))
+
+
+class ModuleList(Module):
+    """A list of modules, named ``0``, ``1``, ... in parameter names."""
+
+    def __init__(self, modules: Sequence[Module] = ()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, m: Module) -> None:
+        self._modules[str(len(self._modules))] = m
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+
+@dataclass
+class InputSpec:
+    """A graph input: name, dtype and symbolic shape, and how to sample it.
+
+    ``kind`` is "float" (standard normal), "ids" (ints in [0, high)) or
+    "mask" (1s with a random-length tail of 0s per row, at least one 1).
+    """
+
+    name: str
+    dtype: DType
+    shape: tuple
+    kind: str = "float"
+    high: int = 0
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.dtype, self.shape)
+
+    def sample(self, bindings: Mapping[str, int], rng: np.random.Generator) -> np.ndarray:
+        shape = tuple(evaluate(d, bindings) for d in self.shape)
+        if self.kind == "ids":
+            return rng.integers(0, self.high, size=shape).astype(self.dtype.numpy)
+        if self.kind == "mask":
+            keep = np.ones(shape, dtype=np.int64)
+            if len(shape) >= 1 and shape[-1] > 1:
+                flat = keep.reshape(-1, shape[-1])
+                for row in flat:
+                    row[rng.integers(1, shape[-1] + 1):] = 0
+            return keep.astype(self.dtype.numpy)
+        return rng.standard_normal(shape).astype(self.dtype.numpy)
+
+
+class Model(Module):
+    """A module that can be traced on its own: it declares its graph inputs."""
+
+    name = "model"
+    dtype = DType.float32
+
+    def inputs(self) -> list[InputSpec]:
+        raise NotImplementedError(f"{type(self).__name__} must define inputs() to be traced")
+
+    def max_dims(self) -> dict[str, int]:
+        """Upper bounds on symbolic dims (e.g. seq <= max positions)."""
+        return {}
+
+
+def trace(model: Model, dtype: DType | str | None = None) -> Graph:
+    """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``."""
+    if not isinstance(model, Model):
+        raise ModelError(f"{type(model).__name__} is not a blockc Model (subclass blockc.Model and define inputs())")
+    dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or model.dtype)
+    g = Graph(model.name)
+    names = {id(p): n for n, p in model.named_parameters()}
+    _PARAM_CTX.append((names, dtype))
+    try:
+        with tracing(g):
+            args = [Tensor(g.add_input(s.name, s.type)) for s in model.inputs()]
+            out = model(*args)
+    finally:
+        _PARAM_CTX.pop()
+    if isinstance(out, Tensor):
+        outputs = [("output", out)]
+    elif isinstance(out, dict):
+        outputs = list(out.items())
+    elif isinstance(out, (tuple, list)):
+        outputs = [(f"output{i}", t) for i, t in enumerate(out)]
+    else:
+        raise ModelError(f"{type(model).__name__}.forward returned {type(out).__name__}; "
+                         f"return a Tensor, a tuple or a dict of Tensors")
+    for name, t in outputs:
+        if not isinstance(t, Tensor):
+            raise ModelError(f"{type(model).__name__}.forward output {name!r} is a {type(t).__name__}, not a Tensor")
+    g.set_outputs([(name, t.value) for name, t in outputs])
+    return g
+
+
+class LazyWeights(Mapping):
+    """``{name: array}`` made on access from the model's initialisers and a seed.
+
+    Nothing is stored, so a huge model costs memory only for what a consumer
+    holds at a time.
+    """
+
+    def __init__(self, model: Model, seed: int = 0, dtype: DType | None = None):
+        self._params = dict(model.named_parameters())
+        self.seed, self.dtype = seed, dtype or model.dtype
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._params[name].make(name, self.seed, self.dtype)
+
+    def __iter__(self):
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+
+def init_weights(model: Model, seed: int = 0, dtype: DType | None = None) -> LazyWeights:
+    """Deterministic initial weights for ``model`` (made lazily, on access)."""
+    return LazyWeights(model, seed, dtype)
+
+
+def symbol(name: str) -> Dim:
+    """A named symbolic dimension, e.g. ``seq = symbol("seq")``."""
+    return Sym.var(name)
