@@ -105,7 +105,7 @@ class Sym:
 
     def __str__(self) -> str:
         parts = []
-        for m, c in sorted(self.terms.items(), key=lambda mc: (-len(mc[0]), mc[0])):
+        for m, c in sorted(self.terms.items(), key=lambda mc: (not mc[0], mc[1] < 0, -len(mc[0]), mc[0])):
             body = "*".join(m)
             if not body:
                 text = str(abs(c))

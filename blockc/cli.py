@@ -1,0 +1,217 @@
+"""The ``blockc`` command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .errors import BlockcError
+
+EXAMPLES = """\
+examples:
+  blockc models
+  blockc show tiny --form decomposed
+  blockc export gpt2 --set layers=2 -o gpt2-2l.onnx
+  blockc run bert-base --set layers=2 --backend ort --check
+  blockc run my_model.py:build --dim seq=64
+"""
+
+
+def _model_args(p: argparse.ArgumentParser, *, form: bool = True) -> None:
+    from .frontends.catalog import DEFAULT_MODEL
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+                   help=f"a built-in model (see `blockc models`) or path/to/file.py:name (default: {DEFAULT_MODEL})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model setting, e.g. --set layers=2 --set d_model=64 (repeatable)")
+    if form:
+        from .forms import FORMS
+        p.add_argument("--form", choices=FORMS, default="standard",
+                       help="standard: norms/softmax/gelu as single ops; decomposed: primitive math")
+
+
+def _graph(args):
+    from .forms import to_form
+    from .frontends import build_model, trace
+    from .frontends.catalog import parse_sets
+    from .ir.verify import verify
+
+    model = build_model(args.model, parse_sets(args.set))
+    graph = to_form(trace(model), getattr(args, "form", "standard"))
+    verify(graph)
+    return model, graph
+
+
+def _weights(args, model):
+    from .frontends import init_weights
+    if getattr(args, "weights", None):
+        from .frontends.weights import check_weights, load_weights
+        weights = load_weights(args.weights)
+        check_weights(model, weights)
+        return weights
+    return init_weights(model, seed=args.seed)
+
+
+def _bindings(args, model, graph) -> dict[str, int]:
+    bindings = {"batch": 2, "seq": 16}
+    for item in args.dim or []:
+        key, eq, value = item.partition("=")
+        if not eq or not value.strip().lstrip("-").isdigit():
+            raise BlockcError(f"malformed --dim {item!r}: expected NAME=INT, e.g. --dim seq=128")
+        bindings[key.strip()] = int(value)
+    symbols = graph.symbols()
+    unknown = [k for k in bindings if k not in symbols and k not in ("batch", "seq")]
+    if unknown:
+        raise BlockcError(f"--dim {', '.join(unknown)}: the model has no such dimension "
+                          f"(its dimensions: {', '.join(symbols)})")
+    for k, v in bindings.items():
+        if v <= 0:
+            raise BlockcError(f"--dim {k}={v}: dimensions must be positive")
+    for k, limit in model.max_dims().items():
+        if bindings.get(k, 0) > limit:
+            raise BlockcError(f"--dim {k}={bindings[k]} exceeds the model's maximum of {limit}")
+    return {k: v for k, v in bindings.items() if k in symbols}
+
+
+# ---- commands ----------------------------------------------------------------
+def cmd_models(args) -> int:
+    import dataclasses
+    from .frontends.catalog import BUILTINS, DEFAULT_MODEL
+    for b in BUILTINS.values():
+        mark = " (default)" if b.name == DEFAULT_MODEL else ""
+        print(f"{b.name}{mark}\n    {b.about}")
+        fields = {f.name: f.default for f in dataclasses.fields(b.config)}
+        fields.update(b.defaults)
+        print("    settings: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+    print("\nor your own: path/to/file.py:name (a blockc.Model, a Model subclass, or a function returning one)")
+    return 0
+
+
+def cmd_show(args) -> int:
+    _, graph = _graph(args)
+    sys.stdout.write(str(graph))
+    return 0
+
+
+def cmd_summary(args) -> int:
+    from .frontends.summary import summarize
+    model, _ = _graph(args)
+    print(summarize(model).format())
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .codegen.onnx_export import save_onnx
+    model, graph = _graph(args)
+    weights = _weights(args, model)
+    t0 = time.perf_counter()
+    save_onnx(graph, weights, args.output, opset=args.opset)
+    print(f"wrote {args.output}: {len(graph.nodes)} IR nodes, {len(graph.params)} parameters, "
+          f"opset {args.opset}, {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .frontends.module import InputSpec  # noqa: F401  (documented input sampling)
+    from .runtime.reference import run_reference
+    model, graph = _graph(args)
+    weights = _weights(args, model)
+    bindings = _bindings(args, model, graph)
+    rng = np.random.default_rng(args.seed)
+    feeds = {s.name: s.sample(bindings, rng) for s in model.inputs()}
+    t0 = time.perf_counter()
+    if args.backend == "reference":
+        outputs = run_reference(graph, weights, feeds, float64=args.float64)
+        where = "reference interpreter" + (" (float64)" if args.float64 else "")
+    else:
+        from .runtime.ort_runner import run_ort
+        outputs = run_ort(graph, weights, feeds, provider=args.provider)
+        where = f"ONNX Runtime ({args.provider})"
+    elapsed = time.perf_counter() - t0
+    dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
+    print(f"{graph.name} [{args.form}] on {where}, {dims}, seed {args.seed}: {elapsed * 1e3:.1f} ms")
+    oracle = run_reference(graph, weights, feeds, float64=True) if args.check else None
+    header = f"  {'output':<20} {'shape':<18} {'dtype':<9} {'mean':>11} {'std':>11} {'min':>11} {'max':>11}"
+    print(header + ("  max |err| vs f64" if oracle else ""))
+    worst = 0.0
+    for name, a in outputs.items():
+        f = a.astype(np.float64)
+        line = (f"  {name:<20} {str(list(a.shape)):<18} {str(a.dtype):<9} {f.mean():>11.4g} {f.std():>11.4g} "
+                f"{f.min():>11.4g} {f.max():>11.4g}")
+        if oracle:
+            err = float(np.max(np.abs(f - oracle[name]))) if f.size else 0.0
+            worst = max(worst, err)
+            line += f"  {err:.3g}"
+        print(line)
+    if oracle and not np.isfinite(worst):
+        raise BlockcError("outputs are not finite")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blockc", description="blockc: a compiler for transformer models. Declare or pick a model, "
+        "see its IR, export ONNX, run it.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("models", help="list the built-in models and their settings",
+                       description="List the built-in models, their settings and defaults.")
+    p.set_defaults(fn=cmd_models)
+
+    p = sub.add_parser("show", help="print a model's IR", description="Trace MODEL and print its IR "
+                       "(one line per node; the text parses back with blockc.parse_graph).")
+    _model_args(p)
+    p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("summary", help="parameter counts per module",
+                       description="Print MODEL's parameters per module, the total, and the non-embedding "
+                       "count against the 12·L·d² rule of thumb.")
+    _model_args(p, form=False)
+    p.set_defaults(fn=cmd_summary)
+
+    p = sub.add_parser("export", help="write the model as ONNX", description="Export MODEL as an ONNX file "
+                       "(standard ops, dynamic batch/seq, weights as initializers; external data past 2 GB).")
+    _model_args(p)
+    p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    p.add_argument("--opset", type=int, default=21, help="ONNX opset (default 21)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
+    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("run", help="run the model on seeded random inputs",
+                       description="Run MODEL on seeded random inputs and print a summary of each output.")
+    _model_args(p)
+    p.add_argument("--backend", choices=("reference", "ort"), default="ort",
+                   help="reference: the numpy interpreter; ort: ONNX Runtime (default)")
+    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="ONNX Runtime execution provider (default cpu)")
+    p.add_argument("--dim", action="append", metavar="NAME=INT",
+                   help="bind a symbolic dimension (default batch=2, seq=16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
+    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    p.add_argument("--float64", action="store_true", help="reference backend: compute in float64")
+    p.add_argument("--check", action="store_true", help="also report each output's max error against the "
+                   "float64 reference")
+    p.set_defaults(fn=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.fn(args)
+    except BlockcError as e:
+        print(f"blockc: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("blockc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

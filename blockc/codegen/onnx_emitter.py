@@ -1,0 +1,165 @@
+"""The object each op's ONNX lowering writes into.
+
+An op's ``onnx_fn(e, node, input_names)`` (declared beside the op in
+``blockc/ops``) calls four methods of ``e``:
+
+* ``e.emit(op_type, inputs, n=1, domain="", **attrs)`` -- one ONNX node; its
+  fresh output name (or ``n`` of them);
+* ``e.const(array)`` -- a constant, stored once per distinct value;
+* ``e.dims(dims)`` -- a 1-D int64 tensor of dims, symbolic ones read from the
+  graph inputs' shapes at run time;
+* ``e.scalar_dim(dim)`` -- the same for one dim, as a 0-D int64 scalar.
+
+The emitter owns naming: every name it makes is fresh and never equal to a
+graph input, parameter or output name, since ONNX names are one namespace.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import BlockcError
+from ..ir.dims import Dim, Sym
+from ..ir.graph import Graph
+from ..runtime.bindings import is_plain_symbol
+
+
+class OnnxEmitter:
+    """Collects ONNX nodes and constant initializers for one graph."""
+
+    def __init__(self, graph: Graph, opset: int, reserved: Iterable[str]):
+        self.opset = opset              # lowerings may read it to pick an op version
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.domains: dict[str, int] = {}   # custom domains used, with their versions
+        self.scope = "graph"            # prefix of node names: the IR node being lowered
+        self._taken = set(reserved)
+        self._counter = 0
+        self._made_by_node: set[str] = set()   # names that some emitted node outputs
+        self._consts: dict[tuple, str] = {}
+        self._dims1d: dict[Dim, str] = {}
+        self._dims0d: dict[Dim, str] = {}
+        self._dim_lists: dict[tuple, str] = {}
+        # Where each symbol can be read at run time: the first input axis that
+        # is exactly that symbol.
+        self._sources: dict[str, tuple[str, int]] = {}
+        for v in graph.inputs:
+            for axis, d in enumerate(v.shape):
+                if is_plain_symbol(d):
+                    self._sources.setdefault(next(iter(d.symbols)), (v.name, axis))
+
+    # -- names ------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        """A name no other value, input, parameter or output has."""
+        while True:
+            self._counter += 1
+            name = f"{hint}_{self._counter}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def is_node_output(self, name: str) -> bool:
+        return name in self._made_by_node
+
+    # -- the lowering interface -------------------------------------------------------
+    def emit(self, op_type: str, inputs: list[str], n: int = 1, domain: str = "", **attrs):
+        """Append one ONNX node; its output name, or a list of ``n`` names."""
+        outputs = [self.fresh(f"{self.scope}.{op_type}") for _ in range(n)]
+        self._made_by_node.update(outputs)
+        if domain:
+            self.domains.setdefault(domain, 1)
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=outputs[0],
+                                           domain=domain or None, **attrs))
+        return outputs[0] if n == 1 else outputs
+
+    def const(self, value) -> str:
+        """An initializer holding ``value``; identical values share one."""
+        array = np.asarray(value)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            name = self.fresh("const")
+            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def dims(self, dims) -> str:
+        """A 1-D int64 tensor of ``dims``: ints (including Reshape's 0 and -1)
+        as constants, symbolic dims computed from input shapes."""
+        dims = tuple(dims)
+        if all(isinstance(d, int) for d in dims):
+            return self.const(np.array(dims, np.int64))
+        if dims not in self._dim_lists:
+            if len(dims) == 1:
+                self._dim_lists[dims] = self._dim_1d(dims[0])
+            else:
+                # Runs of plain ints become one constant piece of the Concat.
+                pieces, run = [], []
+                for d in dims:
+                    if isinstance(d, int):
+                        run.append(d)
+                        continue
+                    if run:
+                        pieces.append(self.const(np.array(run, np.int64)))
+                        run = []
+                    pieces.append(self._dim_1d(d))
+                if run:
+                    pieces.append(self.const(np.array(run, np.int64)))
+                self._dim_lists[dims] = self.emit("Concat", pieces, axis=0)
+        return self._dim_lists[dims]
+
+    def scalar_dim(self, dim: Dim) -> str:
+        """A 0-D int64 scalar holding ``dim``."""
+        if isinstance(dim, int):
+            return self.const(np.array(dim, np.int64))
+        if dim not in self._dims0d:
+            self._dims0d[dim] = self.emit("Squeeze", [self._dim_1d(dim), self.const(np.array([0], np.int64))])
+        return self._dims0d[dim]
+
+    # -- symbolic arithmetic, on int64 tensors of shape [1] ------------------------
+    def _dim_1d(self, dim: Dim) -> str:
+        if isinstance(dim, int):
+            return self.const(np.array([dim], np.int64))
+        if dim not in self._dims1d:
+            self._dims1d[dim] = self._polynomial(dim)
+        return self._dims1d[dim]
+
+    def _symbol(self, name: str) -> str:
+        key = Sym.var(name)
+        if key not in self._dims1d:
+            if name not in self._sources:
+                raise BlockcError(f"ONNX export: dimension '{name}' is used by an op, but no graph input has "
+                                  f"an axis of exactly '{name}' to read it from")
+            source, axis = self._sources[name]
+            self._dims1d[key] = self.emit("Shape", [source], start=axis, end=axis + 1)
+        return self._dims1d[key]
+
+    def _polynomial(self, dim: Sym) -> str:
+        if is_plain_symbol(dim):
+            return self._symbol(next(iter(dim.symbols)))
+        acc = None
+        for monomial, coeff in dim.terms.items():
+            if not monomial:
+                continue  # the constant term is added last
+            term = self._monomial(monomial)
+            if acc is None:
+                acc = term if coeff == 1 else self.emit("Mul", [term, self._dim_1d(coeff)])
+                continue
+            if abs(coeff) != 1:
+                term = self.emit("Mul", [term, self._dim_1d(abs(coeff))])
+            acc = self.emit("Add" if coeff > 0 else "Sub", [acc, term])
+        constant = dim.terms.get((), 0)
+        if constant:
+            acc = self.emit("Add" if constant > 0 else "Sub", [acc, self._dim_1d(abs(constant))])
+        return acc
+
+    def _monomial(self, monomial: tuple) -> str:
+        key = Sym({monomial: 1})
+        if key not in self._dims1d:
+            acc = self._symbol(monomial[0])
+            for name in monomial[1:]:
+                acc = self.emit("Mul", [acc, self._symbol(name)])
+            self._dims1d[key] = acc
+        return self._dims1d[key]

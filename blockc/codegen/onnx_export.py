@@ -1,0 +1,271 @@
+"""Export a blockc graph and its weights as a standard ONNX model.
+
+Each node lowers through its op's ``onnx_fn`` (declared in ``blockc/ops``)
+into an ``OnnxEmitter``; ops without one are first rewritten with their
+``decompose`` rule (``rmsnorm`` has no standard ONNX op before opset 23).
+Graph inputs and outputs keep their names, with symbolic dims written as
+``dim_param`` (``past+seq``); parameters become initializers named by their
+labels. The result passes ``onnx.checker.check_model(full_check=True)``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import BlockcError, WeightsError
+from ..ir.graph import Graph
+from ..ir.types import TensorType
+from ..ops import registry
+from ..passes.decompose import decompose
+from .onnx_emitter import OnnxEmitter
+
+# Opset -> IR version written into the model. onnx 1.23 stamps IR 14 on every
+# model it makes, but onnxruntime 1.31 refuses anything above IR 13, and a
+# reader rejects a newer IR even when the model uses nothing from it. So each
+# opset is paired with the IR version of the onnx release that introduced it
+# (onnx.helper.VERSION_TABLE: 1.16 -> opset 21 / IR 10, 1.18 -> opset 23 /
+# IR 11, 1.19 -> opset 24 / IR 12), all loadable by onnxruntime 1.31. Opsets
+# below 21 are left out: the lowerings use Gelu (opset 20) and ReduceMean with
+# axes as an input (opset 18).
+OPSET_IR_VERSION = {21: 10, 22: 10, 23: 11, 24: 12}
+DEFAULT_OPSET = 21
+
+# Weights above this many bytes are saved as external data. Protobuf cannot
+# serialize a message past 2 GiB; the margin leaves room for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 2_000_000_000
+
+
+def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, opset: int = DEFAULT_OPSET,
+                external_data: bool | None = None,
+                external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> onnx.ModelProto:
+    """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked.
+
+    ``weights`` maps every parameter name to an array of exactly the
+    parameter's shape and dtype; it may compute values lazily, each is read
+    once. ``external_data`` says whether the weights will be stored outside the
+    protobuf (None: when they total more than ``external_threshold`` bytes);
+    the returned model always holds its weights in memory, but a model too big
+    for one protobuf is checked without them, and ``external_data=False`` on
+    such a model is an error. ``save_onnx`` writes a model to disk.
+    """
+    if opset not in OPSET_IR_VERSION:
+        raise BlockcError(f"ONNX export: opset {opset} is not supported "
+                          f"(supported: {', '.join(map(str, OPSET_IR_VERSION))})")
+    _check_names(graph)
+    graph = _lower_composites(graph)
+    weight_protos = _weight_initializers(graph, weights)
+
+    reserved = [v.name for v in graph.inputs] + list(graph.params) + [name for name, _ in graph.outputs]
+    e = OnnxEmitter(graph, opset, reserved)
+    names: dict[int, str] = {id(v): v.name for v in graph.inputs}
+    names.update({id(v): name for name, v in graph.params.items()})
+    for index, node in enumerate(graph.nodes):
+        e.scope = f"n{index}.{node.op}"
+        outs = registry.get(node.op).onnx_fn(e, node, [names[id(v)] for v in node.inputs])
+        if len(outs) != len(node.outputs):
+            raise BlockcError(f"ONNX export: the lowering of {node.op} (node {index}) gave {len(outs)} "
+                              f"results for {len(node.outputs)} outputs")
+        for value, name in zip(node.outputs, outs):
+            names[id(value)] = name
+
+    nodes = _name_outputs(graph, e, names)
+    model = helper.make_model(
+        helper.make_graph(nodes, graph.name,
+                          [_value_info(v.name, v.type) for v in graph.inputs],
+                          [_value_info(name, v.type) for name, v in graph.outputs],
+                          initializer=weight_protos + e.initializers),
+        opset_imports=[helper.make_opsetid("", opset)]
+        + [helper.make_opsetid(d, version) for d, version in sorted(e.domains.items())],
+        producer_name="blockc")
+    model.ir_version = OPSET_IR_VERSION[opset]
+
+    big = initializer_bytes(model) > external_threshold
+    if big and external_data is False:
+        raise BlockcError(f"ONNX export: the weights take {initializer_bytes(model) / 2**30:.2f} GiB, more than "
+                          "one protobuf holds; export with external_data=True (or None)")
+    check_model(model, weightless=big)
+    return model
+
+
+def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | os.PathLike, *,
+              external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+              **kw) -> None:
+    """Export and write to ``path`` atomically.
+
+    Weights go to ``<name>.onnx.data`` next to the model when
+    ``external_data`` is True, or when it is None and they total more than
+    ``external_threshold`` bytes. The files are written under temporary names
+    in the destination folder and renamed into place: on any error nothing new
+    is left at the destination. ``kw`` goes to ``export_onnx`` (``opset``).
+    """
+    model = export_onnx(graph, weights, external_data=external_data, external_threshold=external_threshold, **kw)
+    external = external_data if external_data is not None else initializer_bytes(model) > external_threshold
+    write_model(model, path, external_data=external)
+
+
+def write_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool) -> None:
+    """Write ``model`` to ``path`` atomically, its weights in ``<name>.data``
+    when ``external_data`` (``onnx.save_model`` then moves the weight bytes
+    out of ``model`` in place)."""
+    path = os.path.abspath(os.fspath(path))
+    folder, base = os.path.split(path)
+    data_name = base + ".data"
+    if not os.path.isdir(folder):
+        raise BlockcError(f"cannot write {path}: folder {folder} does not exist")
+    # Both files are written in a temporary folder beside the destination (so
+    # the renames stay on one file system), under their final names because
+    # the model refers to its data file by name; then moved, data first.
+    tmpdir = tempfile.mkdtemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+    moved_data = False
+    try:
+        tmp_model, tmp_data = os.path.join(tmpdir, base), os.path.join(tmpdir, data_name)
+        if external_data:
+            onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name)
+        else:
+            onnx.save_model(model, tmp_model)
+        if os.path.exists(tmp_data):
+            os.replace(tmp_data, os.path.join(folder, data_name))
+            moved_data = True
+        os.replace(tmp_model, path)
+    except BaseException as err:
+        if moved_data:
+            _remove(os.path.join(folder, data_name))
+        if isinstance(err, Exception):
+            raise BlockcError(f"cannot write ONNX model {path}: {err}") from err
+        raise
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def check_model(model: onnx.ModelProto, *, weightless: bool = False) -> None:
+    """``onnx.checker`` with full type and shape inference; a failure is a
+    ``BlockcError``. ``weightless`` checks a copy whose large initializers are
+    turned into typed graph inputs, for models too big to serialize."""
+    if weightless:
+        model = _without_weights(model)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as err:  # checker and shape-inference errors share no base class
+        raise BlockcError(f"exported ONNX model fails the ONNX checker: {err}") from err
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of weight data held by the model's initializers."""
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+# -- helpers ------------------------------------------------------------------
+def _check_names(graph: Graph) -> None:
+    inputs = [v.name for v in graph.inputs]
+    clash = sorted(set(inputs) & set(graph.params))
+    if clash:
+        raise BlockcError(f"ONNX export: {', '.join(map(repr, clash))} names both a graph input and a parameter")
+    owners = {v.name: v for v in graph.inputs} | dict(graph.params)
+    for name, v in graph.outputs:
+        if name in owners and owners[name] is not v:
+            raise BlockcError(f"ONNX export: graph output {name!r} has the name of a different "
+                              "input or parameter")
+        if not name:
+            raise BlockcError("ONNX export: a graph output has an empty name")
+
+
+def _lower_composites(graph: Graph) -> Graph:
+    """Decompose the ops that have no ONNX lowering; error on those that
+    have neither."""
+    for _ in range(8):  # a decomposition may use ops that decompose in turn
+        missing = {}
+        for index, node in enumerate(graph.nodes):
+            opdef = registry.get(node.op)
+            if opdef.onnx_fn is None:
+                if opdef.decompose_fn is None:
+                    raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering "
+                                      "and no decomposition")
+                missing.setdefault(node.op, index)
+        if not missing:
+            return graph
+        graph = decompose(graph, ops=list(missing)).graph
+    raise BlockcError(f"ONNX export: decompositions of {', '.join(missing)} do not terminate")
+
+
+def _weight_initializers(graph: Graph, weights: Mapping[str, np.ndarray]) -> list:
+    """One initializer per parameter; every problem reported at once."""
+    problems, out = [], []
+    for name, v in graph.params.items():
+        try:
+            w = weights[name]  # read once: a lazy mapping may compute it
+        except KeyError:
+            problems.append(f"{name}: missing (the graph expects {v.type})")
+            continue
+        w = np.asarray(w)
+        if any(not isinstance(d, int) for d in v.shape):
+            problems.append(f"{name}: the parameter type {v.type} has symbolic dims")
+        elif tuple(w.shape) != tuple(v.shape) or w.dtype != v.dtype.numpy:
+            problems.append(f"{name}: got {w.dtype}{list(w.shape)}, the graph expects {v.type}")
+        else:
+            out.append(numpy_helper.from_array(np.ascontiguousarray(w), name))
+    if problems:
+        raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))
+    return out
+
+
+def _name_outputs(graph: Graph, e: OnnxEmitter, names: dict) -> list:
+    """The node list with each graph output's value named by the output.
+
+    A value first made by a node is renamed in place; anything else (an
+    input, a parameter, a constant, a value already named by an earlier
+    output) goes through an Identity node.
+    """
+    rename: dict[str, str] = {}
+    extra = []
+    for out_name, v in graph.outputs:
+        current = names[id(v)]
+        if current == out_name:
+            continue
+        if e.is_node_output(current) and current not in rename:
+            rename[current] = out_name
+        else:
+            extra.append(helper.make_node("Identity", [rename.get(current, current)], [out_name],
+                                          name=e.fresh("output.Identity")))
+    for node in e.nodes:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name in rename:
+                    field[i] = rename[name]
+    return e.nodes + extra
+
+
+def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
+    shape = [d if isinstance(d, int) else str(d) for d in t.shape]
+    return helper.make_tensor_value_info(name, t.dtype.onnx_code, shape)
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.producer_name = model.producer_name
+    g = light.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if len(t.raw_data) > 1024:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    return light
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

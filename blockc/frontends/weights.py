@@ -1,0 +1,219 @@
+"""Weights on disk and checking weights against a model.
+
+Weights are a ``{name: ndarray}`` mapping keyed by the model's parameter
+names (``blocks.0.attn.w_q.weight``). Two file formats, chosen by extension:
+
+* ``.safetensors``: the standard, mmap-able format (through
+  ``safetensors.numpy``); float16, bfloat16 (``ml_dtypes``), float32/64 and
+  integer arrays round-trip.
+* ``.npz``: numpy's zip of ``.npy`` files. numpy has no bfloat16 of its own and
+  would read one back as raw ``|V2`` bytes, so dtypes numpy cannot describe are
+  stored as same-sized unsigned ints and named in a small side entry.
+
+Saving is atomic: the data goes to a temporary file in the target directory
+that replaces the target only once it is complete, so a failed save leaves
+either the old file or nothing, never half a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..ir.dtypes import DType
+from ..ir.graph import Graph
+
+FORMATS = (".safetensors", ".npz")
+
+# The .npz side entry: {name: dtype name} for arrays stored as raw uint views.
+_NPZ_DTYPES_KEY = "__blockc_dtypes__"
+
+
+def materialize(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A plain ``dict`` of numpy arrays from any mapping (e.g. the lazy one
+    ``init_weights`` returns): every value is made now, once."""
+    return {name: np.asarray(weights[name]) for name in weights}
+
+
+def _format_of(path: str | os.PathLike) -> str:
+    ext = os.path.splitext(os.fspath(path))[1].lower()
+    if ext not in FORMATS:
+        raise WeightsError(f"{os.fspath(path)!r}: unknown weights format {ext or '(no extension)'!r}; "
+                           f"use a {' or '.join(FORMATS)} file")
+    return ext
+
+
+# -- saving -----------------------------------------------------------------------
+def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> None:
+    """Write ``weights`` to ``path`` (``.safetensors`` or ``.npz``), atomically."""
+    path = os.fspath(path)
+    fmt = _format_of(path)
+    arrays = {name: np.ascontiguousarray(a) for name, a in materialize(weights).items()}
+    bad = [f"{name} ({a.dtype})" for name, a in arrays.items() if a.dtype.kind not in "biuf" and not _is_ml_dtype(a)]
+    if bad:
+        raise WeightsError(f"cannot save non-numeric arrays: {', '.join(bad)}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise WeightsError(f"cannot save weights to {path!r}: directory {directory!r} does not exist")
+    # Same directory, so os.replace is a rename within one filesystem (atomic on POSIX and Windows).
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        if fmt == ".safetensors":
+            _write_safetensors(tmp, arrays)
+        else:
+            _write_npz(tmp, arrays)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(e, WeightsError) or not isinstance(e, Exception):
+            raise
+        raise WeightsError(f"cannot save weights to {path!r}: {type(e).__name__}: {e}") from e
+
+
+def _is_ml_dtype(a: np.ndarray) -> bool:
+    # ml_dtypes types (bfloat16, float8...) report kind 'V'; DType knows the ones blockc uses.
+    try:
+        return DType.from_numpy(a.dtype).is_float
+    except KeyError:
+        return False
+
+
+def _write_safetensors(path: str, arrays: dict[str, np.ndarray]) -> None:
+    import safetensors.numpy  # looked up at call time: tests replace it to simulate a failed write
+
+    safetensors.numpy.save_file(arrays, path)
+
+
+def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
+    if _NPZ_DTYPES_KEY in arrays:
+        raise WeightsError(f"the name {_NPZ_DTYPES_KEY!r} is reserved in .npz weight files")
+    stored, special = {}, {}
+    for name, a in arrays.items():
+        if a.dtype.kind == "V":  # bfloat16 & co.: keep the bits, remember the dtype
+            special[name] = a.dtype.name
+            a = a.view(f"u{a.dtype.itemsize}")
+        stored[name] = a
+    if special:
+        stored[_NPZ_DTYPES_KEY] = np.array(json.dumps(special))
+    with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
+        np.savez(f, **stored)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# -- loading ----------------------------------------------------------------------
+def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a ``.safetensors`` or ``.npz`` weights file into ``{name: array}``."""
+    path = os.fspath(path)
+    fmt = _format_of(path)
+    if not os.path.isfile(path):
+        raise WeightsError(f"weights file {path!r} not found")
+    try:
+        if fmt == ".safetensors":
+            import safetensors.numpy
+
+            return dict(safetensors.numpy.load_file(path))
+        return _read_npz(path)
+    except WeightsError:
+        raise
+    except Exception as e:
+        raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from e
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        out = {name: z[name] for name in z.files}
+    special = json.loads(str(out.pop(_NPZ_DTYPES_KEY, "{}")))
+    for name, dtype_name in special.items():
+        try:
+            dtype = DType.parse(dtype_name).numpy
+        except KeyError:
+            raise WeightsError(f"{path!r}: {name!r} has unknown dtype {dtype_name!r}") from None
+        out[name] = out[name].view(dtype)
+    return out
+
+
+# -- checking ---------------------------------------------------------------------
+def expected_params(model_or_graph) -> dict[str, tuple[tuple, DType]]:
+    """``{name: (shape, dtype)}`` of the parameters of a model or a graph."""
+    if isinstance(model_or_graph, Graph):
+        out = {}
+        for name, v in model_or_graph.params.items():
+            try:
+                shape = v.type.concrete_shape({})
+            except Exception:
+                raise WeightsError(f"parameter {name!r} has a symbolic shape {v.type}") from None
+            out[name] = (shape, v.dtype)
+        return out
+    if not hasattr(model_or_graph, "named_parameters"):
+        raise WeightsError(f"cannot check weights against a {type(model_or_graph).__name__}: "
+                           f"pass a blockc Model, Module or Graph")
+    model_dtype = getattr(model_or_graph, "dtype", DType.float32)
+    if isinstance(model_dtype, str):
+        model_dtype = DType.parse(model_dtype)
+    return {name: (tuple(p.shape), p.dtype or model_dtype) for name, p in model_or_graph.named_parameters()}
+
+
+def check_weights(model_or_graph, weights: Mapping[str, np.ndarray], *, strict: bool = True,
+                  cast: bool = False) -> Mapping[str, np.ndarray]:
+    """Check ``weights`` against a model's ``named_parameters()`` or a graph's
+    ``params``: names, shapes and dtypes.
+
+    Every problem is collected and reported in one ``WeightsError`` (its
+    ``problems`` attribute holds them as a list of strings): missing names,
+    names the model does not have (only when ``strict``), wrong shapes, wrong
+    dtypes. A float array of another float dtype is an error unless ``cast``
+    is true; then it is cast, provided no finite value overflows.
+
+    Returns ``weights`` itself, or with ``cast=True`` a new ``dict`` holding
+    the cast arrays (and the others unchanged).
+    """
+    expected = expected_params(model_or_graph)
+    missing = [name for name in expected if name not in weights]
+    unexpected = [name for name in weights if name not in expected] if strict else []
+    problems = [f"missing: {name} ({_fmt_type(*expected[name])})" for name in missing]
+    problems += [f"unexpected: {name}" for name in unexpected]
+    checked: dict[str, np.ndarray] = {}  # what cast=True returns, so a lazy mapping is made once
+    for name, (shape, dtype) in expected.items():
+        if name not in weights:
+            continue
+        a = checked[name] = np.asarray(weights[name])
+        if tuple(a.shape) != shape:
+            problems.append(f"shape: {name} is {list(a.shape)}, expected {list(shape)}")
+        if a.dtype == dtype.numpy:
+            continue
+        try:
+            got = DType.from_numpy(a.dtype)
+        except KeyError:
+            got = None
+        if cast and got is not None and got.is_float and dtype.is_float:
+            with np.errstate(over="ignore"):
+                converted = a.astype(dtype.numpy)
+            if np.isfinite(a.astype(np.float64)).sum() != np.isfinite(converted.astype(np.float64)).sum():
+                problems.append(f"dtype: {name} overflows when cast from {got.name} to {dtype.name}")
+            else:
+                checked[name] = converted
+        else:
+            hint = " (pass cast=True to cast it)" if got is not None and got.is_float and dtype.is_float else ""
+            problems.append(f"dtype: {name} is {got.name if got else a.dtype}, expected {dtype.name}{hint}")
+    if problems:
+        what = getattr(model_or_graph, "name", type(model_or_graph).__name__)
+        err = WeightsError(f"weights do not match {what!r} ({len(problems)} problem"
+                           f"{'s' if len(problems) != 1 else ''}):\n  " + "\n  ".join(problems))
+        err.problems = problems
+        raise err
+    if not cast:
+        return weights
+    return {name: checked[name] if name in checked else weights[name] for name in weights}
+
+
+def _fmt_type(shape: tuple, dtype: DType) -> str:
+    return f"{dtype.short}[{','.join(str(d) for d in shape)}]"

@@ -1,0 +1,172 @@
+"""Run a blockc graph on ONNX Runtime.
+
+``OrtSession`` exports the graph once and keeps an ``InferenceSession`` to run
+many times (what a benchmark times); ``run_ort`` is the one-shot form. Models
+whose weights need external data are written to a temporary folder that lives
+as long as the session.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from typing import Mapping
+
+import numpy as np
+
+from ..codegen.onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, export_onnx, initializer_bytes,
+                                   write_model)
+from ..errors import BlockcError
+from ..ir.dtypes import DType
+from ..ir.graph import Graph
+from .bindings import bind_inputs
+
+_CUDA, _CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+_LEVELS = ("disabled", "basic", "extended", "all")
+
+
+def _ort():
+    try:
+        import onnxruntime
+    except ImportError as err:  # pragma: no cover - onnxruntime is a dependency
+        raise BlockcError("onnxruntime is not installed (pip install onnxruntime)") from err
+    return onnxruntime
+
+
+class OrtSession:
+    """``graph`` exported once and loaded into ONNX Runtime; ``run`` many times.
+
+    ``provider``: ``"cpu"``, ``"cuda"`` (an error when the CUDA execution
+    provider cannot be used) or ``"auto"`` (CUDA when it works, else CPU).
+    ``optimization``: ONNX Runtime's graph optimization level, one of
+    ``disabled``, ``basic``, ``extended``, ``all``. ``threads``: intra-op
+    threads (None: ONNX Runtime's default).
+    """
+
+    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
+                 optimization: str = "basic", threads: int | None = None, opset: int = DEFAULT_OPSET,
+                 external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD):
+        ort = _ort()
+        if provider not in ("cpu", "cuda", "auto"):
+            raise BlockcError(f"unknown provider {provider!r}: use cpu, cuda or auto")
+        if optimization not in _LEVELS:
+            raise BlockcError(f"unknown optimization level {optimization!r}: use {', '.join(_LEVELS)}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise BlockcError(f"threads must be a positive integer, got {threads!r}")
+        available = ort.get_available_providers()
+        if provider == "cuda" and _CUDA not in available:
+            raise BlockcError("the CUDA execution provider is not available in this onnxruntime "
+                              f"(available: {', '.join(available)}); install onnxruntime-gpu or use provider='cpu'")
+        providers = [_CUDA, _CPU] if provider in ("cuda", "auto") and _CUDA in available else [_CPU]
+
+        self.graph = graph
+        model = export_onnx(graph, weights, opset=opset, external_data=external_data,
+                            external_threshold=external_threshold)
+        external = external_data if external_data is not None else initializer_bytes(model) > external_threshold
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = {
+            "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[optimization]
+        options.log_severity_level = 3  # errors only: unused-initializer warnings are noise here
+        if threads is not None:
+            options.intra_op_num_threads = threads
+
+        # Kept for the session's lifetime: ONNX Runtime may map the data file.
+        self._tmpdir = None
+        try:
+            if external:
+                self._tmpdir = tempfile.TemporaryDirectory(prefix="blockc-ort-")
+                path = os.path.join(self._tmpdir.name, "model.onnx")
+                write_model(model, path, external_data=True)
+                del model
+                self._session = ort.InferenceSession(path, options, providers=providers)
+            else:
+                self._session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        except BlockcError:
+            self.close()
+            raise
+        except Exception as err:  # onnxruntime's exceptions share no public base class
+            self.close()
+            raise BlockcError(f"onnxruntime could not load the exported model: {_short(err)}") from err
+
+        if provider == "cuda" and _CUDA not in self._session.get_providers():
+            self.close()
+            raise BlockcError("the CUDA execution provider could not be initialized (no usable GPU, or missing "
+                              "CUDA/cuDNN libraries); use provider='cpu' or 'auto'")
+        self._ort = ort
+        self._outputs = [o.name for o in self._session.get_outputs()]
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers the session actually uses, first preferred."""
+        return self._session.get_providers()
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs for ``feeds`` (checked against the graph inputs first)."""
+        if self._session is None:
+            raise BlockcError("this OrtSession is closed")
+        bind_inputs(self.graph, feeds)
+        try:
+            values = {v.name: _to_ortvalue(self._ort, feeds[v.name], v.dtype) for v in self.graph.inputs}
+            outs = self._session.run_with_ort_values(self._outputs, values)
+            return {name: _to_numpy(o) for name, o in zip(self._outputs, outs)}
+        except BlockcError:
+            raise
+        except Exception as err:
+            raise BlockcError(f"onnxruntime failed to run the model: {_short(err)}") from err
+
+    def close(self) -> None:
+        """Release the session and its temporary files (also done when garbage collected)."""
+        self._session = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def __enter__(self) -> "OrtSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
+            provider: str = "cpu", optimization: str = "basic", threads: int | None = None,
+            **kw) -> dict[str, np.ndarray]:
+    """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
+
+    ``kw`` goes to ``OrtSession`` (``opset``, ``external_data``,
+    ``external_threshold``).
+    """
+    bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
+    with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:
+        return s.run(feeds)
+
+
+# -- numpy <-> OrtValue ----------------------------------------------------------
+# onnxruntime's numpy bridge has no bfloat16: feed its bits as uint16 with the
+# ONNX type named, and copy bfloat16 results out of host memory by hand.
+def _to_ortvalue(ort, array: np.ndarray, dtype: DType):
+    array = np.ascontiguousarray(array)
+    if dtype == DType.bfloat16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), dtype.onnx_code)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def _to_numpy(value) -> np.ndarray:
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    if value.device_name().lower() != "cpu":
+        raise BlockcError("a bfloat16 output was left on the GPU; cannot copy it to numpy")
+    out = np.empty(value.shape(), np.uint16)
+    if out.size:
+        ctypes.memmove(out.ctypes.data, value.data_ptr(), out.nbytes)
+    return out.view(DType.bfloat16.numpy)
+
+
+def _short(err: Exception) -> str:
+    text = str(err).strip()
+    return text if len(text) < 2000 else text[:2000] + " ..."
