@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from typing import Mapping
 
 import numpy as np
@@ -52,21 +52,24 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
     """Write ``weights`` to ``path`` (``.safetensors`` or ``.npz``), atomically."""
     path = os.fspath(path)
     fmt = _format_of(path)
-    arrays = {name: np.ascontiguousarray(a) for name, a in materialize(weights).items()}
+    # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
+    arrays = {name: np.asarray(a, order="C") for name, a in materialize(weights).items()}
     bad = [f"{name} ({a.dtype})" for name, a in arrays.items() if a.dtype.kind not in "biuf" and not _is_ml_dtype(a)]
     if bad:
         raise WeightsError(f"cannot save non-numeric arrays: {', '.join(bad)}")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise WeightsError(f"cannot save weights to {path!r}: directory {directory!r} does not exist")
-    # Same directory, so os.replace is a rename within one filesystem (atomic on POSIX and Windows).
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    # Same directory, so os.replace is a rename within one filesystem (atomic on
+    # POSIX and Windows). A dot-name, so a half-written file is not mistaken for weights.
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     try:
-        os.close(fd)
         if fmt == ".safetensors":
             _write_safetensors(tmp, arrays)
         else:
             _write_npz(tmp, arrays)
+        # safetensors creates its file 0600; give every save the mode open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException as e:
         try:
@@ -76,6 +79,19 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
         if isinstance(e, WeightsError) or not isinstance(e, Exception):
             raise
         raise WeightsError(f"cannot save weights to {path!r}: {type(e).__name__}: {e}") from e
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask can only set it)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _is_ml_dtype(a: np.ndarray) -> bool:
@@ -103,7 +119,7 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
         stored[name] = a
     if special:
         stored[_NPZ_DTYPES_KEY] = np.array(json.dumps(special))
-    with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
+    with open(path, "xb") as f:  # a file object, so numpy does not append ".npz" to the name
         np.savez(f, **stored)
         f.flush()
         os.fsync(f.fileno())

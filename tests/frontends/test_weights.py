@@ -1,0 +1,214 @@
+"""Weights files (.safetensors, .npz) and checking weights against a model."""
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from blockc import build_model, init_weights, trace
+from blockc.errors import WeightsError
+from blockc.frontends.weights import check_weights, load_weights, materialize, save_weights
+from blockc.ir.dtypes import DType
+
+FORMATS = [".safetensors", ".npz"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model("tiny")
+
+
+def test_materialize_makes_a_plain_dict(tiny):
+    lazy = init_weights(tiny, seed=3)
+    real = materialize(lazy)
+    assert type(real) is dict and list(real) == list(lazy)
+    assert all(isinstance(a, np.ndarray) for a in real.values())
+    np.testing.assert_array_equal(real["tok.weight"], lazy["tok.weight"])
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_round_trip(tmp_path, tiny, ext):
+    weights = materialize(init_weights(tiny, seed=1))
+    weights["step"] = np.array(7, dtype=np.int64)  # a scalar and an int survive too
+    path = tmp_path / f"w{ext}"
+    save_weights(path, weights)
+    loaded = load_weights(path)
+    assert type(loaded) is dict and sorted(loaded) == sorted(weights)
+    for name, a in weights.items():
+        assert loaded[name].dtype == a.dtype and loaded[name].shape == a.shape, name
+        np.testing.assert_array_equal(loaded[name], a)
+    assert os.listdir(tmp_path) == [path.name]  # no temp files left behind
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_saves_a_lazy_mapping(tmp_path, tiny, ext):
+    lazy = init_weights(tiny, seed=2)
+    save_weights(tmp_path / f"w{ext}", lazy)
+    loaded = load_weights(str(tmp_path / f"w{ext}"))
+    check_weights(tiny, loaded)
+    np.testing.assert_array_equal(loaded["blocks.1.attn.w_v.weight"], lazy["blocks.1.attn.w_v.weight"])
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_bfloat16_round_trip(tmp_path, ext):
+    rng = np.random.default_rng(0)
+    weights = {"a": rng.standard_normal((3, 5)).astype(ml_dtypes.bfloat16),
+               "b": rng.standard_normal(4).astype(np.float16), "c": np.arange(3, dtype=np.float32)}
+    save_weights(tmp_path / f"w{ext}", weights)
+    loaded = load_weights(tmp_path / f"w{ext}")
+    for name, a in weights.items():
+        assert loaded[name].dtype == a.dtype, name
+        np.testing.assert_array_equal(loaded[name].view(np.uint8), a.view(np.uint8))
+
+
+def test_safetensors_file_is_standard(tmp_path):
+    # Readable by the safetensors library directly, bfloat16 tagged as such.
+    save_weights(tmp_path / "w.safetensors", {"x": np.ones((2, 2), ml_dtypes.bfloat16)})
+    with open(tmp_path / "w.safetensors", "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        assert b'"BF16"' in f.read(header_len)
+    assert safetensors.numpy.load_file(str(tmp_path / "w.safetensors"))["x"].dtype == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_save_is_atomic(tmp_path, monkeypatch, ext):
+    path = tmp_path / f"w{ext}"
+    save_weights(path, {"old": np.zeros(3, np.float32)})
+    before = path.read_bytes()
+
+    def write_half_then_fail(*args, **kwargs):
+        # whatever file the writer was given gets a partial write, then the write fails
+        target = args[1] if len(args) > 1 else args[0]
+        if hasattr(target, "write"):
+            target.write(b"partial")
+        else:
+            with open(target, "wb") as f:
+                f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", write_half_then_fail)
+    monkeypatch.setattr(np, "savez", write_half_then_fail)
+    with pytest.raises(WeightsError, match="disk full"):
+        save_weights(path, {"new": np.ones(3, np.float32)})
+    assert path.read_bytes() == before  # the old file is intact
+    assert os.listdir(tmp_path) == [path.name]  # and no temp file is left
+    with pytest.raises(WeightsError):
+        save_weights(tmp_path / f"fresh{ext}", {"new": np.ones(3, np.float32)})
+    assert os.listdir(tmp_path) == [path.name]  # no partial new file either
+
+
+@pytest.mark.parametrize("name", ["w.pt", "w.bin", "weights", "w.safetensor"])
+def test_unknown_extension(tmp_path, name):
+    with pytest.raises(WeightsError, match=r"unknown weights format.*\.safetensors or \.npz"):
+        save_weights(tmp_path / name, {"a": np.zeros(1)})
+    (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(WeightsError, match="unknown weights format"):
+        load_weights(tmp_path / name)
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(WeightsError, match="not found"):
+        load_weights(tmp_path / "nope.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(WeightsError, match="cannot read"):
+        load_weights(tmp_path / "bad.safetensors")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(WeightsError, match="cannot read"):
+        load_weights(tmp_path / "bad.npz")
+    with pytest.raises(WeightsError, match="does not exist"):
+        save_weights(tmp_path / "no" / "dir.npz", {"a": np.zeros(1)})
+
+
+# -- check_weights ----------------------------------------------------------------
+def test_check_accepts_matching_weights(tiny):
+    weights = init_weights(tiny)
+    assert check_weights(tiny, weights) is weights
+    check_weights(trace(tiny), weights)
+
+
+def test_check_lists_every_problem(tiny):
+    weights = materialize(init_weights(tiny))
+    del weights["ln_f.bias"]
+    del weights["blocks.0.ln1.weight"]
+    weights["blocks.0.attn.w_q.weight"] = weights["blocks.0.attn.w_q.weight"].T[:, :32].copy()
+    weights["pos.weight"] = weights["pos.weight"].astype(np.float64)
+    weights["tok.weight"] = weights["tok.weight"].astype(np.int32)
+    weights["head.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(WeightsError) as info:
+        check_weights(tiny, weights)
+    problems = info.value.problems
+    assert len(problems) == 6, problems
+    message = str(info.value)
+    assert "6 problems" in message
+    for text in ["missing: ln_f.bias (f32[64])", "missing: blocks.0.ln1.weight",
+                 "unexpected: head.weight",
+                 "shape: blocks.0.attn.w_q.weight is [64, 32], expected [64, 64]",
+                 "dtype: pos.weight is float64, expected float32 (pass cast=True",
+                 "dtype: tok.weight is int32, expected float32"]:
+        assert text in message
+
+
+def test_check_against_a_graph_reports_the_same(tiny):
+    weights = materialize(init_weights(tiny))
+    weights["ln_f.weight"] = np.zeros(65, np.float32)
+    del weights["tok.weight"]
+    with pytest.raises(WeightsError) as info:
+        check_weights(trace(tiny), weights)
+    assert info.value.problems == ["missing: tok.weight (f32[256,64])",
+                                   "shape: ln_f.weight is [65], expected [64]"]
+
+
+def test_strict_false_allows_extra_names(tiny):
+    weights = dict(init_weights(tiny)) | {"optimizer.step": np.zeros(1)}
+    with pytest.raises(WeightsError, match="unexpected: optimizer.step"):
+        check_weights(tiny, weights)
+    assert check_weights(tiny, weights, strict=False) is weights
+
+
+def test_cast(tiny):
+    weights = materialize(init_weights(tiny, dtype=DType.float64))
+    with pytest.raises(WeightsError) as info:
+        check_weights(tiny, weights)
+    assert len(info.value.problems) == len(weights)  # every one is float64
+    cast = check_weights(tiny, weights, cast=True)
+    assert cast is not weights and set(cast) == set(weights)
+    assert all(a.dtype == np.float32 for a in cast.values())
+    np.testing.assert_array_equal(cast["tok.weight"], weights["tok.weight"].astype(np.float32))
+    assert weights["tok.weight"].dtype == np.float64  # the caller's dict is untouched
+
+
+def test_cast_refuses_non_float_and_overflow():
+    model = build_model("tiny", {"dtype": "float16"})
+    weights = materialize(init_weights(model))
+    weights["ln_f.weight"] = np.full(64, 1e6, np.float32)  # not representable in float16
+    weights["ln_f.bias"] = np.zeros(64, np.int64)
+    with pytest.raises(WeightsError) as info:
+        check_weights(model, weights, cast=True)
+    assert info.value.problems == ["dtype: ln_f.weight overflows when cast from float32 to float16",
+                                   "dtype: ln_f.bias is int64, expected float16"]
+
+
+def test_param_dtype_overrides_model_dtype():
+    from blockc.frontends import Model, Parameter
+
+    class M(Model):
+        def __init__(self):
+            super().__init__()
+            self.a = Parameter((2,))
+            self.b = Parameter((2,), dtype=DType.float64)
+
+    check_weights(M(), {"a": np.zeros(2, np.float32), "b": np.zeros(2, np.float64)})
+    with pytest.raises(WeightsError, match="dtype: b is float32, expected float64"):
+        check_weights(M(), {"a": np.zeros(2, np.float32), "b": np.zeros(2, np.float32)})
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_saved_file_has_ordinary_permissions(tmp_path, ext):
+    # A temp-then-rename save must not leave the file readable by its owner only.
+    umask = os.umask(0o022)
+    try:
+        save_weights(tmp_path / f"w{ext}", {"a": np.zeros(2, np.float32)})
+    finally:
+        os.umask(umask)
+    assert (tmp_path / f"w{ext}").stat().st_mode & 0o777 == 0o644
