@@ -55,7 +55,7 @@ class Value:
 class Node:
     """One op application: ``outputs = op(inputs) {attrs}``."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "origin", "__weakref__")
 
     def __init__(self, op: str, inputs: Sequence[Value], attrs: Mapping[str, Any],
                  output_types: Sequence[TensorType], loc: str | None = None):
@@ -64,6 +64,9 @@ class Node:
         self.attrs = dict(attrs)
         self.outputs = [Value(t, "node", producer=self, index=i) for i, t in enumerate(output_types)]
         self.loc = loc  # the user's source line that created the node, when known
+        # Which nodes of the unoptimized graph this one stands for (labels like
+        # "%12"); set by the pass manager, carried through fusions for reports.
+        self.origin: tuple = ()
 
     @property
     def output(self) -> Value:
@@ -154,6 +157,32 @@ class Graph:
             v.uses.remove((node, i))
         self.nodes.remove(node)
 
+    def sort(self) -> None:
+        """Re-order nodes topologically, keeping the current order where it is
+        already valid (rewrites may leave a fused node after a user)."""
+        position = {id(n): i for i, n in enumerate(self.nodes)}
+        producers_left = {}
+        users: dict[int, list] = {}
+        for n in self.nodes:
+            deps = {id(v.producer) for v in n.inputs if v.producer is not None}
+            producers_left[id(n)] = len(deps)
+            for d in deps:
+                users.setdefault(d, []).append(n)
+        import heapq
+        ready = [(position[id(n)], n) for n in self.nodes if producers_left[id(n)] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, n = heapq.heappop(ready)
+            order.append(n)
+            for u in users.get(id(n), []):
+                producers_left[id(u)] -= 1
+                if producers_left[id(u)] == 0:
+                    heapq.heappush(ready, (position[id(u)], u))
+        if len(order) != len(self.nodes):
+            raise ShapeError("the graph has a cycle")
+        self.nodes = order
+
     def remove_unused_params(self) -> None:
         self.params = {k: v for k, v in self.params.items() if v.uses}
 
@@ -196,6 +225,7 @@ class Graph:
             vmap[id(v)] = g.add_param(name, v.type)
         for n in self.nodes:
             new = Node(n.op, [vmap[id(v)] for v in n.inputs], n.attrs, [o.type for o in n.outputs], n.loc)
+            new.origin = n.origin
             g.insert(new)
             for a, b in zip(n.outputs, new.outputs):
                 vmap[id(a)] = b

@@ -29,7 +29,7 @@ REQUIRED = object()
 @dataclass
 class OpDef:
     name: str
-    inputs: tuple            # names of inputs; a trailing "*" name is variadic
+    inputs: tuple            # names of inputs; a trailing "*name" takes zero or more values
     outputs: int | Callable[[Mapping[str, Any], int], int] = 1
     attrs: dict = field(default_factory=dict)   # name -> (kind, default or REQUIRED)
     doc: str = ""
@@ -65,7 +65,7 @@ class OpDef:
 
     def check_arity(self, n: int) -> None:
         if self.variadic:
-            least = len(self.inputs)  # the variadic slot needs one value at least
+            least = len(self.inputs) - 1
             if n < least:
                 raise ShapeError(f"{self.name} takes at least {least} inputs, got {n}")
         elif n != len(self.inputs):

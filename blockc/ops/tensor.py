@@ -107,6 +107,8 @@ concat = define("concat", ("*xs",), attrs={"axis": (INT, REQUIRED)}, doc="join a
 
 @concat.infer
 def _(types, attrs):
+    if not types:
+        raise ShapeError("concat needs at least one input")
     dtype = same_dtype("concat", types)
     rank = types[0].rank
     axis = norm_axis("concat", attrs["axis"], rank)

@@ -34,12 +34,17 @@ def decompose(graph: Graph, ops: Iterable[str] | None = None) -> PassResult:
     g = graph.copy()
     wanted = set(ops) if ops is not None else {name for name, d in registry.OPS.items() if d.decompose_fn}
     changed = False
-    for node in list(g.nodes):
+    # A fused op decomposes into standard ops that may decompose further.
+    todo = [n for n in g.nodes if n.op in wanted]
+    while todo:
+        node = todo.pop(0)
         opdef = registry.get(node.op)
-        if node.op not in wanted or opdef.decompose_fn is None:
+        if opdef.decompose_fn is None:
             continue
         b = Builder(g, before=node, loc=node.loc)
+        start = g.nodes.index(node)
         results = opdef.decompose_fn(b, node, list(node.inputs))
+        todo = [n for n in g.nodes[start:g.nodes.index(node)] if n.op in wanted] + todo
         for old, new in zip(node.outputs, results):
             g.replace_all_uses(old, new)
         g.remove_node(node)

@@ -1,0 +1,227 @@
+"""Fused ops made by the fusion passes.
+
+Each one's ``decompose`` rule is its exact meaning in standard ops: it is
+what the ``function`` ONNX form emits as the function body, and what the
+numbers of a fused graph are checked against.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir.dims import Sym
+from ..ir.dtypes import DType
+from ..ir.types import TensorType
+from ._rules import broadcast_shapes, elementwise, fmt, same_dtype
+from .registry import BOOL, FLOAT, STR, define
+
+MASK_KINDS = ("none", "additive", "bool")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+def _mask_rule(op: str, scores: TensorType, masks: list[TensorType], attrs) -> None:
+    kind = attrs["mask"]
+    if kind not in MASK_KINDS:
+        raise ShapeError(f"{op}: mask must be one of {', '.join(MASK_KINDS)}, got {kind!r}")
+    if (kind == "none") != (not masks) or len(masks) > 1:
+        raise ShapeError(f"{op}: mask={kind!r} takes {'no' if kind == 'none' else 'one'} mask input")
+    if masks:
+        m = masks[0]
+        want = DType.bool if kind == "bool" else scores.dtype
+        if m.dtype != want:
+            raise ShapeError(f"{op}: a {kind} mask must be {want.name}, got {m.dtype.name}")
+        if broadcast_shapes(op, m.shape, scores.shape) != scores.shape:
+            raise ShapeError(f"{op}: mask {fmt(m.shape)} does not broadcast to {fmt(scores.shape)}")
+    if scores.rank < 2 and attrs["causal"]:
+        raise ShapeError(f"{op}: a causal mask needs rank >= 2")
+
+
+def _apply_mask(b, s, masks, attrs):
+    """The standard-op form of scale, mask and causal mask on scores ``s``."""
+    if attrs["scale"] != 1.0:
+        s = b.op("mul", s, b.const(attrs["scale"], s.dtype))
+    fill = None
+    if attrs["mask"] == "additive":
+        s = b.op("add", s, masks[0])
+    elif attrs["mask"] == "bool":
+        fill = b.const(attrs["fill"], s.dtype)
+        s = b.op("where", masks[0], s, fill)
+    if attrs["causal"]:
+        fill = fill or b.const(attrs["fill"], s.dtype)
+        s = b.op("where", b.op("causal_mask", rows=s.shape[-2], cols=s.shape[-1]), s, fill)
+    return s
+
+
+def _numpy_mask(s, masks, attrs, env):
+    s = s * np.asarray(attrs["scale"], s.dtype)
+    fill = np.asarray(attrs["fill"], s.dtype)
+    if attrs["mask"] == "additive":
+        s = s + masks[0]
+    elif attrs["mask"] == "bool":
+        s = np.where(masks[0], s, fill)
+    if attrs["causal"]:
+        rows, cols = s.shape[-2], s.shape[-1]
+        s = np.where(np.tril(np.ones((rows, cols), bool), k=cols - rows), s, fill)
+    return s
+
+
+def _softmax_last(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+_MASK_ATTRS = {"scale": (FLOAT, 1.0), "mask": (STR, "none"), "causal": (BOOL, False),
+               "fill": (FLOAT, float(np.finfo(np.float32).min))}
+
+# ---- masked_softmax ------------------------------------------------------------
+masked_softmax = define("masked_softmax", ("x", "*mask"), attrs=dict(_MASK_ATTRS),
+                        doc="softmax(mask(x * scale)) over the last axis; the causal mask from indices")
+
+
+@masked_softmax.infer
+def _(types, attrs):
+    x = types[0]
+    if not x.dtype.is_float:
+        raise ShapeError(f"masked_softmax: needs a floating-point tensor, got {x.dtype.name}")
+    _mask_rule("masked_softmax", x, types[1:], attrs)
+    return x
+
+
+masked_softmax.numpy(lambda xs, attrs, env: _softmax_last(_numpy_mask(xs[0], xs[1:], attrs, env)))
+
+
+@masked_softmax.decompose
+def _(b, node, ins):
+    return [b.op("softmax", _apply_mask(b, ins[0], ins[1:], node.attrs), axis=-1)]
+
+
+# ---- attention ------------------------------------------------------------------------
+attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(_MASK_ATTRS),
+                   doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]")
+
+
+@attention.infer
+def _(types, attrs):
+    q, k, v = types[:3]
+    dtype = same_dtype("attention", [q, k, v], floats=True)
+    if not (q.rank == k.rank == v.rank and q.rank >= 2):
+        raise ShapeError(f"attention: q, k, v must have the same rank >= 2, got {q}, {k}, {v}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ShapeError(f"attention: q {fmt(q.shape)}, k {fmt(k.shape)}, v {fmt(v.shape)} do not fit")
+    batch = broadcast_shapes("attention", q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    _mask_rule("attention", TensorType(dtype, batch + (q.shape[-2], k.shape[-2])), types[3:], attrs)
+    return TensorType(dtype, batch + (q.shape[-2], v.shape[-1]))
+
+
+@attention.numpy
+def _(xs, attrs, env):
+    q, k, v = xs[:3]
+    return _softmax_last(_numpy_mask(q @ np.swapaxes(k, -1, -2), xs[3:], attrs, env)) @ v
+
+
+@attention.decompose
+def _(b, node, ins):
+    # Into masked_softmax, not further: a backend with a masked_softmax kernel
+    # but no attention kernel still gets the fused softmax.
+    q, k, v = ins[:3]
+    perm = list(range(k.type.rank))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    scores = b.op("matmul", q, b.op("transpose", k, perm=perm))
+    return [b.op("matmul", b.op("masked_softmax", scores, *ins[3:], **node.attrs), v)]
+
+
+# ---- add_layernorm / add_rmsnorm -------------------------------------------------
+def _add_norm_infer(name, types, attrs, n_params):
+    x, r, params = types[0], types[1], types[2:]
+    out = elementwise(name, [x, r], floats=True)
+    if out.shape != x.shape:
+        raise ShapeError(f"{name}: the residual {fmt(r.shape)} must broadcast into the input {fmt(x.shape)}")
+    for p in params:
+        if p.dtype != x.dtype or p.shape != x.shape[-1:]:
+            raise ShapeError(f"{name}: scale/bias must be {x.dtype.short}{fmt(x.shape[-1:])}, got {p}")
+    return [out, out] if attrs["with_sum"] else [out]
+
+
+add_layernorm = define("add_layernorm", ("x", "residual", "gamma", "beta"),
+                       outputs=lambda attrs, n: 2 if attrs["with_sum"] else 1,
+                       attrs={"eps": (FLOAT, 1e-5), "with_sum": (BOOL, False)},
+                       doc="layernorm(x + residual); with_sum also returns x + residual (pre-norm stacks need it)")
+add_layernorm.infer(lambda types, attrs: _add_norm_infer("add_layernorm", types, attrs, 2))
+
+
+@add_layernorm.numpy
+def _(xs, attrs, env):
+    x, r, g, b = xs
+    s = x + r
+    mu = s.mean(axis=-1, keepdims=True)
+    c = s - mu
+    y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + np.asarray(attrs["eps"], s.dtype)) * g + b
+    return [y, s] if attrs["with_sum"] else [y]
+
+
+@add_layernorm.decompose
+def _(b, node, ins):
+    s = b.op("add", ins[0], ins[1])
+    y = b.op("layernorm", s, ins[2], ins[3], eps=node.attrs["eps"])
+    return [y, s] if node.attrs["with_sum"] else [y]
+
+
+add_rmsnorm = define("add_rmsnorm", ("x", "residual", "gamma"),
+                     outputs=lambda attrs, n: 2 if attrs["with_sum"] else 1,
+                     attrs={"eps": (FLOAT, 1e-6), "with_sum": (BOOL, False)},
+                     doc="rmsnorm(x + residual); with_sum also returns x + residual")
+add_rmsnorm.infer(lambda types, attrs: _add_norm_infer("add_rmsnorm", types, attrs, 1))
+
+
+@add_rmsnorm.numpy
+def _(xs, attrs, env):
+    x, r, g = xs
+    s = x + r
+    y = s / np.sqrt((s * s).mean(axis=-1, keepdims=True) + np.asarray(attrs["eps"], s.dtype)) * g
+    return [y, s] if attrs["with_sum"] else [y]
+
+
+@add_rmsnorm.decompose
+def _(b, node, ins):
+    s = b.op("add", ins[0], ins[1])
+    y = b.op("rmsnorm", s, ins[2], eps=node.attrs["eps"])
+    return [y, s] if node.attrs["with_sum"] else [y]
+
+
+# ---- matmul_bias_act -----------------------------------------------------------------
+matmul_bias_act = define("matmul_bias_act", ("x", "w", "bias"), attrs={"activation": (STR, "relu")},
+                         doc="act(x @ w + bias) with act in relu, gelu, gelu_tanh")
+
+
+@matmul_bias_act.infer
+def _(types, attrs):
+    from .registry import get
+    if attrs["activation"] not in ACTIVATIONS:
+        raise ShapeError(f"matmul_bias_act: activation must be one of {', '.join(ACTIVATIONS)}")
+    y = get("matmul").infer_fn(types[:2], {})
+    bias = types[2]
+    if bias.dtype != y.dtype or bias.shape != y.shape[-1:]:
+        raise ShapeError(f"matmul_bias_act: bias must be {y.dtype.short}{fmt(y.shape[-1:])}, got {bias}")
+    return y
+
+
+@matmul_bias_act.numpy
+def _(xs, attrs, env):
+    from .registry import get
+    y = xs[0] @ xs[1] + xs[2]
+    act = attrs["activation"]
+    if act == "relu":
+        return np.maximum(y, np.zeros((), y.dtype))
+    return get("gelu").numpy_fn([y], {"approximate": "tanh" if act == "gelu_tanh" else "none"}, env)
+
+
+@matmul_bias_act.decompose
+def _(b, node, ins):
+    y = b.op("add", b.op("matmul", ins[0], ins[1]), ins[2])
+    act = node.attrs["activation"]
+    if act == "relu":
+        return [b.op("relu", y)]
+    return [b.op("gelu", y, approximate="tanh" if act == "gelu_tanh" else "none")]
+
+
+FUSED_OPS = ("masked_softmax", "attention", "add_layernorm", "add_rmsnorm", "matmul_bias_act")

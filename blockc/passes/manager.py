@@ -1,0 +1,92 @@
+"""The pass manager: runs the pipeline, verifies after every pass, records
+what each pass did, and collects every fusion site for the report."""
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, TextIO
+
+from ..errors import BlockcError
+from ..ir.graph import Graph
+from ..ir.verify import verify
+from .pipeline import default_pipeline
+from .rewrite import Site
+
+
+@dataclass
+class PassStat:
+    name: str
+    seconds: float
+    changed: bool
+    nodes_before: int
+    nodes_after: int
+
+
+@dataclass
+class OptimizeResult:
+    graph: Graph
+    stats: list[PassStat] = field(default_factory=list)
+    sites: list[Site] = field(default_factory=list)
+    disabled: list[str] = field(default_factory=list)
+
+
+def pass_names() -> list[str]:
+    seen = []
+    for p in default_pipeline():
+        if p.__name__ not in seen:
+            seen.append(p.__name__)
+    return seen
+
+
+def label_origins(graph: Graph) -> Graph:
+    """A copy whose nodes are labelled with their printed names (``%12``), so
+    reports can say which original nodes went into which fused op."""
+    g = graph.copy()
+    counter = 0
+    for n in g.nodes:
+        n.origin = (f"%{counter}",)
+        counter += len(n.outputs)
+    return g
+
+
+def optimize(graph: Graph, *, disable: Iterable[str] = (), print_after: Iterable[str] = (),
+             print_after_all: bool = False, check: bool = True, out: TextIO | None = None) -> OptimizeResult:
+    """Run the default pipeline on ``graph`` (which is not changed).
+
+    ``disable`` names passes to skip; ``print_after`` names passes whose
+    output IR is printed to ``out`` (stdout by default); ``check`` runs the
+    verifier after every pass.
+    """
+    names = pass_names()
+    disable, print_after = list(disable), list(print_after)
+    unknown = [n for n in disable + print_after if n not in names]
+    if unknown:
+        raise BlockcError(f"unknown pass {', '.join(repr(n) for n in unknown)}; passes: {', '.join(names)}")
+    out = out or sys.stdout
+    g = label_origins(graph)
+    result = OptimizeResult(g, disabled=disable)
+    for p in default_pipeline():
+        name = p.__name__
+        if name in disable:
+            continue
+        before = len(g.nodes)
+        t0 = time.perf_counter()
+        sites: list[Site] = []
+        r = p(g, sites) if "sites" in inspect.signature(p).parameters else p(g)
+        seconds = time.perf_counter() - t0
+        if check:
+            try:
+                verify(r.graph)
+            except BlockcError as e:
+                raise BlockcError(f"the graph is invalid after pass {name}: {e}") from None
+        g = r.graph
+        for s in sites:
+            s.pass_name = name
+        result.sites += sites
+        result.stats.append(PassStat(name, seconds, r.changed, before, len(g.nodes)))
+        if print_after_all or name in print_after:
+            out.write(f"// ----- after {name} ({'changed' if r.changed else 'no change'}) -----\n{g}")
+    result.graph = g
+    return result

@@ -1,0 +1,31 @@
+"""The optimization pipeline, in order. Each entry is one pass in one file."""
+from __future__ import annotations
+
+from .constant_fold import constant_fold
+from .cse import cse
+from .dce import dce
+from .fuse_add_layernorm import fuse_add_layernorm
+from .fuse_attention import fuse_attention
+from .fuse_bias_activation import fuse_bias_activation
+from .fuse_masked_softmax import fuse_masked_softmax
+from .fuse_qkv import fuse_qkv
+from .recompose_gelu import recompose_gelu
+from .recompose_norms import recompose_norms
+from .recompose_softmax import recompose_softmax
+from .simplify_reshapes import simplify_reshapes
+
+
+def default_pipeline() -> list:
+    return [
+        # canonicalise
+        dce, cse, constant_fold, simplify_reshapes,
+        # raise decomposed math (ours, or an exporter's) back to standard ops
+        recompose_softmax, recompose_norms, recompose_gelu,
+        # fuse
+        fuse_qkv, fuse_masked_softmax, fuse_attention, fuse_add_layernorm, fuse_bias_activation,
+        # tidy up what the fusions left
+        cse, dce,
+    ]
+
+
+FUSIONS = ("fuse_qkv", "fuse_masked_softmax", "fuse_attention", "fuse_add_layernorm", "fuse_bias_activation")

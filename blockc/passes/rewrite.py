@@ -1,0 +1,339 @@
+"""Rewrites written as data: (pattern, check, rewrite) rules and the engine
+that applies them.
+
+A pattern reads like the model code it replaces::
+
+    Op("layernorm", Op("add", Var("x"), Var("residual"), name="sum", commutative=True),
+       Var("gamma"), Var("beta"), name="root")
+
+``match`` tries every way the pattern can fit (operand orders, ``Or``
+alternatives) and, when none does, says why -- the reason from the attempt
+that got furthest. A ``check`` may veto a structural match with a reason. The
+engine never removes an intermediate value that is still used outside the
+match unless the rewrite returns a replacement for it (a fused op that also
+returns the sum, say); otherwise the site is rejected with that reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from ..errors import BlockcError
+from ..ir.builder import Builder
+from ..ir.graph import Graph, Node, Value
+from .base import PassResult
+
+
+# ---- patterns -----------------------------------------------------------------
+class Pattern:
+    def alternatives(self):
+        return [self]
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Pattern):
+    """Any value; the same name twice means the same value."""
+
+    name: str
+
+    def __repr__(self):
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Pattern):
+    """A value made by a ``constant`` node; binds its array as ``name``."""
+
+    name: str
+    scalar: bool = True  # only single-element constants
+
+    def __repr__(self):
+        return f"const {self.name}"
+
+
+@dataclass(frozen=True, eq=False)
+class Op(Pattern):
+    """A node of ``op`` (a name or a tuple of names) whose inputs match ``inputs``.
+
+    ``attrs`` maps attribute names to required values or predicates.
+    ``commutative`` also tries the two inputs swapped. ``consume=False`` marks
+    a node the rewrite reads but does not replace (it is left in place).
+    ``index`` is which output of the node the value must be.
+    """
+
+    op: Any
+    inputs: tuple = ()
+    name: str | None = None
+    attrs: Mapping = field(default_factory=dict)
+    commutative: bool = False
+    consume: bool = True
+    index: int = 0
+
+    def __init__(self, op, *inputs, name=None, attrs=None, commutative=False, consume=True, index=0):
+        object.__setattr__(self, "op", (op,) if isinstance(op, str) else tuple(op))
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "attrs", dict(attrs or {}))
+        object.__setattr__(self, "commutative", commutative)
+        object.__setattr__(self, "consume", consume)
+        object.__setattr__(self, "index", index)
+
+    def __repr__(self):
+        return f"{'|'.join(self.op)}({', '.join(map(repr, self.inputs))})"
+
+
+@dataclass(frozen=True, eq=False)
+class Or(Pattern):
+    """The first alternative that matches (in order); all are tried on backtrack."""
+
+    options: tuple
+
+    def __init__(self, *options):
+        object.__setattr__(self, "options", tuple(options))
+
+
+def optional(wrap: Callable[[Pattern], Pattern], inner: Pattern) -> Or:
+    """``wrap(inner)`` or just ``inner``: a step a graph may or may not have."""
+    return Or(wrap(inner), inner)
+
+
+# ---- matching -------------------------------------------------------------------
+class Match(dict):
+    """Bindings: pattern names to Values, Nodes (``name`` of an Op) and arrays (Const)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.consumed: list[Node] = []
+        self.root: Node | None = None
+
+    def fork(self) -> "Match":
+        m = Match(self)
+        m.consumed, m.root = list(self.consumed), self.root
+        return m
+
+    def value(self, name: str) -> Value:
+        v = self[name]
+        return v.outputs[0] if isinstance(v, Node) else v
+
+
+class _Failure:
+    """Keeps the reason from the attempt that matched most nodes."""
+
+    def __init__(self):
+        self.depth, self.reason = -1, "no match"
+
+    def note(self, depth: int, reason: str) -> None:
+        if depth > self.depth:
+            self.depth, self.reason = depth, reason
+
+
+def _describe(v: Value) -> str:
+    return f"{v.producer.op} result" if v.producer is not None else f"{v.kind} {v.name!r}"
+
+
+def _match(p: Pattern, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
+    depth = len(m.consumed)
+    if isinstance(p, Or):
+        for option in p.options:
+            yield from _match(option, v, m, fail)
+        return
+    if isinstance(p, Var):
+        if p.name in m and m[p.name] is not v:
+            fail.note(depth, f"{p.name} must be the same value in both places")
+            return
+        m2 = m.fork()
+        m2[p.name] = v
+        yield m2
+        return
+    if isinstance(p, Const):
+        node = v.producer
+        if node is None or node.op != "constant":
+            fail.note(depth, f"expected a constant for {p.name}, found a {_describe(v)}")
+            return
+        arr = node.attrs["value"]
+        if p.scalar and arr.size != 1:
+            fail.note(depth, f"{p.name} must be a single value, found shape {list(arr.shape)}")
+            return
+        if p.name in m and not np.array_equal(m[p.name], arr):
+            return
+        m2 = m.fork()
+        m2[p.name] = arr
+        yield m2
+        return
+    assert isinstance(p, Op)
+    node = v.producer
+    if p.name and p.name in m:  # a second mention of a named node: the same node
+        if m[p.name] is not node or v.index != p.index:
+            fail.note(depth, f"{p.name} must be the same {'/'.join(p.op)} node in both places")
+            return
+        yield m
+        return
+    if node is None or node.op not in p.op:
+        fail.note(depth, f"expected {' or '.join(p.op)}, found a {_describe(v)}")
+        return
+    if v.index != p.index:
+        fail.note(depth, f"expected output {p.index} of {node.op}")
+        return
+    if any(node is n for n in m.consumed):
+        return
+    for key, want in p.attrs.items():
+        got = node.attrs.get(key)
+        ok = want(got) if callable(want) else got == want
+        if not ok:
+            fail.note(depth + 1, f"{node.op} has {key}={got!r}")
+            return
+    if len(node.inputs) < len(p.inputs):
+        fail.note(depth, f"{node.op} has {len(node.inputs)} inputs")
+        return
+    m = m.fork()
+    if p.consume:
+        m.consumed.append(node)
+    if p.name:
+        m[p.name] = node
+    orders = [list(p.inputs)]
+    if p.commutative and len(p.inputs) == 2:
+        orders.append(list(reversed(p.inputs)))
+    for order in orders:
+        yield from _match_inputs(order, node.inputs, m, fail)
+
+
+def _match_inputs(pats, values, m, fail) -> Iterator[Match]:
+    if not pats:
+        yield m
+        return
+    for m2 in _match(pats[0], values[0], m, fail):
+        yield from _match_inputs(pats[1:], values[1:], m2, fail)
+
+
+# ---- rules and the engine -------------------------------------------------------------
+@dataclass
+class Rule:
+    """``pattern`` rooted at a node; ``check(match)`` returns None or a reason;
+    ``rewrite(builder, match)`` returns ``{name: new value}`` for the root
+    (``"root"``, or a list for several outputs) and for any matched Op name
+    whose value is still used elsewhere (listed in ``match.escaping``)."""
+
+    name: str
+    pattern: Op
+    rewrite: Callable[[Builder, Match], Mapping[str, Any]]
+    check: Callable[[Match], str | None] = lambda m: None
+    kind: str = ""  # the fusion kind reported (defaults to name)
+
+
+@dataclass
+class Site:
+    """One candidate: a node a rule's pattern is anchored on."""
+
+    rule: str
+    kind: str
+    anchor: str            # the anchor node's origin label, e.g. "%23"
+    anchor_op: str
+    fused: bool
+    reason: str = ""
+    nodes: list = field(default_factory=list)   # origin labels consumed
+    ops: list = field(default_factory=list)     # their ops
+    result: str = ""                             # the op that replaced them
+    pass_name: str = ""                          # set by the pass manager
+
+
+def _label(node: Node) -> str:
+    return node.origin[0] if node.origin else f"<{node.op}>"
+
+
+def apply_rules(graph: Graph, rules: list[Rule], sites: list[Site] | None = None) -> PassResult:
+    """Apply ``rules`` to a copy of ``graph`` at every anchor, in node order."""
+    g = graph.copy()
+    changed = False
+    removed: set[int] = set()
+    for node in list(g.nodes):
+        if id(node) in removed:
+            continue
+        for rule in rules:
+            if node.op not in rule.pattern.op:
+                continue
+            fail = _Failure()
+            site = Site(rule.name, rule.kind or rule.name, _label(node), node.op, False)
+            outcome = None
+            for m in _match(rule.pattern, node.outputs[rule.pattern.index], Match(), fail):
+                m.root = node
+                reason = rule.check(m)
+                if reason:
+                    fail.note(10**6, reason)
+                    continue
+                outcome = _try_rewrite(g, rule, m, site)
+                if outcome is not None:
+                    break
+                fail.note(10**6 + 1, site.reason)
+            if outcome is None:
+                site.reason = fail.reason
+            else:
+                removed |= outcome
+                changed = True
+            if sites is not None:
+                sites.append(site)
+            if outcome is not None:
+                break
+    if changed:
+        g.sort()
+    return PassResult(g, changed)
+
+
+def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site) -> set[int] | None:
+    consumed = {id(n) for n in m.consumed}
+    outputs = {id(v) for _, v in g.outputs}
+    escaping = {}
+    names = {id(n): k for k, n in m.items() if isinstance(n, Node)}
+    for n in m.consumed:
+        if n is m.root:
+            continue
+        for o in n.outputs:
+            if id(o) in outputs or any(id(u) not in consumed for u, _ in o.uses):
+                if id(n) not in names:
+                    site.reason = f"the {n.op} result ({_label(n)}) inside the pattern is used elsewhere"
+                    return None
+                escaping[names[id(n)]] = o
+    m.escaping = escaping
+    b = Builder(g, before=m.root, loc=m.root.loc)
+    before = set(map(id, g.nodes))
+    try:
+        repl = rule.rewrite(b, m)
+    except BlockcError as e:  # the fused op's own shape rule said no
+        repl, error = None, str(e)
+    new_nodes = [n for n in g.nodes if id(n) not in before]
+    if repl is None:
+        for n in reversed(new_nodes):
+            g.remove_node(n)
+        site.reason = error
+        return None
+    missing = [k for k in escaping if k not in repl]
+    if missing:
+        for n in reversed(new_nodes):
+            g.remove_node(n)
+        site.reason = (f"the {m[missing[0]].op} result ({_label(m[missing[0]])}) is used elsewhere and "
+                       f"the fused op does not return it")
+        return None
+    root_new = repl["root"]
+    root_new = root_new if isinstance(root_new, (list, tuple)) else [root_new]
+    for old, new in zip(m.root.outputs, root_new):
+        g.replace_all_uses(old, new)
+    for k, old in escaping.items():
+        g.replace_all_uses(old, repl[k])
+    origin = tuple(sorted({o for n in m.consumed for o in n.origin}, key=_origin_key))
+    for n in new_nodes:
+        n.origin = origin
+    # Consumed nodes now have no users left outside the match; remove users first.
+    order = {id(n): i for i, n in enumerate(g.nodes)}
+    for n in sorted(m.consumed, key=lambda n: -order[id(n)]):
+        g.remove_node(n)
+    site.fused = True
+    site.nodes = [_label(n) for n in sorted(m.consumed, key=lambda n: order[id(n)])]
+    site.ops = [n.op for n in sorted(m.consumed, key=lambda n: order[id(n)])]
+    site.result = "+".join(n.op for n in new_nodes if n.op != "constant") or "(bypass)"
+    return consumed
+
+
+def _origin_key(label: str):
+    digits = "".join(c for c in label if c.isdigit())
+    return (int(digits) if digits else -1, label)
