@@ -2,7 +2,8 @@
 
 Each node lowers through its op's ``onnx_fn`` (declared in ``blockc/ops``)
 into an ``OnnxEmitter``; ops without one are first rewritten with their
-``decompose`` rule (``rmsnorm`` has no standard ONNX op before opset 23).
+``decompose`` rule: the fused ops, and ``rmsnorm`` (ONNX's RMSNormalization
+only arrived in opset 23, and the registry has no lowering to it yet).
 Graph inputs and outputs keep their names, with symbolic dims written as
 ``dim_param`` (``past+seq``); parameters become initializers named by their
 labels. The result passes ``onnx.checker.check_model(full_check=True)``.
@@ -59,7 +60,6 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, opset: int =
                           f"(supported: {', '.join(map(str, OPSET_IR_VERSION))})")
     _check_names(graph)
     graph = _lower_composites(graph)
-    weight_protos = _weight_initializers(graph, weights)
 
     reserved = [v.name for v in graph.inputs] + list(graph.params) + [name for name, _ in graph.outputs]
     e = OnnxEmitter(graph, opset, reserved)
@@ -78,16 +78,18 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, opset: int =
     model = helper.make_model(
         helper.make_graph(nodes, graph.name,
                           [_value_info(v.name, v.type) for v in graph.inputs],
-                          [_value_info(name, v.type) for name, v in graph.outputs],
-                          initializer=weight_protos + e.initializers),
+                          [_value_info(name, v.type) for name, v in graph.outputs]),
         opset_imports=[helper.make_opsetid("", opset)]
         + [helper.make_opsetid(d, version) for d, version in sorted(e.domains.items())],
         producer_name="blockc")
     model.ir_version = OPSET_IR_VERSION[opset]
+    _add_weights(model.graph, graph, weights)
+    model.graph.initializer.extend(e.initializers)
 
-    big = initializer_bytes(model) > external_threshold
+    size = initializer_bytes(model)
+    big = size > external_threshold
     if big and external_data is False:
-        raise BlockcError(f"ONNX export: the weights take {initializer_bytes(model) / 2**30:.2f} GiB, more than "
+        raise BlockcError(f"ONNX export: the weights take {size / 2**30:.2f} GiB, more than "
                           "one protobuf holds; export with external_data=True (or None)")
     check_model(model, weightless=big)
     return model
@@ -105,8 +107,14 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | os.Pa
     is left at the destination. ``kw`` goes to ``export_onnx`` (``opset``).
     """
     model = export_onnx(graph, weights, external_data=external_data, external_threshold=external_threshold, **kw)
-    external = external_data if external_data is not None else initializer_bytes(model) > external_threshold
-    write_model(model, path, external_data=external)
+    write_model(model, path, external_data=wants_external_data(model, external_data, external_threshold))
+
+
+def wants_external_data(model: onnx.ModelProto, external_data: bool | None,
+                        threshold: int = EXTERNAL_DATA_THRESHOLD) -> bool:
+    """Whether ``model`` is to be stored with external data: as forced by
+    ``external_data``, or (None) when its weights exceed ``threshold`` bytes."""
+    return external_data if external_data is not None else initializer_bytes(model) > threshold
 
 
 def write_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool) -> None:
@@ -157,8 +165,12 @@ def check_model(model: onnx.ModelProto, *, weightless: bool = False) -> None:
 
 
 def initializer_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of weight data held by the model's initializers."""
-    return sum(len(t.raw_data) for t in model.graph.initializer)
+    """Bytes of data held by the model's initializers (from their dims: reading
+    ``raw_data`` would copy it)."""
+    total = 0
+    for t in model.graph.initializer:
+        total += int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return total
 
 
 # -- helpers ------------------------------------------------------------------
@@ -194,9 +206,10 @@ def _lower_composites(graph: Graph) -> Graph:
     raise BlockcError(f"ONNX export: decompositions of {', '.join(missing)} do not terminate")
 
 
-def _weight_initializers(graph: Graph, weights: Mapping[str, np.ndarray]) -> list:
-    """One initializer per parameter; every problem reported at once."""
-    problems, out = [], []
+def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np.ndarray]) -> None:
+    """One initializer per parameter, added one at a time so that at most one
+    extra copy of one weight is alive; every problem reported at once."""
+    problems = []
     for name, v in graph.params.items():
         try:
             w = weights[name]  # read once: a lazy mapping may compute it
@@ -209,10 +222,10 @@ def _weight_initializers(graph: Graph, weights: Mapping[str, np.ndarray]) -> lis
         elif tuple(w.shape) != tuple(v.shape) or w.dtype != v.dtype.numpy:
             problems.append(f"{name}: got {w.dtype}{list(w.shape)}, the graph expects {v.type}")
         else:
-            out.append(numpy_helper.from_array(np.ascontiguousarray(w), name))
+            target.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), name))
+        del w
     if problems:
         raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))
-    return out
 
 
 def _name_outputs(graph: Graph, e: OnnxEmitter, names: dict) -> list:

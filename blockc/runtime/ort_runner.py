@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..codegen.onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, export_onnx, initializer_bytes,
+from ..codegen.onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, export_onnx, wants_external_data,
                                    write_model)
 from ..errors import BlockcError
 from ..ir.dtypes import DType
@@ -62,7 +62,7 @@ class OrtSession:
         self.graph = graph
         model = export_onnx(graph, weights, opset=opset, external_data=external_data,
                             external_threshold=external_threshold)
-        external = external_data if external_data is not None else initializer_bytes(model) > external_threshold
+        external = wants_external_data(model, external_data, external_threshold)
 
         options = ort.SessionOptions()
         options.graph_optimization_level = {
@@ -99,6 +99,9 @@ class OrtSession:
                               "CUDA/cuDNN libraries); use provider='cpu' or 'auto'")
         self._ort = ort
         self._outputs = [o.name for o in self._session.get_outputs()]
+        # numpy has no bfloat16 for onnxruntime: such graphs go through OrtValues.
+        self._bfloat16 = any(v.dtype == DType.bfloat16 for v in graph.inputs) or \
+            any(v.dtype == DType.bfloat16 for _, v in graph.outputs)
 
     @property
     def providers(self) -> list[str]:
@@ -111,6 +114,9 @@ class OrtSession:
             raise BlockcError("this OrtSession is closed")
         bind_inputs(self.graph, feeds)
         try:
+            if not self._bfloat16:
+                outs = self._session.run(self._outputs, {v.name: feeds[v.name] for v in self.graph.inputs})
+                return dict(zip(self._outputs, outs))
             values = {v.name: _to_ortvalue(self._ort, feeds[v.name], v.dtype) for v in self.graph.inputs}
             outs = self._session.run_with_ort_values(self._outputs, values)
             return {name: _to_numpy(o) for name, o in zip(self._outputs, outs)}
@@ -146,9 +152,10 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
         return s.run(feeds)
 
 
-# -- numpy <-> OrtValue ----------------------------------------------------------
+# -- numpy <-> OrtValue, for bfloat16 ----------------------------------------------
 # onnxruntime's numpy bridge has no bfloat16: feed its bits as uint16 with the
 # ONNX type named, and copy bfloat16 results out of host memory by hand.
+# (Other graphs use InferenceSession.run, which also copies results off a GPU.)
 def _to_ortvalue(ort, array: np.ndarray, dtype: DType):
     array = np.ascontiguousarray(array)
     if dtype == DType.bfloat16:

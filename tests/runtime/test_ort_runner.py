@@ -1,0 +1,247 @@
+"""The ONNX Runtime runner: results against the float64 reference, sessions
+reused across dim values, providers, options, external data and errors."""
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from blockc.errors import BlockcError
+from blockc.ir.dims import parse_dim
+from blockc.ir.dtypes import DType
+from blockc.ir.graph import Graph
+from blockc.ir.types import TensorType
+from blockc.runtime import ort_runner
+from blockc.runtime.ort_runner import OrtSession, run_ort
+from blockc.runtime.reference import run_reference
+
+F32, F16, BF16, I64 = DType.float32, DType.float16, DType.bfloat16, DType.int64
+
+
+def T(dtype, *shape) -> TensorType:
+    return TensorType(dtype, tuple(parse_dim(d) if isinstance(d, str) else d for d in shape))
+
+
+def attention_block(dtype=F32, d=16, heads=2, vocab=20) -> tuple[Graph, dict]:
+    """Embedding, layernorm, causal self-attention over a KV cache, gelu MLP, rmsnorm."""
+    g = Graph("block")
+    rng = np.random.default_rng(0)
+    weights = {}
+
+    def param(name, *shape):
+        weights[name] = (rng.standard_normal(shape) * 0.3).astype(dtype.numpy)
+        return g.add_param(name, T(dtype, *shape))
+
+    ids = g.add_input("ids", T(I64, "batch", "seq"))
+    past = g.add_input("past_kv", T(dtype, "batch", "past", d))
+    b, s, p, hd = parse_dim("batch"), parse_dim("seq"), parse_dim("past"), d // heads
+    x = g.op("gather", param("wte", vocab, d), ids)
+    h = g.op("layernorm", x, param("ln.g", d), param("ln.b", d))
+    q, k, v = g.add_node("split", [g.op("matmul", h, param("qkv", d, 3 * d))],
+                         {"axis": -1, "sizes": [d, d, d]}).outputs
+    kv = g.op("concat", past, k, axis=1)
+    split_heads = lambda t, n: g.op("transpose", g.op("reshape", t, shape=[b, n, heads, hd]),  # noqa: E731
+                                    perm=[0, 2, 1, 3])
+    qh, kh, vh = split_heads(q, s), split_heads(kv, p + s), split_heads(g.op("concat", past, v, axis=1), p + s)
+    scores = g.op("mul", g.op("matmul", qh, g.op("transpose", kh, perm=[0, 1, 3, 2])),
+                  g.op("constant", value=np.array(hd ** -0.5, dtype.numpy)))
+    mask = g.op("causal_mask", rows=s, cols=p + s)
+    scores = g.op("where", mask, scores, g.op("constant", value=np.array(-1e4, dtype.numpy)))
+    att = g.op("matmul", g.op("softmax", scores), vh)
+    att = g.op("reshape", g.op("transpose", att, perm=[0, 2, 1, 3]), shape=[0, 0, -1])
+    x = g.op("add", x, g.op("matmul", att, param("proj", d, d)))
+    m = g.op("gelu", g.op("matmul", g.op("rmsnorm", x, param("rms.g", d)), param("fc", d, 2 * d)), approximate="tanh")
+    x = g.op("add", x, g.op("matmul", m, param("fc2", 2 * d, d)))
+    g.set_outputs([("hidden", x), ("present_kv", kv),
+                   ("last", g.op("slice", x, axis=1, start=s - 1, end=s))])
+    return g, weights
+
+
+def feeds_for(g: Graph, bindings, seed=1, vocab=20) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for v in g.inputs:
+        shape = v.type.concrete_shape(bindings)
+        if v.dtype.is_float:
+            out[v.name] = rng.standard_normal(shape).astype(v.dtype.numpy)
+        else:
+            out[v.name] = rng.integers(0, vocab, shape).astype(v.dtype.numpy)
+    return out
+
+
+def assert_close(graph, weights, feeds, got, tol):
+    ref = run_reference(graph, weights, feeds, float64=True)
+    assert list(got) == [name for name, _ in graph.outputs]
+    for name, want in ref.items():
+        assert got[name].dtype == graph.output(name).dtype.numpy, name
+        assert got[name].shape == want.shape, name
+        np.testing.assert_allclose(got[name].astype(np.float64), want, rtol=tol, atol=tol, err_msg=name)
+
+
+# -- numbers --------------------------------------------------------------------------
+def test_run_ort_matches_reference():
+    g, w = attention_block()
+    feeds = feeds_for(g, {"batch": 2, "seq": 5, "past": 3})
+    assert_close(g, w, feeds, run_ort(g, w, feeds), 1e-4)
+
+
+def test_one_session_runs_several_sequence_lengths():
+    g, w = attention_block()
+    with OrtSession(g, w) as sess:
+        for bindings in ({"batch": 2, "seq": 4, "past": 0}, {"batch": 1, "seq": 9, "past": 5},
+                         {"batch": 3, "seq": 1, "past": 7}):
+            feeds = feeds_for(g, bindings, seed=bindings["seq"])
+            out = sess.run(feeds)
+            assert out["hidden"].shape == (bindings["batch"], bindings["seq"], 16)
+            assert_close(g, w, feeds, out, 1e-4)
+
+
+def test_float16_model():
+    g, w = attention_block(F16)
+    feeds = feeds_for(g, {"batch": 2, "seq": 4, "past": 2})
+    assert_close(g, w, feeds, run_ort(g, w, feeds), 5e-2)
+
+
+@pytest.mark.parametrize("level", ["disabled", "basic", "extended", "all"])
+def test_optimization_levels_agree(level):
+    g, w = attention_block()
+    feeds = feeds_for(g, {"batch": 2, "seq": 3, "past": 2})
+    assert_close(g, w, feeds, run_ort(g, w, feeds, optimization=level, threads=1), 1e-4)
+
+
+def test_bfloat16_inputs_and_outputs_cross_the_numpy_bridge():
+    g = Graph("bf16")
+    x = g.add_input("x", T(BF16, "seq", 4))
+    g.set_outputs([("same", g.op("reshape", x, shape=[-1])), ("wide", g.op("cast", x, to="f32"))])
+    x = np.array([[1.5, -2.25, 3.0, 0.0078125]] * 3, ml_dtypes.bfloat16)
+    out = run_ort(g, {}, {"x": x})
+    assert out["same"].dtype == ml_dtypes.bfloat16
+    assert out["same"].view(np.uint16).tolist() == x.reshape(-1).view(np.uint16).tolist()
+    assert out["wide"].dtype == np.float32 and np.array_equal(out["wide"], x.astype(np.float32))
+
+
+# -- external data ------------------------------------------------------------------------
+def test_external_data_session_uses_a_temporary_folder():
+    g, w = attention_block()
+    sess = OrtSession(g, w, external_threshold=1024)
+    folder = sess._tmpdir.name
+    assert sorted(os.listdir(folder)) == ["model.onnx", "model.onnx.data"]
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+    sess.close()
+    assert not os.path.exists(folder)
+    with pytest.raises(BlockcError, match="closed"):
+        sess.run(feeds)
+
+
+def test_small_models_load_from_memory():
+    g, w = attention_block()
+    with OrtSession(g, w) as sess:
+        assert sess._tmpdir is None
+
+
+# -- providers and options -------------------------------------------------------------------
+def test_cpu_provider():
+    g, w = attention_block()
+    with OrtSession(g, w, provider="cpu") as sess:
+        assert sess.providers == ["CPUExecutionProvider"]
+
+
+def test_auto_provider_always_runs():
+    g, w = attention_block()
+    feeds = feeds_for(g, {"batch": 1, "seq": 2, "past": 1})
+    with OrtSession(g, w, provider="auto") as sess:
+        assert sess.providers[-1] == "CPUExecutionProvider"
+        assert_close(g, w, feeds, sess.run(feeds), 1e-3)
+
+
+def test_cuda_when_not_installed_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    g, w = attention_block()
+    with pytest.raises(BlockcError, match="CUDA execution provider is not available"):
+        run_ort(g, w, feeds_for(g, {"batch": 1, "seq": 2, "past": 0}), provider="cuda")
+    with OrtSession(g, w, provider="auto") as sess:  # auto falls back quietly
+        assert sess.providers == ["CPUExecutionProvider"]
+
+
+def test_cuda_provider_is_used_or_refused():
+    g, w = attention_block()
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 2})
+    try:
+        sess = OrtSession(g, w, provider="cuda")
+    except BlockcError as err:  # no GPU, or CUDA libraries missing: said plainly
+        assert "CUDA" in str(err)
+        return
+    with sess:
+        assert sess.providers[0] == "CUDAExecutionProvider"
+        assert_close(g, w, feeds, sess.run(feeds), 1e-3)
+
+
+@pytest.mark.parametrize("kw,match", [({"provider": "tpu"}, "provider"), ({"optimization": "max"}, "optimization"),
+                                      ({"threads": 0}, "threads")])
+def test_bad_options(kw, match):
+    g, w = attention_block()
+    with pytest.raises(BlockcError, match=match):
+        OrtSession(g, w, **kw)
+
+
+# -- errors -------------------------------------------------------------------------------
+def test_feeds_are_checked_against_the_graph():
+    g, w = attention_block()
+    good = feeds_for(g, {"batch": 2, "seq": 3, "past": 1})
+    with OrtSession(g, w) as sess:
+        with pytest.raises(BlockcError, match="missing inputs: past_kv"):
+            sess.run({"ids": good["ids"]})
+        with pytest.raises(BlockcError, match="dtype"):
+            sess.run({**good, "past_kv": good["past_kv"].astype(np.float64)})
+        with pytest.raises(BlockcError, match="batch"):
+            sess.run({**good, "past_kv": np.zeros((3, 1, 16), np.float32)})
+        with pytest.raises(BlockcError, match="axis 2"):
+            sess.run({**good, "past_kv": np.zeros((2, 1, 8), np.float32)})
+
+
+def test_runtime_failure_is_wrapped():
+    g, w = attention_block()
+    feeds = feeds_for(g, {"batch": 1, "seq": 2, "past": 0})
+    feeds["ids"][0, 1] = 999  # outside the 20-row embedding table
+    with pytest.raises(BlockcError, match="onnxruntime failed to run"):
+        run_ort(g, w, feeds)
+
+
+def test_load_failure_is_wrapped():
+    # onnxruntime's CPU provider has no bfloat16 Erf kernel.
+    g = Graph("bf16_erf")
+    x = g.add_input("x", T(BF16, "seq", 4))
+    g.set_outputs([("y", g.op("erf", x))])
+    with pytest.raises(BlockcError, match="onnxruntime could not load the exported model: .*Erf"):
+        OrtSession(g, {})
+
+
+def test_load_failure_cleans_up_the_temporary_folder(monkeypatch):
+    made = []
+    real = ort_runner.tempfile.TemporaryDirectory
+
+    def tracking(*a, **k):
+        made.append(real(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(ort_runner.tempfile, "TemporaryDirectory", tracking)
+
+    def refuse(*a, **k):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(ort, "InferenceSession", refuse)
+    g, w = attention_block()
+    with pytest.raises(BlockcError, match="could not load"):
+        OrtSession(g, w, external_data=True)
+    assert len(made) == 1 and not os.path.exists(made[0].name)
+
+
+def test_weight_errors_surface_before_onnxruntime():
+    g, w = attention_block()
+    del w["fc2"]
+    with pytest.raises(BlockcError, match="fc2: missing"):
+        run_ort(g, w, feeds_for(g, {"batch": 1, "seq": 2, "past": 0}))
