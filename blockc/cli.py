@@ -13,6 +13,9 @@ EXAMPLES = """\
 examples:
   blockc models
   blockc show tiny --form decomposed
+  blockc show tiny --form fused --disable fuse_attention --print-after fuse_masked_softmax
+  blockc fusions gpt2 --set layers=4 --json report.json
+  blockc check bert-base --set layers=2
   blockc export gpt2 --set layers=2 -o gpt2-2l.onnx
   blockc run bert-base --set layers=2 --backend ort --check
   blockc run my_model.py:build --dim seq=64
@@ -27,18 +30,43 @@ def _model_args(p: argparse.ArgumentParser, *, form: bool = True) -> None:
                    help="override a model setting, e.g. --set layers=2 --set d_model=64 (repeatable)")
     if form:
         from .forms import FORMS
-        p.add_argument("--form", choices=FORMS, default="standard",
-                       help="standard: norms/softmax/gelu as single ops; decomposed: primitive math")
+        p.add_argument("--form", choices=FORMS, default=form if isinstance(form, str) else "standard",
+                       help="standard: norms/softmax/gelu as single ops; decomposed: primitive math; "
+                            "fused: through the optimization pipeline")
+
+
+def _optimize_args(p: argparse.ArgumentParser) -> None:
+    from .passes.manager import pass_names
+    g = p.add_argument_group("optimization", f"passes: {', '.join(pass_names())}")
+    g.add_argument("--disable", action="append", default=[], metavar="PASS",
+                   help="skip a pass, e.g. --disable fuse_attention (repeatable)")
+    g.add_argument("--print-after", action="append", default=[], metavar="PASS",
+                   help="print the IR after PASS (repeatable)")
+    g.add_argument("--print-after-all", action="store_true", help="print the IR after every pass")
+
+
+def _optimize_options(args) -> dict:
+    return {"disable": getattr(args, "disable", []), "print_after": getattr(args, "print_after", []),
+            "print_after_all": getattr(args, "print_after_all", False), "out": sys.stderr}
+
+
+def _model(args):
+    from .frontends import build_model, trace
+    from .frontends.catalog import parse_sets
+    model = build_model(args.model, parse_sets(args.set))
+    return model, trace(model)
 
 
 def _graph(args):
     from .forms import to_form
-    from .frontends import build_model, trace
-    from .frontends.catalog import parse_sets
     from .ir.verify import verify
 
-    model = build_model(args.model, parse_sets(args.set))
-    graph = to_form(trace(model), getattr(args, "form", "standard"))
+    model, traced = _model(args)
+    form = getattr(args, "form", "standard")
+    if form != "fused" and (getattr(args, "disable", None) or getattr(args, "print_after", None)
+                            or getattr(args, "print_after_all", False)):
+        raise BlockcError("--disable/--print-after apply to --form fused")
+    graph = to_form(traced, form, **(_optimize_options(args) if form == "fused" else {}))
     verify(graph)
     return model, graph
 
@@ -53,8 +81,8 @@ def _weights(args, model):
     return init_weights(model, seed=args.seed)
 
 
-def _bindings(args, model, graph) -> dict[str, int]:
-    bindings = {"batch": 2, "seq": 16}
+def _bindings(args, model, graph, defaults=None) -> dict[str, int]:
+    bindings = dict(defaults or {"batch": 2, "seq": 16})
     for item in args.dim or []:
         key, eq, value = item.partition("=")
         if not eq or not value.strip().lstrip("-").isdigit():
@@ -149,6 +177,65 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_fusions(args) -> int:
+    import json
+    from .forms import to_form
+    from .frontends.catalog import parse_sets
+    from .passes.manager import optimize
+    from .report.fusions import build_report, format_report
+    model, traced = _model(args)
+    graph = to_form(traced, args.form)
+    result = optimize(graph, **_optimize_options(args))
+    bindings = _bindings(args, model, graph, {"batch": 1, "seq": 128})
+    report = build_report(args.model, graph, result, bindings, parse_sets(args.set), args.form)
+    print(format_report(report, verbose=args.verbose))
+    if args.json:
+        _write_text(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .forms import to_form
+    from .report.numerics import check_fusions, format_check
+    from .runtime.reference import run_reference  # noqa: F401
+    model, traced = _model(args)
+    graph = to_form(traced, args.form)
+    weights = dict(_weights(args, model))
+    bindings = _bindings(args, model, graph, {"batch": 2, "seq": 16})
+    rng = np.random.default_rng(args.seed)
+    feeds = {s.name: s.sample(bindings, rng) for s in model.inputs()}
+    ok = True
+    for backend in args.backend:
+        if backend == "reference":
+            result = check_fusions(graph, weights, feeds)
+        else:
+            from .runtime.ort_runner import run_ort
+            result = check_fusions(graph, weights, feeds, backend=f"ort ({args.provider})",
+                                   run=lambda g: run_ort(g, weights, feeds, provider=args.provider))
+        print(format_check(result))
+        ok &= result.passed
+    return 0 if ok else 1
+
+
+def _write_text(path: str, text: str) -> None:
+    """Write atomically: a failed write leaves no partial file."""
+    import os
+    import tempfile
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".blockc-", suffix=".tmp")
+    except OSError as e:
+        raise BlockcError(f"cannot write {path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise BlockcError(f"cannot write {path}: {e.strerror}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blockc", description="blockc: a compiler for transformer models. Declare or pick a model, "
@@ -162,7 +249,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print a model's IR", description="Trace MODEL and print its IR "
                        "(one line per node; the text parses back with blockc.parse_graph).")
     _model_args(p)
+    _optimize_args(p)
     p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("fusions", help="what fused, what did not and why",
+                       description="Optimize MODEL and report every fusion candidate: matched, or rejected "
+                       "with the reason; which original nodes went into which fused op; node counts and "
+                       "modelled memory traffic before and after.")
+    _model_args(p)
+    _optimize_args(p)
+    p.add_argument("--dim", action="append", metavar="NAME=INT",
+                   help="bind a symbolic dimension for the traffic model (default batch=1, seq=128)")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON (schema: docs/fusion-report.md)")
+    p.add_argument("--verbose", action="store_true", help="list every rejected candidate")
+    p.set_defaults(fn=cmd_fusions)
+
+    p = sub.add_parser("check", help="numeric A/B of every fusion",
+                       description="Run the unfused graph and the fused graph (each fusion alone, then all "
+                       "together) in float32 against the float64 reference; a fusion passes when its error is "
+                       "at most 2x the unfused error plus 1e-6. Exit status 1 on failure.")
+    _model_args(p)
+    p.add_argument("--backend", action="append", choices=("reference", "ort"),
+                   help="backends to check on (repeatable; default: reference and ort)")
+    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="ONNX Runtime execution provider (default cpu)")
+    p.add_argument("--dim", action="append", metavar="NAME=INT",
+                   help="bind a symbolic dimension (default batch=2, seq=16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
+    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("summary", help="parameter counts per module",
                        description="Print MODEL's parameters per module, the total, and the non-embedding "
@@ -173,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write the model as ONNX", description="Export MODEL as an ONNX file "
                        "(standard ops, dynamic batch/seq, weights as initializers; external data past 2 GB).")
     _model_args(p)
+    _optimize_args(p)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--opset", type=int, default=21, help="ONNX opset (default 21)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
@@ -182,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the model on seeded random inputs",
                        description="Run MODEL on seeded random inputs and print a summary of each output.")
     _model_args(p)
+    _optimize_args(p)
     p.add_argument("--backend", choices=("reference", "ort"), default="ort",
                    help="reference: the numpy interpreter; ort: ONNX Runtime (default)")
     p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
@@ -200,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "command", None) == "check" and not args.backend:
+        args.backend = ["reference", "ort"]
     if not getattr(args, "fn", None):
         parser.print_help()
         return 0
@@ -211,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("blockc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `blockc show gpt2 | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -119,14 +119,16 @@ class Match(dict):
 
 
 class _Failure:
-    """Keeps the reason from the attempt that matched most nodes."""
+    """Keeps the reason from the attempt that got furthest: a full match that
+    a check or the rewrite refused beats any structural miss; among misses,
+    the one that matched most nodes wins."""
 
     def __init__(self):
-        self.depth, self.reason = -1, "no match"
+        self.rank, self.depth, self.reason = (-1, -1), 0, "no match"
 
-    def note(self, depth: int, reason: str) -> None:
-        if depth > self.depth:
-            self.depth, self.reason = depth, reason
+    def note(self, depth: int, reason: str, full_match: bool = False) -> None:
+        if (full_match, depth) > self.rank:
+            self.rank, self.depth, self.reason = (full_match, depth), depth, reason
 
 
 def _describe(v: Value) -> str:
@@ -236,6 +238,7 @@ class Site:
     ops: list = field(default_factory=list)     # their ops
     result: str = ""                             # the op that replaced them
     pass_name: str = ""                          # set by the pass manager
+    depth: int = 0     # how many nodes the best attempt matched: 0 = not even close
 
 
 def _label(node: Node) -> str:
@@ -260,14 +263,14 @@ def apply_rules(graph: Graph, rules: list[Rule], sites: list[Site] | None = None
                 m.root = node
                 reason = rule.check(m)
                 if reason:
-                    fail.note(10**6, reason)
+                    fail.note(len(m.consumed), reason, full_match=True)
                     continue
                 outcome = _try_rewrite(g, rule, m, site)
                 if outcome is not None:
                     break
-                fail.note(10**6 + 1, site.reason)
+                fail.note(len(m.consumed) + 1, site.reason, full_match=True)
             if outcome is None:
-                site.reason = fail.reason
+                site.reason, site.depth = fail.reason, fail.depth
             else:
                 removed |= outcome
                 changed = True
@@ -327,7 +330,7 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site) -> set[int] | None:
     order = {id(n): i for i, n in enumerate(g.nodes)}
     for n in sorted(m.consumed, key=lambda n: -order[id(n)]):
         g.remove_node(n)
-    site.fused = True
+    site.fused, site.depth = True, len(m.consumed)
     site.nodes = [_label(n) for n in sorted(m.consumed, key=lambda n: order[id(n)])]
     site.ops = [n.op for n in sorted(m.consumed, key=lambda n: order[id(n)])]
     site.result = "+".join(n.op for n in new_nodes if n.op != "constant") or "(bypass)"

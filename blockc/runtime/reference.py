@@ -35,11 +35,12 @@ class Env:
 
 
 def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
-                  *, float64: bool = True) -> dict[str, np.ndarray]:
+                  *, float64: bool = True, capture: dict | None = None) -> dict[str, np.ndarray]:
     """Run ``graph`` on ``feeds``; returns ``{output name: array}``.
 
     In float64 mode every float output is float64; otherwise outputs have the
-    graph's declared dtypes.
+    graph's declared dtypes. ``capture``, if given, receives every node
+    result as ``{Value: array}`` (for locating where two graphs diverge).
     """
     bindings = bind_inputs(graph, feeds)
     env = Env(bindings, float64)
@@ -83,6 +84,8 @@ def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
         results = result if isinstance(result, (list, tuple)) else [result]
         for out, r in zip(n.outputs, results):
             vals[id(out)] = np.asarray(r).astype(env.numpy_dtype(out.dtype), copy=False)
+            if capture is not None:
+                capture[out] = vals[id(out)]
         for v in n.inputs:
             if last_use.get(id(v)) == i and id(v) not in keep and v.kind == "node":
                 vals.pop(id(v), None)

@@ -1,0 +1,1 @@
+"""What blockc tells people: memory-traffic estimates, the fusion report, numeric A/B checks."""
