@@ -13,6 +13,7 @@ from .ir.graph import Graph  # noqa: F401
 from .ir.parser import parse_graph  # noqa: F401
 from .ir.printer import print_graph  # noqa: F401
 from .ir.verify import verify  # noqa: F401
+from .passes.manager import optimize  # noqa: F401
 from .runtime.reference import run_reference  # noqa: F401
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ import pytest
 
 from blockc.cli import build_parser, main
 
-COMMANDS = ["models", "show", "summary", "export", "run"]
+COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check"]
 
 
 def run(capsys, *argv):
@@ -72,3 +72,59 @@ def test_console_script_entry_point_runs():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("blockc: error:") and "Traceback" not in proc.stderr
+
+
+def fused_counts(report):
+    return {k: c["fused"] for k, c in report["counts"].items() if c["category"] == "fusion"}
+
+
+@pytest.mark.parametrize("form", ["standard", "decomposed"])
+def test_fusions_report_counts_gpt2(form, tmp_path, capsys):
+    import json
+    path = tmp_path / "r.json"
+    code, out, _ = run(capsys, "fusions", "gpt2", "--set", "layers=4", "--form", form, "--json", str(path))
+    assert code == 0
+    report = json.loads(path.read_text())
+    assert report["schema"] == "blockc.fusion-report/1"
+    counts = fused_counts(report)
+    assert counts["add_layernorm"] == 9 and counts["masked_softmax"] == 4 and counts["qkv"] == 4
+    assert report["nodes"]["after"] < report["nodes"]["before"]
+    assert report["traffic_bytes"]["after"] < report["traffic_bytes"]["before"]
+    fused = [s for s in report["sites"] if s["status"] == "fused" and s["kind"] == "add_layernorm"]
+    assert all(s["nodes"] and s["result"] == "add_layernorm" for s in fused)
+    assert "add_layernorm" in out and "modelled memory traffic" in out
+
+
+def test_fusions_report_counts_bert(tmp_path, capsys):
+    import json
+    path = tmp_path / "r.json"
+    assert run(capsys, "fusions", "bert-base", "--set", "layers=2", "--json", str(path))[0] == 0
+    counts = fused_counts(json.loads(path.read_text()))
+    assert counts["add_layernorm"] == 5 and counts["masked_softmax"] == 2
+
+
+def test_fusions_disable_and_reasons(capsys):
+    code, out, _ = run(capsys, "fusions", "tiny", "--disable", "fuse_attention", "--verbose")
+    assert code == 0
+    assert "rejected masked_softmax" in out and "a plain softmax: no scale or mask to fuse" in out
+    assert "attention" not in out.split("fusion")[1].split("\n\n")[0]
+
+
+def test_print_after_and_unknown_pass(capsys):
+    code, out, err = run(capsys, "show", "tiny", "--form", "fused", "--print-after", "fuse_masked_softmax")
+    assert code == 0 and "after fuse_masked_softmax" in err and "masked_softmax" in err
+    code, _, err = run(capsys, "show", "tiny", "--form", "fused", "--disable", "fuse_everything")
+    assert code == 2 and "unknown pass 'fuse_everything'" in err
+
+
+def test_check_passes_and_fails(capsys, monkeypatch):
+    code, out, _ = run(capsys, "check", "tiny", "--backend", "reference")
+    assert code == 0 and out.strip().endswith("PASS")
+    # Break the fused softmax's meaning: check must fail and name the diverging value.
+    from blockc.ops import registry
+    opdef = registry.get("masked_softmax")
+    good = opdef.numpy_fn
+    monkeypatch.setattr(opdef, "numpy_fn", lambda xs, attrs, env: good(xs, attrs, env) * 1.001)
+    code, out, _ = run(capsys, "check", "tiny", "--backend", "reference")
+    assert code == 1 and "FAIL" in out
+    assert "first divergence at" in out and "(softmax), now computed by masked_softmax" in out
