@@ -135,7 +135,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
             raise ModelError(at_user_line(f"attention mask of shape {fmt(mask.shape)} does not broadcast to the "
                                           f"attention scores {fmt(scores.shape)}"))
         if mask.dtype == DType.bool:
-            scores = where(mask, scores, float(np.finfo(q.dtype.numpy).min))
+            scores = where(mask, scores, q.dtype.lowest)
         elif mask.dtype == scores.dtype:
             scores = scores + mask
         else:
@@ -144,7 +144,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     if causal:
         # The most negative finite value, not -inf: a fully masked row then
         # gives a uniform distribution instead of NaN.
-        scores = where(causal_mask(q.shape[-2], k.shape[-2]), scores, float(np.finfo(q.dtype.numpy).min))
+        scores = where(causal_mask(q.shape[-2], k.shape[-2]), scores, q.dtype.lowest)
     return scores.softmax(-1) @ v
 
 

@@ -29,6 +29,11 @@ class DType(enum.Enum):
         return self in (DType.float32, DType.float16, DType.bfloat16, DType.float64)
 
     @property
+    def lowest(self) -> float:
+        """The most negative finite value (what masks fill with)."""
+        return float(ml_dtypes.finfo(self.numpy).min)
+
+    @property
     def itemsize(self) -> int:
         return self.numpy.itemsize
 

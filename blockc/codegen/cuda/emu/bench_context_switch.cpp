@@ -1,0 +1,144 @@
+// Measures what one CUDA-thread switch costs in the three ways an emulator can
+// run a block's threads: the hand-rolled fiber switch that cuda_emu uses,
+// ucontext's swapcontext, and one OS thread per CUDA thread with a barrier.
+// Each block has 256 threads that pass `kBarriers` __syncthreads-like barriers.
+//
+//   g++ -O2 -std=c++20 -pthread bench_context_switch.cpp -o bench && ./bench
+//
+// The numbers it printed on the reference machine are in cuda_emu.h.
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <ucontext.h>
+#include <vector>
+
+static constexpr int kThreads = 256, kBarriers = 64, kBlocks = 40;
+static constexpr size_t kStack = 64 * 1024;
+
+// --- hand-rolled switch: save callee-saved registers, swap rsp -------------
+extern "C" void bench_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.globl bench_switch
+.type bench_switch,@function
+bench_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size bench_switch,.-bench_switch
+bench_trampoline:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+)");
+extern "C" void bench_trampoline();
+
+struct Fib { void* sp; bool waiting; bool done; std::vector<char> stack; };
+static Fib fibs[kThreads];
+static void* sched_sp;
+static int cur, arrived;
+static volatile float sink;
+
+static void fiber_body(Fib* f) {
+  float acc = 0;
+  for (int b = 0; b < kBarriers; ++b) {
+    acc += b;
+    f->waiting = true;
+    if (++arrived == kThreads) { arrived = 0; for (auto& g : fibs) g.waiting = false; }
+    else bench_switch(&f->sp, sched_sp);
+  }
+  sink = acc;
+  f->done = true;
+  bench_switch(&f->sp, sched_sp);
+}
+
+static double run_fibers() {
+  for (auto& f : fibs) f.stack.resize(kStack);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    for (auto& f : fibs) {
+      void** sp = (void**)(f.stack.data() + kStack);
+      *--sp = nullptr;                         // keeps rsp 16-aligned at the call
+      *--sp = (void*)bench_trampoline;
+      *--sp = nullptr; *--sp = nullptr;        // rbp rbx
+      *--sp = &f; *--sp = (void*)fiber_body;   // r12 r13
+      *--sp = nullptr; *--sp = nullptr;        // r14 r15
+      f.sp = sp; f.waiting = false; f.done = false;
+    }
+    for (int live = kThreads; live;) {
+      live = 0;
+      for (auto& f : fibs)
+        if (!f.done) { ++live; if (!f.waiting) bench_switch(&sched_sp, f.sp); }
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --- swapcontext ------------------------------------------------------------
+static ucontext_t uc_sched, uc[kThreads];
+static bool uc_wait[kThreads], uc_done[kThreads];
+static int uc_cur;
+static void uc_body() {
+  int me = uc_cur; float acc = 0;
+  for (int b = 0; b < kBarriers; ++b) {
+    acc += b; uc_wait[me] = true;
+    if (++arrived == kThreads) { arrived = 0; for (bool& w : uc_wait) w = false; }
+    else swapcontext(&uc[me], &uc_sched);
+  }
+  sink = acc; uc_done[me] = true;
+  swapcontext(&uc[me], &uc_sched);
+}
+static double run_swapcontext() {
+  std::vector<std::vector<char>> stacks(kThreads, std::vector<char>(kStack));
+  auto t0 = std::chrono::steady_clock::now();
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    for (int i = 0; i < kThreads; ++i) {
+      getcontext(&uc[i]);
+      uc[i].uc_stack.ss_sp = stacks[i].data(); uc[i].uc_stack.ss_size = kStack;
+      uc[i].uc_link = nullptr; makecontext(&uc[i], uc_body, 0);
+      uc_wait[i] = uc_done[i] = false;
+    }
+    for (int live = kThreads; live;) {
+      live = 0;
+      for (int i = 0; i < kThreads; ++i)
+        if (!uc_done[i]) { ++live; if (!uc_wait[i]) { uc_cur = i; swapcontext(&uc_sched, &uc[i]); } }
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --- one OS thread per CUDA thread -----------------------------------------
+static double run_threads() {
+  auto t0 = std::chrono::steady_clock::now();
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    std::barrier bar(kThreads);
+    std::vector<std::thread> ts;
+    for (int i = 0; i < kThreads; ++i)
+      ts.emplace_back([&] { float acc = 0; for (int b = 0; b < kBarriers; ++b) { acc += b; bar.arrive_and_wait(); } sink = acc; });
+    for (auto& t : ts) t.join();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int main() {
+  const double waits = double(kBlocks) * kThreads * kBarriers;   // thread-barrier waits
+  double f = run_fibers(), s = run_swapcontext(), t = run_threads();
+  std::printf("%d blocks x %d threads x %d barriers\n", kBlocks, kThreads, kBarriers);
+  std::printf("fiber switch : %7.1f ns per thread-barrier\n", f / waits * 1e9);
+  std::printf("swapcontext  : %7.1f ns per thread-barrier (%.1fx fiber)\n", s / waits * 1e9, s / f);
+  std::printf("OS threads   : %7.1f ns per thread-barrier (%.1fx fiber)\n", t / waits * 1e9, t / f);
+}

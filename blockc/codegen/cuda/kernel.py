@@ -1,0 +1,138 @@
+"""What a kernel emitter produces, and what it may ask of the code generator.
+
+An emitter turns one IR node (or a fused group of elementwise nodes) into a
+``KernelCode``: CUDA source holding the ``__global__`` kernel(s) and a
+``static`` host launcher, plus the one C statement the model's run function
+uses to call that launcher. Emitters name buffers and dims only through the
+``LowerContext``, so they never see how memory is planned.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from ...errors import BlockcError
+from ...ir.dims import Dim, Sym
+from ...ir.dtypes import DType
+from ...ir.graph import Value
+
+# C++ and CUDA words a sanitised identifier must never be.
+_RESERVED = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t char32_t
+class compl const constexpr const_cast continue decltype default delete do double dynamic_cast else enum explicit
+export extern false float for friend goto if inline int long mutable namespace new noexcept not not_eq nullptr
+operator or or_eq private protected public register reinterpret_cast return short signed sizeof static
+static_assert static_cast struct switch template this thread_local throw true try typedef typeid typename union
+unsigned using virtual void volatile wchar_t while xor xor_eq main threadIdx blockIdx blockDim gridDim warpSize
+dim3 half float4 int4""".split())
+
+CTYPES = {DType.float32: "float", DType.float16: "__half", DType.bfloat16: "__nv_bfloat16",
+          DType.float64: "double", DType.int64: "long long", DType.int32: "int", DType.bool: "bool"}
+
+
+class CudaCodegenError(BlockcError):
+    """An op, dtype or shape the CUDA backend cannot generate."""
+
+
+def c_identifier(label: str, prefix: str = "v") -> str:
+    """A safe C identifier derived from any label (quotes, ``*/``, newlines,
+    keywords): letters, digits and ``_`` only, never a keyword, with a short
+    hash when anything had to be changed, so distinct labels stay distinct."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", label)[:48].strip("_") or prefix
+    if clean[0].isdigit():
+        clean = f"{prefix}_{clean}"
+    if clean != label or clean in _RESERVED or clean.startswith("__"):
+        digest = hashlib.sha1(label.encode()).hexdigest()[:6]
+        clean = f"{prefix}_{clean.lstrip('_')}_{digest}"
+    return clean
+
+
+def c_comment(text: str) -> str:
+    """Text safe inside a ``/* */`` or ``//`` comment: no terminators, one line."""
+    return re.sub(r"[^ -~]", "?", text).replace("*/", "*?").replace("/*", "?*").replace("\\", "?")
+
+
+def ctype(dtype: DType) -> str:
+    try:
+        return CTYPES[dtype]
+    except KeyError:
+        raise CudaCodegenError(f"the CUDA backend has no type for {dtype.name}") from None
+
+
+@dataclass
+class KernelCode:
+    """One launch step of the generated model."""
+
+    name: str                 # kernel name: op and shape class, e.g. add_layernorm_f32_768
+    source: str               # device code and a static host launcher
+    call: str                 # the C statement that launches it (uses `stream`)
+    nodes: list = field(default_factory=list)   # IR node labels it computes
+    ops: list = field(default_factory=list)     # their ops
+    kernels: list = field(default_factory=list) # __global__ function names in `source`
+
+
+class LowerContext:
+    """Names of buffers and dims in the generated run function."""
+
+    def __init__(self, symbols: list[str]):
+        self.symbols = list(symbols)
+        self._ptrs: dict[int, str] = {}
+
+    def bind(self, value: Value, expr: str) -> None:
+        self._ptrs[id(value)] = expr
+
+    def alias(self, value: Value, target: Value) -> None:
+        """``value`` (a reshape's result) shares ``target``'s buffer."""
+        if id(target) in self._ptrs:
+            self._ptrs[id(value)] = self._ptrs[id(target)]
+
+    def ptr(self, value: Value) -> str:
+        """A C expression of type ``T*`` for ``value``'s buffer."""
+        try:
+            return f"(({ctype(value.dtype)}*){self._ptrs[id(value)]})"
+        except KeyError:
+            raise CudaCodegenError(f"no buffer for {value!r}") from None
+
+    def dim(self, d: Dim) -> str:
+        """A C ``long long`` expression for a dim; symbols are run-time variables."""
+        if isinstance(d, int):
+            return f"{d}LL"
+        parts = []
+        for mono, coeff in d.terms.items():
+            factors = [f"{coeff}LL"] + [f"dim_{s}" for s in mono]
+            parts.append("*".join(factors))
+        return "(" + " + ".join(parts) + ")"
+
+    def numel(self, shape) -> str:
+        return "*".join(self.dim(d) for d in shape) if shape else "1LL"
+
+
+SHORT = {DType.float32: "f32", DType.float16: "f16", DType.bfloat16: "bf16", DType.bool: "b8",
+         DType.int64: "i64", DType.int32: "i32"}
+
+
+def index_lines(shape, ctx: "LowerContext", used: str) -> list[str]:
+    """Decompose the linear index ``rest`` into the multi-index axes that
+    ``used`` (the code that will read them) mentions; others are skipped."""
+    axes = [a for a in range(len(shape)) if re.search(rf"\bidx{a}\b", used)]
+    lines = []
+    for a in range(len(shape) - 1, min(axes, default=len(shape)) - 1, -1):
+        d = ctx.dim(shape[a])
+        lines.append(f"const long long idx{a} = rest % {d}; rest /= {d};" if a in axes else f"rest /= {d};")
+    if lines and lines[-1].startswith("rest /="):
+        lines.pop()
+    return lines
+
+
+def static_int(d: Dim) -> int | None:
+    return d if isinstance(d, int) else None
+
+
+def shape_class(shape) -> str:
+    """A kernel-name suffix naming what is static about a shape: ``768``, ``n``."""
+    last = shape[-1] if shape else 1
+    return str(last) if isinstance(last, int) else "n"
+
+
+def is_symbolic(d: Dim) -> bool:
+    return isinstance(d, Sym)

@@ -1,0 +1,1 @@
+"""Kernel emitters: each turns IR nodes into a ``KernelCode``."""

@@ -1,0 +1,87 @@
+"""Data movement: transpose, slice, split, concat and gather (embedding
+lookup) as index-mapped copies. (``reshape`` needs no kernel: the output
+aliases its input's buffer.)"""
+from __future__ import annotations
+
+from ....ir.graph import Node
+from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines, shape_class
+from ..templates import render
+
+
+def _strides(shape, ctx: LowerContext) -> list[str]:
+    out, step = [], "1LL"
+    for d in reversed(shape):
+        out.append(step)
+        step = ctx.dim(d) if step == "1LL" else f"{step} * {ctx.dim(d)}"
+    return list(reversed(out))
+
+
+
+
+def _copy(name, title, labels, ctx, in_v, out_v, iter_shape, in_off, out_off, op, value=None, index=None):
+    T = ctype(out_v.dtype)
+    source = render("copy.cu.j2", name=name, title=title, nodes=c_comment(" ".join(labels)), T=T,
+                    index_t=ctype(index.dtype) if index is not None else None,
+                    index_lines=index_lines(iter_shape, ctx, f"{out_off} {value or in_off}"), out_offset=out_off,
+                    value=value or f"in[{in_off}]", symbols=ctx.symbols)
+    args = [ctx.ptr(in_v)] + ([ctx.ptr(index)] if index is not None else []) + \
+        [ctx.ptr(out_v), ctx.numel(iter_shape)] + [f"dim_{s}" for s in ctx.symbols]
+    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [op], [name])
+
+
+def _linear(strides, shape) -> str:
+    return " + ".join(f"idx{a} * {s}" for a, s in enumerate(strides)) or "0"
+
+
+def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCode]:
+    dt = SHORT.get(node.outputs[0].dtype, node.outputs[0].dtype.short)
+    x = node.inputs[0]
+    if node.op == "transpose":
+        perm = node.attrs["perm"]
+        out = node.outputs[0]
+        in_strides = _strides(x.shape, ctx)
+        off = " + ".join(f"idx{k} * {in_strides[p]}" for k, p in enumerate(perm)) or "0"
+        name = f"transpose_{''.join(map(str, perm))}_{dt}_{shape_class(out.shape)}"
+        return [_copy(name, f"transpose perm={list(perm)}", labels, ctx, x, out, out.shape, off, "i", node.op)]
+    if node.op in ("slice", "split"):
+        axis = node.attrs["axis"] % x.type.rank
+        in_strides = _strides(x.shape, ctx)
+        starts = [node.attrs["start"]] if node.op == "slice" else []
+        if node.op == "split":
+            acc = 0
+            for s in node.attrs["sizes"]:
+                starts.append(acc)
+                acc = s + acc
+        codes = []
+        for j, (out, start) in enumerate(zip(node.outputs, starts)):
+            off = _linear(in_strides, out.shape) + f" + {ctx.dim(start)} * {in_strides[axis]}"
+            name = f"{node.op}_axis{axis}_{dt}_{shape_class(out.shape)}"
+            codes.append(_copy(name, f"{node.op} along axis {axis}", labels, ctx, x, out, out.shape, off, "i",
+                               node.op))
+        return codes
+    if node.op == "concat":
+        out = node.outputs[0]
+        axis = node.attrs["axis"] % out.type.rank
+        out_strides = _strides(out.shape, ctx)
+        codes, start = [], 0
+        for v in node.inputs:
+            off = _linear(out_strides, v.shape) + f" + {ctx.dim(start)} * {out_strides[axis]}"
+            name = f"concat_axis{axis}_{dt}_{shape_class(v.shape)}"
+            codes.append(_copy(name, f"one input of a concat along axis {axis}", labels, ctx, v, out, v.shape, "i",
+                               off, node.op))
+            start = v.shape[axis] + start
+        return codes
+    if node.op == "gather":
+        table, ids = node.inputs
+        out = node.outputs[0]
+        if node.attrs["axis"] != 0 or table.type.rank != 2:
+            raise CudaCodegenError("gather: the CUDA backend does row lookups (axis 0 of a matrix) only")
+        rank = out.type.rank
+        ids_off = _linear(_strides(ids.shape, ctx), ids.shape)
+        rows, width = ctx.dim(table.shape[0]), ctx.dim(table.shape[1])
+        value = (f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows}) ? in[index[{ids_off}] * {width} + "
+                 f"idx{rank - 1}] : blockc_from_compute<{ctype(out.dtype)}>(NAN)")
+        name = f"gather_rows_{dt}_{shape_class(out.shape)}"
+        return [_copy(name, "embedding lookup (an out-of-range id gives NaN)", labels, ctx, table, out, out.shape,
+                      "", "i", node.op, value=value, index=ids)]
+    raise CudaCodegenError(f"no copy kernel for {node.op}")

@@ -1,0 +1,134 @@
+// blockc_cuda.h: the small runtime every generated file includes.
+// Under nvcc it maps onto the CUDA runtime; compiled with -DBLOCKC_EMULATE by
+// g++ it maps onto blockc's CPU emulation header, so the same source runs on
+// machines with no GPU.
+#pragma once
+
+#ifdef BLOCKC_EMULATE
+#include "cuda_emu.h"
+#else
+#include <cuda_runtime.h>
+#endif
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#ifndef BLOCKC_LAUNCH
+#define BLOCKC_LAUNCH(kernel, grid, block, shmem, stream, ...) \
+  kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+#endif
+
+// ---- storage <-> compute types: float math for every float storage type ----
+__device__ __forceinline__ float blockc_to_compute(float x) { return x; }
+__device__ __forceinline__ float blockc_to_compute(__half x) { return __half2float(x); }
+__device__ __forceinline__ float blockc_to_compute(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bool blockc_to_compute(bool x) { return x; }
+__device__ __forceinline__ long long blockc_to_compute(long long x) { return x; }
+__device__ __forceinline__ long long blockc_to_compute(int x) { return x; }
+
+template <typename T> __device__ __forceinline__ T blockc_from_compute(float x);
+template <> __device__ __forceinline__ float blockc_from_compute<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half blockc_from_compute<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 blockc_from_compute<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <typename T> __device__ __forceinline__ T blockc_from_compute(bool x) { return (T)x; }
+template <typename T> __device__ __forceinline__ T blockc_from_compute(long long x) { return (T)x; }
+
+// ---- activations ----
+__device__ __forceinline__ float blockc_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float blockc_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+
+// ---- reductions: warp shuffles, then shared memory across warps ----
+struct BlockcSum {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct BlockcMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float blockc_warp_reduce(float v, Op op) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Every thread of the block gets the result. `scratch` holds 32 floats.
+template <typename Op>
+__device__ __forceinline__ float blockc_block_reduce(float v, Op op, float identity, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = blockc_warp_reduce(v, op);
+  __syncthreads();  // scratch may still be read from a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : identity;
+  return blockc_warp_reduce(v, op);
+}
+
+#define BLOCKC_CUDA_CHECK(call)                                                     \
+  do {                                                                              \
+    cudaError_t blockc_err_ = (call);                                               \
+    if (blockc_err_ != cudaSuccess) {                                               \
+      blockc_set_error("%s: %s", #call, cudaGetErrorString(blockc_err_));            \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+
+// ---- 128-bit vector loads and stores: 4 floats or 8 halves per access ----
+template <typename T>
+struct BlockcVec {
+  static constexpr int N = 16 / sizeof(T);
+};
+
+// Lanes of a 128-bit word are taken apart with shifts and bit casts, never by
+// taking the word's address: that would push it to local memory (a spill).
+__device__ __forceinline__ void blockc_load_vec(const float* __restrict__ p, float* out) {
+  const float4 r = *reinterpret_cast<const float4*>(p);  // one 128-bit load
+  out[0] = r.x;
+  out[1] = r.y;
+  out[2] = r.z;
+  out[3] = r.w;
+}
+__device__ __forceinline__ void blockc_store_vec(float* __restrict__ p, const float* in) {
+  *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);  // one 128-bit store
+}
+
+__device__ __forceinline__ float blockc_lo_to_float(unsigned w, __half) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
+__device__ __forceinline__ float blockc_hi_to_float(unsigned w, __half) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
+__device__ __forceinline__ float blockc_lo_to_float(unsigned w, __nv_bfloat16) {
+  return __bfloat162float(__ushort_as_bfloat16((unsigned short)(w & 0xffffu)));
+}
+__device__ __forceinline__ float blockc_hi_to_float(unsigned w, __nv_bfloat16) {
+  return __bfloat162float(__ushort_as_bfloat16((unsigned short)(w >> 16)));
+}
+__device__ __forceinline__ unsigned blockc_pack2(float lo, float hi, __half) {
+  return (unsigned)__half_as_ushort(__float2half_rn(lo)) | ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
+}
+__device__ __forceinline__ unsigned blockc_pack2(float lo, float hi, __nv_bfloat16) {
+  return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+         ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+template <typename T>  // __half or __nv_bfloat16: 8 per 128 bits
+__device__ __forceinline__ void blockc_load_vec(const T* __restrict__ p, float* out) {
+  const uint4 r = *reinterpret_cast<const uint4*>(p);  // one 128-bit load
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    out[2 * k] = blockc_lo_to_float(w[k], T());
+    out[2 * k + 1] = blockc_hi_to_float(w[k], T());
+  }
+}
+template <typename T>
+__device__ __forceinline__ void blockc_store_vec(T* __restrict__ p, const float* in) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(blockc_pack2(in[0], in[1], T()), blockc_pack2(in[2], in[3], T()),
+                                            blockc_pack2(in[4], in[5], T()), blockc_pack2(in[6], in[7], T()));
+}
+
+__host__ __device__ __forceinline__ bool blockc_aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
