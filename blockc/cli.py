@@ -16,6 +16,8 @@ examples:
   blockc show tiny --form fused --disable fuse_attention --print-after fuse_masked_softmax
   blockc fusions gpt2 --set layers=4 --json report.json
   blockc check bert-base --set layers=2
+  blockc cuda gpt2 --set layers=2 -o build/gpt2-cuda
+  blockc run tiny --backend cuda-emu --check
   blockc export gpt2 --set layers=2 -o gpt2-2l.onnx
   blockc run bert-base --set layers=2 --backend ort --check
   blockc run my_model.py:build --dim seq=64
@@ -152,6 +154,10 @@ def cmd_run(args) -> int:
     if args.backend == "reference":
         outputs = run_reference(graph, weights, feeds, float64=args.float64)
         where = "reference interpreter" + (" (float64)" if args.float64 else "")
+    elif args.backend in ("cuda", "cuda-emu"):
+        from .runtime.cuda_runner import run_cuda
+        outputs = run_cuda(graph, weights, feeds, emulate=args.backend == "cuda-emu", gemm=args.gemm)
+        where = "generated CUDA, " + ("on the GPU" if args.backend == "cuda" else "emulated on the CPU")
     else:
         from .runtime.ort_runner import run_ort
         outputs = run_ort(graph, weights, feeds, provider=args.provider)
@@ -216,6 +222,31 @@ def cmd_check(args) -> int:
         print(format_check(result))
         ok &= result.passed
     return 0 if ok else 1
+
+
+def cmd_cuda(args) -> int:
+    import json
+    import os
+    from . import __version__
+    from .codegen.cuda import build as cuda_build
+    from .codegen.cuda.lower import generate
+    from .report.cuda_summary import compile_report, format_cuda_summary
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if args.dtype:
+        args.set = list(args.set) + [f"dtype={args.dtype}"]
+    model, graph = _graph(args)
+    weights = _weights(args, model)
+    bindings = _bindings(args, model, graph, {"batch": 1, "seq": 128})
+    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm)
+    meta = cuda_build.write_build(cuda, args.output, archs=archs, gemm=args.gemm, bindings=bindings)
+    summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs,
+                             compile=not args.no_compile, gemm=args.gemm)
+    _write_text(os.path.join(args.output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    if args.json:
+        _write_text(args.json, json.dumps(summary, indent=2) + "\n")
+    print(format_cuda_summary(summary))
+    print(f"\nwrote {args.output}: model.cu, blockc_cuda.h, weights.bin, model.json, summary.json, build.sh")
+    return 0 if summary.get("compiled", True) is not False else 1
 
 
 def _write_text(path: str, text: str) -> None:
@@ -295,12 +326,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
     p.set_defaults(fn=cmd_export)
 
+    p = sub.add_parser("cuda", help="generate CUDA C++ and prove it compiles",
+                       description="Generate CUDA C++ for MODEL into DIR (kernels from templates, a host file with "
+                       "a static memory plan and a C API, a weights file, build.sh), compile it with nvcc for each "
+                       "--arch and report every kernel's registers, spills and shared memory.")
+    _model_args(p, form="fused")
+    _optimize_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the build directory to write")
+    p.add_argument("--arch", default="sm_80,sm_90", help="GPU architectures (default sm_80,sm_90)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="the model's dtype (a --set dtype=)")
+    p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled",
+                   help="MatMul: the portable tiled kernel (default; what emulation runs) or cuBLAS")
+    p.add_argument("--dim", action="append", metavar="NAME=INT",
+                   help="dims for the memory-plan figures (default batch=1, seq=128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0)")
+    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    p.add_argument("--json", metavar="FILE", help="also write the summary as JSON here")
+    p.add_argument("--no-compile", action="store_true", help="write the build without running nvcc")
+    p.set_defaults(fn=cmd_cuda)
+
     p = sub.add_parser("run", help="run the model on seeded random inputs",
                        description="Run MODEL on seeded random inputs and print a summary of each output.")
     _model_args(p)
     _optimize_args(p)
-    p.add_argument("--backend", choices=("reference", "ort"), default="ort",
-                   help="reference: the numpy interpreter; ort: ONNX Runtime (default)")
+    p.add_argument("--backend", choices=("reference", "ort", "cuda", "cuda-emu"), default="ort",
+                   help="reference: the numpy interpreter; ort: ONNX Runtime (default); cuda: generated CUDA on a "
+                        "GPU; cuda-emu: the same CUDA source emulated on the CPU")
+    p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled", help="cuda backends: the MatMul kernel")
     p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
     p.add_argument("--dim", action="append", metavar="NAME=INT",

@@ -122,6 +122,9 @@ def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: st
 
 
 def run_cuda(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
-             emulate: bool, **kw) -> dict[str, np.ndarray]:
-    model = generate(graph, weights)
-    return run_model_emulated(model, feeds, **kw) if emulate else run_model_gpu(model, feeds, **kw)
+             emulate: bool, gemm: str = "tiled", **kw) -> dict[str, np.ndarray]:
+    """Generate, build (cached) and run ``graph``; emulated on the CPU or on a GPU."""
+    if emulate and gemm != "tiled":
+        raise BlockcError("cuBLAS cannot be emulated: use gemm='tiled' for emulation")
+    model = generate(graph, weights, gemm=gemm)
+    return run_model_emulated(model, feeds, **kw) if emulate else run_model_gpu(model, feeds, gemm=gemm, **kw)

@@ -51,6 +51,7 @@ class CudaModel:
     inputs: list                 # (name, Value)
     outputs: list                # (name, Value)
     kernels: dict = field(default_factory=dict)   # kernel name -> KernelCode of its first use
+    gemm: str = "tiled"
 
 
 def _labels(n: Node, index: int) -> list[str]:
@@ -86,7 +87,13 @@ def _inline(v: Value) -> bool:
     return p is not None and (p.op == "causal_mask" or (p.op == "constant" and p.attrs["value"].size == 1))
 
 
-def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fused", version: str = "") -> CudaModel:
+def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fused", version: str = "",
+             gemm: str = "tiled") -> CudaModel:
+    """``graph`` as CUDA. ``gemm``: ``tiled`` (portable, emulatable) or
+    ``cublas`` (cuBLAS on a GPU; the tiled kernel where one strided batch
+    cannot express an operand's broadcasting)."""
+    if gemm not in ("tiled", "cublas"):
+        raise CudaCodegenError(f"unknown gemm {gemm!r}: use tiled or cublas")
     g = dce(decompose(graph, ops=DECOMPOSED_FIRST).graph).graph
     check_supported(g)
     symbols = g.symbols()
@@ -224,7 +231,7 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
         elif head.op in SOFTMAX:
             steps.append(emit_softmax(head, ctx, labels))
         elif head.op in GEMM:
-            steps.append(emit_gemm(head, ctx, labels))
+            steps.append(emit_gemm(head, ctx, labels, gemm))
         else:
             steps.extend(emit_copy(head, ctx, labels))
 
@@ -246,10 +253,10 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
                     dtype=c_comment(",".join(sorted({o.dtype.name for _, o in g.outputs}))),
                     sources=sources, steps=[{"comment": c_comment(f"{' '.join(c.nodes)}: {'+'.join(c.ops)}"),
                                              "call": c.call} for c in steps],
-                    slots=slots, symbols=symbols, num_inputs=len(g.inputs), num_outputs=len(g.outputs),
+                    slots=slots, symbols=symbols, cublas=gemm == "cublas", num_inputs=len(g.inputs), num_outputs=len(g.outputs),
                     param_bytes=[f"{int(a.nbytes)}ULL" for _, a in params])
     return CudaModel(source, g, params, steps, plan, symbols, [(v.name, v) for v in g.inputs], list(g.outputs),
-                     kernels)
+                     kernels, gemm)
 
 
 _NODES_LINE = re.compile(r"^// IR nodes:.*\n", re.M)

@@ -89,9 +89,6 @@
 #ifndef __forceinline__
 #define __forceinline__ inline __attribute__((always_inline))
 #endif
-#ifndef __noinline__
-#define __noinline__ __attribute__((noinline))
-#endif
 
 constexpr int warpSize = 32;
 
@@ -121,6 +118,10 @@ uint64_t warp_collective(int op, unsigned mask, uint64_t value, int arg, int wid
                          const char* file, int line);
 unsigned active_mask();
 [[noreturn]] void trap(const char* what, const char* file, int line);
+
+// Used by the runtime API (cuda_emu_runtime.cpp) and the launcher.
+void record_error(cudaError_t err);
+void set_max_dynamic_shared(const void* kernel, int bytes);
 
 using Body = void (*)(void*);
 void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block,
@@ -169,6 +170,38 @@ void* blockc_emu_dynamic_shared(void);
 
 #define BLOCKC_LAUNCH(kernel, grid, block, shmem, stream, ...) \
   ::blockc_emu::launch(#kernel, kernel, dim3(grid), dim3(block), (size_t)(shmem), (stream), ##__VA_ARGS__)
+
+// cuda_runtime.h declares its kernel- and symbol-taking templates only for nvcc.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+template <class T>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* kernel) {
+  return ::cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(kernel));
+}
+template <class T>
+cudaError_t cudaFuncSetCacheConfig(T*, cudaFuncCache) { return cudaSuccess; }
+template <class T>
+cudaError_t cudaMemcpyToSymbol(const T& symbol, const void* src, size_t count, size_t offset = 0,
+                               cudaMemcpyKind kind = cudaMemcpyHostToDevice) {
+  return ::cudaMemcpyToSymbol(static_cast<const void*>(&symbol), src, count, offset, kind);
+}
+template <class T>
+cudaError_t cudaMemcpyToSymbolAsync(const T& symbol, const void* src, size_t count, size_t offset = 0,
+                                    cudaMemcpyKind kind = cudaMemcpyHostToDevice, cudaStream_t = 0) {
+  return ::cudaMemcpyToSymbol(static_cast<const void*>(&symbol), src, count, offset, kind);
+}
+template <class T>
+cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, size_t count, size_t offset = 0,
+                                 cudaMemcpyKind kind = cudaMemcpyDeviceToHost) {
+  return ::cudaMemcpyFromSymbol(dst, static_cast<const void*>(&symbol), count, offset, kind);
+}
+template <class T>
+cudaError_t cudaGetSymbolAddress(void** ptr, const T& symbol) {
+  *ptr = const_cast<void*>(static_cast<const void*>(&symbol));
+  return cudaSuccess;
+}
 
 #define threadIdx (blockc_emu_tls->thread_idx)
 #define blockIdx (blockc_emu_tls->block_idx)

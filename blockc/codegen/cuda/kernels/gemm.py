@@ -20,7 +20,24 @@ ACTIVATION = {
 }
 
 
-def emit_gemm(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
+CUDA_TYPES = {DType.float32: "CUDA_R_32F", DType.float16: "CUDA_R_16F", DType.bfloat16: "CUDA_R_16BF"}
+
+
+def _cublas_batch(a, b, out, ctx):
+    """(batches, a_stride, b_stride) when one cuBLAS strided batch covers the
+    product, else None (a broadcast pattern one stride cannot express)."""
+    ab, bb, ob = list(a.shape[:-2]), list(b.shape[:-2]), list(out.shape[:-2])
+    if not bb:
+        return "1LL", "0LL", "0LL"  # folded: B is a matrix, A's batch is in M
+    batches = ctx.numel(ob)
+    a_stride = "0LL" if all(d == 1 for d in ab) else (ctx.numel(a.shape[-2:]) if ab == ob else None)
+    b_stride = "0LL" if all(d == 1 for d in bb) else (ctx.numel(b.shape[-2:]) if bb == ob else None)
+    if a_stride is None or b_stride is None:
+        return None
+    return batches, a_stride, b_stride
+
+
+def emit_gemm(node: Node, ctx: LowerContext, labels: list[str], gemm: str = "tiled") -> KernelCode:
     a, b = node.inputs[0], node.inputs[1]
     out = node.outputs[0]
     dtype = out.dtype
@@ -55,6 +72,16 @@ def emit_gemm(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
     name = f"{'gemm_bias_' + activation if bias else 'gemm'}_{SHORT[dtype]}_{shape_class(b.shape)}"
     epilogue = {"none": "the product", "relu": "ReLU(+bias)", "gelu": "GELU(+bias)",
                 "gelu_tanh": "tanh-GELU(+bias)"}[activation] if bias else "the product"
+    if gemm == "cublas" and _cublas_batch(a, b, out, ctx) is not None:
+        batches, a_stride, b_stride = _cublas_batch(a, b, out, ctx)
+        name = name.replace("gemm", "cublas_gemm", 1)
+        source = render("gemm_cublas.cu.j2", name=name, T=ctype(dtype), nodes=c_comment(" ".join(labels)),
+                        bias=bias, activation=ACTIVATION[activation], epilogue_desc=epilogue,
+                        cuda_type=CUDA_TYPES[dtype])
+        args = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(node.inputs[2])] if bias else []) + \
+            [ctx.ptr(out), M_expr, ctx.dim(N), ctx.dim(K), batches, a_stride, b_stride]
+        return KernelCode(name, source, f"if ({name}_launch({', '.join(args)}, stream)) return 1;", labels,
+                          [node.op], [f"{name}_epilogue"] if bias else [])
     source = render("gemm_tiled.cu.j2", name=name, T=ctype(dtype), nodes=c_comment(" ".join(labels)),
                     bias=bias, activation=ACTIVATION[activation], epilogue_desc=epilogue)
     batch = (f"{name}_batch{{{{{', '.join(dims)}}}, {{{', '.join(a_strides)}}}, "

@@ -19,7 +19,9 @@ from ..exprs import float_literal
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, shape_class
 from ..templates import render
 
-MAX_VEC_PACKS, MAX_SCALAR_PACKS = 8, 32
+# Register buckets: a row of up to 32*8 vectors (1024 floats) or 32*16 scalars
+# is held in registers; longer rows go to the block-per-row kernels.
+MAX_VEC_PACKS, MAX_SCALAR_PACKS = 8, 16
 
 
 def _buckets(cols: Dim, dtype: DType) -> tuple[list[int], list[int]]:
@@ -28,7 +30,7 @@ def _buckets(cols: Dim, dtype: DType) -> tuple[list[int], list[int]]:
         vec = [math.ceil(cols / (32 * vw))] if cols % vw == 0 and cols <= 32 * vw * MAX_VEC_PACKS else []
         scalar = [math.ceil(cols / 32)] if cols <= 32 * MAX_SCALAR_PACKS else []
         return vec, scalar
-    return [1, 2, 4, 8], [1, 2, 4, 8, 16, 32]
+    return [1, 2, 4, 8], [1, 2, 4, 8, 16]
 
 
 def _float_dtype(node: Node) -> DType:

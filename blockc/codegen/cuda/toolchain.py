@@ -1,0 +1,401 @@
+"""Compilers for generated CUDA: g++ with the CPU emulator, and nvcc.
+
+``compile_emulated`` builds a ``.cu`` into a shared library that runs on the CPU:
+g++ compiles it as C++ with ``emu/cuda_emu.h`` force-included and links the
+emulator's runtime (``emu/cuda_emu_sched.cpp``, ``emu/cuda_emu_runtime.cpp``).
+Only NVIDIA's headers are needed, not a GPU. ``emulator.run_emulated`` runs it.
+
+``compile_nvcc`` compiles the same file for real GPUs (sm_80 and sm_90 by
+default) with warnings as errors, and returns ptxas's per-kernel resource
+report (registers, spills, shared memory).
+
+Where things are found:
+
+* nvcc: ``$PATH``, then ``/usr/local/cuda/bin/nvcc``, then NVIDIA's
+  ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin/nvcc`` for CUDA 13,
+  ``nvidia/cuda_nvcc/bin/nvcc`` for the ``-cu12`` wheels).
+* headers (``cuda_fp16.h``, ``cuda_runtime.h``, cuBLAS): the toolkit beside
+  that nvcc, ``/usr/local/cuda/include``, then the wheels' ``include`` folders.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from blockc.errors import BlockcError
+
+EMU_DIR = Path(__file__).resolve().parent / "emu"
+EMU_HEADER = EMU_DIR / "cuda_emu.h"
+EMU_SOURCES = (EMU_DIR / "cuda_emu_sched.cpp", EMU_DIR / "cuda_emu_runtime.cpp")
+STANDARD_CUDA = Path("/usr/local/cuda")
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+SANITIZERS = ("address", "thread")
+
+# Wheel layouts, newest first: CUDA 13 puts every component under nvidia/cu13,
+# CUDA 12 gives each its own folder.
+_WHEEL_NVCC = ("cu13/bin/nvcc", "cu12/bin/nvcc", "cuda_nvcc/bin/nvcc")
+_WHEEL_INCLUDES = ("cu13/include", "cu12/include", "cuda_runtime/include", "cuda_nvcc/include",
+                   "cuda_cccl/include", "cublas/include")
+
+
+_HEADER_MARKERS = ("cuda_runtime.h", "cuda_fp16.h", "cublas_v2.h", "cuda/std")
+
+
+class ToolchainError(BlockcError):
+    """A compiler is missing, or a compile failed; carries the command and its output."""
+
+    def __init__(self, message: str, command: Sequence[str] = (), output: str = ""):
+        self.command, self.output = list(command), output
+        text = message
+        if command:
+            text += "\n  command: " + " ".join(map(str, command))
+        if output:
+            text += "\n" + _tail(output, 60)
+        super().__init__(text)
+
+
+class NvccSearch(NamedTuple):
+    """Where nvcc is (``path``), or None; ``reason`` says where or why not."""
+
+    path: str | None
+    reason: str
+
+
+def _tail(text: str, lines: int) -> str:
+    rows = text.rstrip().splitlines()
+    cut = rows[-lines:]
+    return ("  ...\n" if len(rows) > lines else "") + "\n".join("  " + r for r in cut)
+
+
+def _nvidia_wheel_roots() -> list[Path]:
+    """The folders of the ``nvidia`` namespace package that NVIDIA's wheels install."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+
+
+def find_nvcc() -> NvccSearch:
+    """Locate nvcc: ``$PATH``, the standard toolkit folder, then the PyPI wheels."""
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return NvccSearch(on_path, f"found on PATH: {on_path}")
+    standard = STANDARD_CUDA / "bin" / "nvcc"
+    if os.access(standard, os.X_OK):
+        return NvccSearch(str(standard), f"found in the standard location {standard}")
+    for root in _nvidia_wheel_roots():
+        for rel in _WHEEL_NVCC:
+            candidate = root / rel
+            if os.access(candidate, os.X_OK):
+                return NvccSearch(str(candidate), f"found in NVIDIA's nvcc wheel: {candidate}")
+    return NvccSearch(None, "no nvcc: not on PATH, not in /usr/local/cuda/bin, and no nvidia-cuda-nvcc "
+                            "wheel installed (pip install 'blockc[cuda]' or install the CUDA toolkit)")
+
+
+def _toolkit_of(nvcc: str) -> Path:
+    return Path(os.path.realpath(nvcc)).parent.parent
+
+
+def cuda_include_dirs() -> list[str]:
+    """Folders holding NVIDIA's headers, best first, existing ones only, no repeats."""
+    candidates: list[Path] = []
+    nvcc = find_nvcc().path
+    if nvcc:
+        toolkit = _toolkit_of(nvcc)
+        candidates += [toolkit / "include", toolkit / "targets" / "x86_64-linux" / "include"]
+    candidates.append(STANDARD_CUDA / "include")
+    for root in _nvidia_wheel_roots():
+        candidates += [root / rel for rel in _WHEEL_INCLUDES]
+    seen: list[str] = []
+    for c in candidates:
+        real = os.path.realpath(c)
+        # A wrapper script's parent (/usr/local/bin/nvcc) is no toolkit: keep real ones.
+        if real not in seen and any(os.path.exists(os.path.join(real, h)) for h in _HEADER_MARKERS):
+            seen.append(real)
+    return seen
+
+
+def _emulation_include_dirs() -> list[str]:
+    dirs = cuda_include_dirs()
+    if not any(os.path.exists(os.path.join(d, "cuda_fp16.h")) for d in dirs):
+        raise ToolchainError("no CUDA headers (cuda_fp16.h) found for the emulator: install the CUDA toolkit "
+                             "or NVIDIA's wheels (pip install 'blockc[cuda]')")
+    return dirs
+
+
+def find_gxx() -> str | None:
+    """The host C++ compiler the emulator builds with (``g++`` on PATH), or None."""
+    return shutil.which("g++")
+
+
+@functools.lru_cache(maxsize=None)
+def sanitizer_runtime(kind: str) -> str:
+    """Path of g++'s ``libasan.so``/``libtsan.so``, which a process must preload to load an
+    instrumented library (the emulator's runner does)."""
+    if kind not in SANITIZERS:
+        raise ValueError(f"sanitize must be one of {SANITIZERS}, not {kind!r}")
+    gxx = find_gxx()
+    if gxx is None:
+        raise ToolchainError("g++ not found")
+    lib = "libasan.so" if kind == "address" else "libtsan.so"
+    path = subprocess.run([gxx, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(path) or not os.path.exists(path):
+        raise ToolchainError(f"g++ has no {lib}: install its sanitizer runtime (e.g. apt-get install libasan8 libtsan2)")
+    return path
+
+
+# `extern __shared__ __align__(16) float smem[];` at block or file scope.
+_EXTERN_SHARED = re.compile(
+    r"\bextern\s+__shared__\s+(?:(?:__align__|alignas)\s*\(\s*\w+\s*\)\s+)*"
+    r"(?P<type>[A-Za-z_][\w:<>,\s\*]*?)\s*(?:__align__\s*\(\s*\w+\s*\)\s*)?"
+    r"(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
+
+
+def rewrite_dynamic_shared(source: str) -> str:
+    """The one source rewrite emulation needs: every ``extern __shared__ T name[];``
+    becomes a pointer to the emulator's dynamic shared buffer, on the same line.
+
+    >>> rewrite_dynamic_shared("extern __shared__ __align__(16) float smem[];")
+    'static float* const smem = reinterpret_cast<float*>(blockc_emu_dynamic_shared());'
+    """
+    def repl(m: re.Match) -> str:
+        t = " ".join(m.group("type").split())
+        return f"static {t}* const {m.group('name')} = reinterpret_cast<{t}*>(blockc_emu_dynamic_shared());"
+    return _EXTERN_SHARED.sub(repl, source)
+
+
+def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> tuple[list[str], list[str]]:
+    """Sources to hand g++ (rewritten copies where needed), and -iquote flags that keep
+    the originals' relative #includes working."""
+    paths, quotes = [], []
+    for src in sources:
+        src = Path(src).resolve()
+        text = src.read_text()
+        rewritten = rewrite_dynamic_shared(text)
+        if rewritten == text:
+            paths.append(str(src))
+            continue
+        copy = build_dir / f"{len(paths)}_{src.name}"
+        escaped = str(src).replace("\\", "\\\\").replace('"', '\\"')
+        copy.write_text(f'#line 1 "{escaped}"\n' + rewritten)
+        paths.append(str(copy))
+        quotes += ["-iquote", str(src.parent)]
+    return paths, quotes
+
+
+def _run(cmd: list[str], what: str, timeout: float) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ToolchainError(f"g++ took longer than {timeout:.0f} s to {what}", cmd) from e
+    if proc.returncode != 0:
+        raise ToolchainError(f"g++ failed to {what}", cmd, proc.stderr + proc.stdout)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("BLOCKC_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "blockc")
+    return Path(root) / "emu"
+
+
+def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
+    """The emulator's own sources compiled with ``compile_cmd``'s flags, cached by a hash of
+    the compiler, the flags and the emulator's sources (they change with blockc only)."""
+    key = hashlib.sha256()
+    key.update(subprocess.run([compile_cmd[0], "--version"], capture_output=True).stdout)
+    key.update("\0".join(compile_cmd).encode())
+    for f in sorted(EMU_DIR.iterdir()):
+        if f.suffix in (".h", ".cpp"):
+            key.update(f.name.encode() + f.read_bytes())
+    folder = _cache_dir() / key.hexdigest()[:24]
+    folder.mkdir(parents=True, exist_ok=True)
+    objects = []
+    for src in EMU_SOURCES:
+        obj = folder / (src.stem + ".o")
+        if not obj.exists():
+            part = folder / f"{src.stem}.{os.getpid()}.{threading.get_ident()}.tmp.o"
+            _run([*compile_cmd, str(src), "-o", str(part)], f"compile {src.name}", timeout)
+            os.replace(part, obj)  # atomic: concurrent builds never see half an object
+        objects.append(str(obj))
+    return objects
+
+
+def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.PathLike, *,
+                     sanitize: str | None = None, threads: bool | None = None, opt: str = "-O2",
+                     extra_flags: Sequence[str] = (), timeout: float = 600.0) -> Path:
+    """Build ``.cu``/``.cpp`` sources into a shared library that runs on the CPU.
+
+    ``sanitize`` is None, ``"address"`` or ``"thread"``; a sanitizer build runs each CUDA
+    thread as an OS thread (``threads`` defaults to True there, to fibers otherwise).
+    Sources compile in parallel; the emulator's runtime is compiled once per set of flags
+    and cached (``$BLOCKC_CACHE_DIR``, else ``~/.cache/blockc``). Raises ToolchainError with
+    the compiler's output when the build fails.
+    """
+    gxx = find_gxx()
+    if gxx is None:
+        raise ToolchainError("g++ not found on PATH: the CUDA emulator needs a host C++ compiler")
+    if sanitize is not None and sanitize not in SANITIZERS:
+        raise ValueError(f"sanitize must be None or one of {SANITIZERS}, not {sanitize!r}")
+    if threads is None:
+        threads = sanitize is not None
+    elif sanitize is not None and not threads:
+        raise ValueError("sanitizers need threads=True: they do not understand fiber stacks")
+    out_so = Path(out_so).resolve()
+    out_so.parent.mkdir(parents=True, exist_ok=True)
+    includes = [f"-I{EMU_DIR}"] + [f"-I{d}" for d in _emulation_include_dirs()]
+    flags = ["-std=c++17", "-fPIC", "-pthread", opt, "-g", "-w"]
+    # Fibers have 64 KiB stacks under a guard page: probe big frames page by page so an
+    # overflow faults in the guard page instead of landing in a neighbour's stack.
+    flags.append("-DBLOCKC_EMU_THREADS" if threads else "-fstack-clash-protection")
+    if sanitize:
+        flags += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer"]
+    compile_cmd = [gxx, *flags, *includes, "-include", str(EMU_HEADER), *extra_flags, "-x", "c++", "-c"]
+    with tempfile.TemporaryDirectory(prefix="blockc-emu-src-") as tmp:
+        paths, quotes = _prepare_sources(sources, Path(tmp))
+        jobs = [([*compile_cmd, *quotes, p, "-o", os.path.join(tmp, f"{i}.o")], f"compile {Path(p).name}")
+                for i, p in enumerate(paths)]
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            runtime = pool.submit(_runtime_objects, compile_cmd, timeout)
+            for f in [pool.submit(_run, cmd, what, timeout) for cmd, what in jobs]:
+                f.result()
+            objects = [cmd[-1] for cmd, _ in jobs] + runtime.result()
+        link = [gxx, "-shared", "-pthread"] + ([f"-fsanitize={sanitize}"] if sanitize else [])
+        _run([*link, *objects, "-Wl,-z,defs", "-o", str(out_so)],
+             f"link {out_so.name}", timeout)
+    return out_so
+
+
+# ---- nvcc and ptxas --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reports for one kernel on one architecture."""
+
+    name: str              # the symbol (mangled unless extern "C")
+    demangled: str         # e.g. "row_sum(float const*, float*, int)"
+    arch: str              # "sm_80"
+    registers: int
+    stack_frame_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    shared_bytes: int      # static shared memory ("smem")
+    constant_bytes: int    # cmem[0]: the kernel's parameters
+    barriers: int
+
+    @property
+    def short_name(self) -> str:
+        """The kernel's name without namespace, template arguments or parameters."""
+        head = self.demangled.split("(", 1)[0].split("<", 1)[0]
+        return head.split()[-1].split("::")[-1] if head.split() else self.name
+
+
+@dataclass(frozen=True)
+class NvccResult:
+    object_path: Path
+    kernels: list[KernelResources]
+    log: str
+
+    def kernel(self, short_name: str, arch: str) -> KernelResources:
+        """The report for one kernel (by ``short_name``) on one architecture."""
+        for k in self.kernels:
+            if k.arch == arch and (k.short_name == short_name or k.name == short_name):
+                return k
+        raise KeyError(f"ptxas reported no kernel {short_name!r} for {arch}")
+
+
+_COMPILING = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def _field(pattern: str, line: str) -> int:
+    m = re.search(pattern, line)
+    return int(m.group(1)) if m else 0
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    tool = shutil.which("c++filt")
+    if not tool or not names:
+        return {n: n for n in names}
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+
+
+def parse_ptxas_info(log: str) -> list[KernelResources]:
+    """Per-kernel, per-arch resources from ``nvcc -Xptxas -v`` output."""
+    rows: dict[tuple[str, str], dict] = {}
+    order: list[tuple[str, str]] = []
+    arch, entry, props_for = None, None, None
+    frames: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for line in log.splitlines():
+        if m := _COMPILING.search(line):
+            entry, arch = m.group(1), m.group(2)
+            continue
+        if m := _PROPERTIES.search(line):
+            props_for = m.group(1)
+            continue
+        if (m := _FRAME.search(line)) and props_for and arch:
+            frames[(props_for, arch)] = tuple(int(g) for g in m.groups())  # type: ignore[assignment]
+            continue
+        if (m := _USED.search(line)) and entry and arch:
+            key = (entry, arch)
+            if key not in rows:
+                order.append(key)
+            rows[key] = dict(registers=int(m.group(1)), shared_bytes=_field(r"(\d+) bytes smem", line),
+                             constant_bytes=_field(r"(\d+) bytes cmem\[0\]", line),
+                             barriers=_field(r"used (\d+) barriers", line))
+    names = _demangle(sorted({name for name, _ in order}))
+    result = []
+    for name, a in order:
+        stack, stores, loads = frames.get((name, a), (0, 0, 0))
+        result.append(KernelResources(name=name, demangled=names.get(name, name), arch=a,
+                                      stack_frame_bytes=stack, spill_store_bytes=stores,
+                                      spill_load_bytes=loads, **rows[(name, a)]))
+    return result
+
+
+def compile_nvcc(source: str | os.PathLike, arch_list: Sequence[str] = DEFAULT_ARCHS, *,
+                 werror: bool = True, out: str | os.PathLike | None = None,
+                 extra_flags: Sequence[str] = (), timeout: float = 600.0) -> NvccResult:
+    """Compile one ``.cu`` to an object for each ``sm_XX`` in ``arch_list`` with ptxas's
+    verbose report; needs no GPU. ``werror`` turns every nvcc, ptxas and host-compiler
+    warning into an error. ``cuda_emu.h`` is force-included, where ``BLOCKC_LAUNCH``
+    expands to ``kernel<<<grid, block, shmem, stream>>>(args...)``."""
+    found = find_nvcc()
+    if found.path is None:
+        raise ToolchainError(found.reason)
+    source = Path(source).resolve()
+    if out is None:
+        out = Path(tempfile.mkdtemp(prefix="blockc-nvcc-")) / (source.stem + ".o")
+    out = Path(out)
+    gencode = []
+    for arch in arch_list:
+        if not re.fullmatch(r"sm_\d+[a-z]?", arch):
+            raise ValueError(f"arch must look like 'sm_90', not {arch!r}")
+        gencode += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
+    cmd = [found.path, "-c", str(source), "-o", str(out), "-std=c++17", *gencode,
+           "-Xptxas", "-v", "-include", str(EMU_HEADER)]
+    if werror:
+        cmd += ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Werror"]
+    cmd += list(extra_flags)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ToolchainError(f"nvcc took longer than {timeout:.0f} s", cmd) from e
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise ToolchainError(f"nvcc failed to compile {source.name}", cmd, log)
+    return NvccResult(out, parse_ptxas_info(log), log)

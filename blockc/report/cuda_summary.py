@@ -1,0 +1,70 @@
+"""The ``blockc cuda`` summary: every kernel with ptxas's registers, spills
+and shared memory per architecture, the launches, and the memory plan's
+arena against the naive sum of all buffers."""
+from __future__ import annotations
+
+import os
+
+from ..codegen.cuda.lower import CudaModel
+from .traffic import human_bytes
+
+# The fused kernels that must never spill (tests hold the generator to it).
+FUSED_PREFIXES = ("masked_softmax", "add_layernorm", "add_rmsnorm", "layernorm", "rmsnorm", "softmax")
+
+
+def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], *, compile: bool = True,
+                   gemm: str = "tiled") -> dict:
+    from ..codegen.cuda import toolchain
+    summary = {"schema": "blockc.cuda-summary/1", "model": meta["name"], "archs": archs, "gemm": gemm,
+               "launches": len(meta["launches"]), "kernels": [], "memory_plan": meta["memory_plan"]}
+    found = toolchain.find_nvcc()
+    if not compile:
+        summary["compiled"] = None
+        summary["nvcc"] = "not run (--no-compile)"
+        return summary
+    if found.path is None:
+        summary["compiled"] = None
+        summary["nvcc"] = found.reason
+        return summary
+    summary["nvcc"] = found.path
+    includes = [f"-I{os.path.dirname(os.path.abspath(source))}"]
+    try:
+        result = toolchain.compile_nvcc(source, archs, werror=True, extra_flags=includes)
+    except toolchain.ToolchainError as e:
+        summary["compiled"] = False
+        summary["error"] = str(e)
+        return summary
+    summary["compiled"] = True
+    for k in sorted(result.kernels, key=lambda k: (k.short_name, k.demangled, k.arch)):
+        summary["kernels"].append({
+            "kernel": k.short_name, "function": k.demangled, "arch": k.arch, "registers": k.registers,
+            "spill_store_bytes": k.spill_store_bytes, "spill_load_bytes": k.spill_load_bytes,
+            "stack_frame_bytes": k.stack_frame_bytes, "shared_bytes": k.shared_bytes,
+            "fused": k.short_name.startswith(FUSED_PREFIXES)})
+    summary["fused_spill_bytes"] = sum(k["spill_store_bytes"] + k["spill_load_bytes"]
+                                       for k in summary["kernels"] if k["fused"])
+    return summary
+
+
+def format_cuda_summary(summary: dict) -> str:
+    lines = [f"{summary['model']}: {summary['launches']} kernel launches, gemm={summary['gemm']}"]
+    mp = summary["memory_plan"]
+    if "arena_bytes" in mp:
+        dims = ", ".join(f"{k}={v}" for k, v in mp["dims"].items())
+        saved = 1 - mp["arena_bytes"] / mp["naive_bytes"] if mp["naive_bytes"] else 0
+        lines.append(f"memory plan: {mp['buffers']} buffers in {mp['slots']} slots; arena {human_bytes(mp['arena_bytes'])}"
+                     f" against {human_bytes(mp['naive_bytes'])} for every buffer apart ({saved:.0%} less) at {dims}")
+    if summary.get("compiled") is None:
+        lines.append(f"nvcc: {summary['nvcc']}")
+        return "\n".join(lines)
+    if summary["compiled"] is False:
+        lines.append(f"nvcc FAILED:\n{summary['error']}")
+        return "\n".join(lines)
+    lines.append(f"nvcc: {summary['nvcc']} ({', '.join(summary['archs'])}, warnings as errors): ok")
+    lines.append(f"  {'kernel':<52} {'arch':<6} {'regs':>4} {'spill st/ld':>12} {'smem':>6}")
+    for k in summary["kernels"]:
+        func = k["function"].split("(")[0]
+        lines.append(f"  {func[:52]:<52} {k['arch']:<6} {k['registers']:>4} "
+                     f"{k['spill_store_bytes']:>5}/{k['spill_load_bytes']:<6} {k['shared_bytes']:>6}")
+    lines.append(f"spills in fused kernels: {summary['fused_spill_bytes']} bytes")
+    return "\n".join(lines)
