@@ -31,14 +31,16 @@ from .base import PassResult
 from .rewrite import Site, _label, _origin_key
 
 
-def _projection(n: Node):
+def _projection(n: Node, returned: set):
     """(weight, bias-add node, bias) when ``n`` is x @ W (+ b) with W and b
-    parameters; the last two are None without a bias."""
+    parameters; the last two are None without a bias (or when x @ W is also
+    used elsewhere: a graph output in ``returned``, say)."""
     w = n.inputs[1]
     if n.op != "matmul" or w.kind != "param" or w.type.rank != 2:
         return None
     users = n.outputs[0].users()
-    if len(users) == 1 and users[0].op == "add" and len(n.outputs[0].uses) == 1:
+    if len(users) == 1 and users[0].op == "add" and len(n.outputs[0].uses) == 1 \
+            and id(n.outputs[0]) not in returned:
         add = users[0]
         bias = add.inputs[1] if add.inputs[0] is n.outputs[0] else add.inputs[0]
         if bias.kind == "param" and bias.shape == (w.shape[1],):
@@ -49,15 +51,16 @@ def _projection(n: Node):
 def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
     g = graph.copy()
     groups: dict[int, list[Node]] = {}
+    returned = {id(v) for _, v in g.outputs}
     for n in g.nodes:
-        if n.op == "matmul" and _projection(n) is not None:
+        if n.op == "matmul" and _projection(n, returned) is not None:
             groups.setdefault(id(n.inputs[0]), []).append(n)
     changed = False
     for members in groups.values():
         if len(members) < 2:
             continue
         site = Site("merge sibling projections", "qkv", _label(members[0]), "matmul", False)
-        projections = [_projection(n) for n in members]
+        projections = [_projection(n, returned) for n in members]
         with_bias = [p[1] is not None for p in projections]
         if any(with_bias) != all(with_bias):
             site.reason = "some projections have a bias and some do not"

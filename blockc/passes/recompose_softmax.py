@@ -23,7 +23,7 @@ from .rewrite import Op, Or, Rule, Var, apply_rules
 
 X = Var("x")
 EXP = Op("exp", Or(Op("sub", X, Op("reduce_max", X, name="max")), X), name="e")
-SUM = Op("reduce_sum", Op("exp", name="e"), name="sum")
+SUM = Op("reduce_sum", EXP, name="sum")  # EXP in full: in mul(1/sum, e) this mention is matched first
 
 
 def _axis(node):

@@ -297,6 +297,10 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site) -> set[int] | None:
                     site.reason = f"the {n.op} result ({_label(n)}) inside the pattern is used elsewhere"
                     return None
                 escaping[names[id(n)]] = o
+    reason = _inputs_outlive(m, consumed, escaping)
+    if reason:
+        site.reason = reason
+        return None
     m.escaping = escaping
     b = Builder(g, before=m.root, loc=m.root.loc)
     before = set(map(id, g.nodes))
@@ -319,6 +323,13 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site) -> set[int] | None:
         return None
     root_new = repl["root"]
     root_new = root_new if isinstance(root_new, (list, tuple)) else [root_new]
+    # A size-1 constant or a mask can broadcast the pattern's result past the shape the fused op gives.
+    for old, new in list(zip(m.root.outputs, root_new)) + [(escaping[k], repl[k]) for k in escaping]:
+        if old.type != new.type:
+            for n in reversed(new_nodes):
+                g.remove_node(n)
+            site.reason = f"the fused op gives {new.type}, the {old.producer.op} it replaces gives {old.type}"
+            return None
     for old, new in zip(m.root.outputs, root_new):
         g.replace_all_uses(old, new)
     for k, old in escaping.items():
@@ -335,6 +346,26 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site) -> set[int] | None:
     site.ops = [n.op for n in sorted(m.consumed, key=lambda n: order[id(n)])]
     site.result = "+".join(n.op for n in new_nodes if n.op != "constant") or "(bypass)"
     return consumed
+
+
+def _inputs_outlive(m: Match, consumed: set, escaping: dict) -> str | None:
+    """Why the values the rewrite reads (``Var`` bindings) cannot feed the fused
+    op: one is made by a node the rewrite removes, or is computed from a value
+    the fused op would return (a cycle). None when they can."""
+    after, todo = set(), [u for o in escaping.values() for u, _ in o.uses if id(u) not in consumed]
+    while todo:
+        n = todo.pop()
+        if id(n) not in after:
+            after.add(id(n))
+            todo += [u for o in n.outputs for u, _ in o.uses if id(u) not in consumed]
+    for name, v in m.items():
+        if not isinstance(v, Value) or v.producer is None:
+            continue
+        if id(v.producer) in consumed:
+            return f"the {v.producer.op} result ({_label(v.producer)}) inside the pattern is also an input ({name})"
+        if id(v.producer) in after:
+            return f"{name} is computed from a result inside the pattern that the fused op would return (a cycle)"
+    return None
 
 
 def _origin_key(label: str):

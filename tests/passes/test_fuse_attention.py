@@ -1,0 +1,192 @@
+"""fuse_attention: golden IR text with masked_softmax already fused and with
+the raw softmax/scale/mask; Kᵀ as a plain last-two-axes transpose, as one
+merged with the head split, and as a value; sites that must not fuse."""
+import numpy as np
+import pytest
+
+from blockc import init_weights, parse_graph, trace
+from blockc.frontends import BlockConfig, BlockModel
+from blockc.passes.fuse_attention import fuse_attention
+from blockc.passes.manager import label_origins, optimize
+from pass_testing import assert_same_numbers, check_golden, fused, ir, nodes_of, run_pass
+
+
+def test_golden_after_masked_softmax_with_merged_transpose():
+    # Kᵀ = transpose(k, [0,2,3,1]) (the head split and the swap in one): the
+    # fused op reads K = transpose(k, [0,2,1,3]).
+    sites = []
+    check_golden(fuse_attention, """
+        graph g(%q: f64[2,3,5,4], %k: f64[2,5,3,4], %v: f64[2,3,5,4], %m: bool[2,1,1,5]) {
+          %0:f64[2,3,4,5] = transpose %k {perm=[0,2,3,1]}
+          %1:f64[2,3,5,5] = matmul %q, %0
+          %2:f64[2,3,5,5] = masked_softmax %1, %m {scale=0.5, mask="bool", causal=true, fill=-1000000000.0}
+          %3:f64[2,3,5,4] = matmul %2, %v
+          return y=%3
+        }
+    """, """
+        graph g(%q: f64[2,3,5,4], %k: f64[2,5,3,4], %v: f64[2,3,5,4], %m: bool[2,1,1,5]) {
+          %0:f64[2,3,5,4] = transpose %k {perm=[0,2,1,3]}
+          %1:f64[2,3,5,4] = attention %q, %0, %v, %m {scale=0.5, mask="bool", causal=true, fill=-1000000000.0}
+          return y=%1
+        }
+    """, sites=sites)
+    (site,) = fused(sites)
+    assert site.kind == "attention" and site.ops == ["transpose", "matmul", "masked_softmax", "matmul"]
+    assert site.result == "transpose+attention"
+
+
+def test_golden_raw_softmax_with_plain_transpose():
+    # masked-softmax fusion off: softmax(where(causal, qkᵀ / 2, fill)); Kᵀ =
+    # transpose(k, [0,1,3,2]) so the fused op reads k itself.
+    check_golden(fuse_attention, """
+        graph g(%q: f64[2,3,5,4], %k: f64[2,3,5,4], %v: f64[2,3,5,4]) {
+          %0:f64[2,3,4,5] = transpose %k {perm=[0,1,3,2]}
+          %1:f64[2,3,5,5] = matmul %q, %0
+          %2:f64[] = constant {value=dense<f64[]: [2.0]>}
+          %3:f64[2,3,5,5] = div %1, %2
+          %4:bool[5,5] = causal_mask {rows=5, cols=5}
+          %5:f64[] = constant {value=dense<f64[]: [-1000000000.0]>}
+          %6:f64[2,3,5,5] = where %4, %3, %5
+          %7:f64[2,3,5,5] = softmax %6 {axis=-1}
+          %8:f64[2,3,5,4] = matmul %7, %v
+          return y=%8
+        }
+    """, """
+        graph g(%q: f64[2,3,5,4], %k: f64[2,3,5,4], %v: f64[2,3,5,4]) {
+          %0:f64[] = constant {value=dense<f64[]: [2.0]>}
+          %1:bool[5,5] = causal_mask {rows=5, cols=5}
+          %2:f64[] = constant {value=dense<f64[]: [-1000000000.0]>}
+          %3:f64[2,3,5,4] = attention %q, %k, %v {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          return y=%3
+        }
+    """)
+
+
+def test_golden_kt_given_as_a_value():
+    # No transpose to undo: the fused op gets one.
+    check_golden(fuse_attention, """
+        graph g(%q: f64[2,5,4], %kt: f64[2,4,6], %v: f64[2,6,3], %m: f64[2,5,6]) {
+          %0:f64[2,5,6] = matmul %q, %kt
+          %1:f64[2,5,6] = add %0, %m
+          %2:f64[2,5,6] = softmax %1 {axis=-1}
+          %3:f64[2,5,3] = matmul %2, %v
+          return y=%3
+        }
+    """, """
+        graph g(%q: f64[2,5,4], %kt: f64[2,4,6], %v: f64[2,6,3], %m: f64[2,5,6]) {
+          %0:f64[2,6,4] = transpose %kt {perm=[0,2,1]}
+          %1:f64[2,5,3] = attention %q, %0, %v, %m {scale=1.0, mask="additive", causal=false, fill=-3.4028234663852886e+38}
+          return y=%1
+        }
+    """)
+
+
+def _block(**cfg):
+    model = BlockModel(BlockConfig(d_model=16, heads=2, dtype="float64", **cfg))
+    return model, trace(model)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked_softmax", [True, False])
+def test_in_a_traced_block_with_and_without_masked_softmax_fusion(causal, masked_softmax):
+    model, g = _block(causal=causal)
+    disable = [] if masked_softmax else ["fuse_masked_softmax"]
+    r = optimize(g, disable=disable)
+    assert [s.kind for s in fused(r.sites, "attention")] == ["attention"]
+    assert len(fused(r.sites, "masked_softmax")) == int(masked_softmax)
+    (node,) = nodes_of(r.graph, "attention")
+    assert node.attrs["causal"] is causal and node.attrs["mask"] == "none"
+    assert node.attrs["scale"] == pytest.approx(8 ** -0.5, rel=1e-7)
+    assert "softmax" not in r.graph.op_counts() and "masked_softmax" not in r.graph.op_counts()
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample({"batch": 2, "seq": 5}, rng) for s in model.inputs()}
+    assert_same_numbers(g, r.graph, weights=dict(init_weights(model, seed=1)), feeds=feeds)
+
+
+def _sites(text):
+    g = label_origins(parse_graph(ir(text)))
+    sites = []
+    r = run_pass(fuse_attention, g, sites)
+    return g, r, sites
+
+
+def test_probabilities_used_elsewhere_block_the_fusion():
+    g, r, sites = _sites("""
+        graph g(%q: f64[5,4], %k: f64[5,4], %v: f64[5,4]) {
+          %0:f64[4,5] = transpose %k {perm=[1,0]}
+          %1:f64[5,5] = matmul %q, %0
+          %2:f64[5,5] = masked_softmax %1 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %3:f64[5,4] = matmul %2, %v
+          return y=%3, probs=%2
+        }
+    """)
+    assert not r.changed and str(r.graph) == str(g)
+    (site,) = [s for s in sites if s.anchor == "%3"]
+    assert site.reason == "the masked_softmax result (%2) is used elsewhere and the fused op does not return it"
+
+
+def test_scores_used_elsewhere_block_the_fusion():
+    g, r, sites = _sites("""
+        graph g(%q: f64[5,4], %k: f64[5,4], %v: f64[5,4]) {
+          %0:f64[4,5] = transpose %k {perm=[1,0]}
+          %1:f64[5,5] = matmul %q, %0
+          %2:f64[5,5] = softmax %1 {axis=-1}
+          %3:f64[5,4] = matmul %2, %v
+          return y=%3, scores=%1
+        }
+    """)
+    assert not r.changed
+    (site,) = [s for s in sites if s.anchor == "%3"]
+    assert site.reason == "the matmul result (%1) is used elsewhere and the fused op does not return it"
+
+
+def test_a_transpose_used_elsewhere_stays_and_the_fused_op_gets_its_own():
+    g, r, sites = _sites("""
+        graph g(%q: f64[5,4], %k: f64[5,4], %v: f64[5,4]) {
+          %0:f64[4,5] = transpose %k {perm=[1,0]}
+          %1:f64[5,5] = matmul %q, %0
+          %2:f64[5,5] = softmax %1 {axis=-1}
+          %3:f64[5,4] = matmul %2, %v
+          %4:f64[4,5] = tanh %0
+          return y=%3, t=%4
+        }
+    """)
+    assert str(r.graph) == ir("""
+        graph g(%q: f64[5,4], %k: f64[5,4], %v: f64[5,4]) {
+          %0:f64[4,5] = transpose %k {perm=[1,0]}
+          %1:f64[5,4] = transpose %0 {perm=[1,0]}
+          %2:f64[5,4] = attention %q, %1, %v {scale=1.0, mask="none", causal=false, fill=-3.4028234663852886e+38}
+          %3:f64[4,5] = tanh %0
+          return y=%2, t=%3
+        }
+    """)
+    assert_same_numbers(g, r.graph)
+
+
+def test_softmax_over_another_axis_does_not_fuse():
+    g, r, sites = _sites("""
+        graph g(%q: f64[5,4], %kt: f64[4,5], %v: f64[5,4]) {
+          %0:f64[5,5] = matmul %q, %kt
+          %1:f64[5,5] = softmax %0 {axis=0}
+          %2:f64[5,4] = matmul %1, %v
+          return y=%2
+        }
+    """)
+    assert not r.changed
+    (site,) = [s for s in sites if s.anchor == "%2"]
+    assert site.reason == "softmax is not over the last axis"
+
+
+def test_v_computed_by_the_scores_matmul_does_not_fuse():
+    # softmax(q kᵀ) @ (q kᵀ): the fused op cannot read a value whose node it removes.
+    g, r, sites = _sites("""
+        graph g(%q: f64[4,4], %kt: f64[4,4]) {
+          %0:f64[4,4] = matmul %q, %kt
+          %1:f64[4,4] = softmax %0 {axis=-1}
+          %2:f64[4,4] = matmul %1, %0
+          return y=%2
+        }
+    """)
+    assert not r.changed and str(r.graph) == str(g)
+    (site,) = [s for s in sites if s.anchor == "%2"]
+    assert site.reason == "the matmul result (%0) inside the pattern is also an input (v)"
