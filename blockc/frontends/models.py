@@ -33,6 +33,14 @@ def _check_common(cfg) -> None:
         raise ModelError(f"dtype must be float32, float16, bfloat16 or float64, got {cfg.dtype!r}")
 
 
+def _blocks(cfg, *, norm_first: bool, causal: bool) -> ModuleList:
+    """``cfg.layers`` identical blocks (``d_ff=0`` means ``4*d_model``)."""
+    return ModuleList([
+        TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=norm_first,
+                         activation=cfg.activation, causal=causal, eps=cfg.eps, norm=cfg.norm)
+        for _ in range(cfg.layers)])
+
+
 @dataclass
 class DecoderConfig:
     """A decoder-only language model. ``d_ff=0`` means ``4*d_model``."""
@@ -71,10 +79,7 @@ class DecoderLM(Model):
         self.tok = Embedding(cfg.vocab, cfg.d_model)
         pos_cls = LearnedPositionEmbedding if cfg.positions == "learned" else SinusoidalPositionEmbedding
         self.pos = pos_cls(cfg.max_positions, cfg.d_model)
-        self.blocks = ModuleList([
-            TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=cfg.norm_first,
-                             activation=cfg.activation, causal=True, eps=cfg.eps, norm=cfg.norm)
-            for _ in range(cfg.layers)])
+        self.blocks = _blocks(cfg, norm_first=cfg.norm_first, causal=True)
         if cfg.norm_first:
             self.ln_f = make_norm(cfg.norm, cfg.d_model, cfg.eps)
 
@@ -129,10 +134,7 @@ class Encoder(Model):
         if cfg.type_vocab:
             self.segment = Embedding(cfg.type_vocab, cfg.d_model)
         self.ln_emb = make_norm(cfg.norm, cfg.d_model, cfg.eps)
-        self.blocks = ModuleList([
-            TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=False,
-                             activation=cfg.activation, eps=cfg.eps, norm=cfg.norm)
-            for _ in range(cfg.layers)])
+        self.blocks = _blocks(cfg, norm_first=False, causal=False)
 
     def inputs(self) -> list[InputSpec]:
         specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
@@ -184,10 +186,7 @@ class BlockModel(Model):
         super().__init__()
         cfg.check()
         self.cfg, self.name, self.dtype = cfg, name, DType.parse(cfg.dtype)
-        self.blocks = ModuleList([
-            TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=cfg.norm_first,
-                             activation=cfg.activation, causal=cfg.causal, eps=cfg.eps, norm=cfg.norm)
-            for _ in range(cfg.layers)])
+        self.blocks = _blocks(cfg, norm_first=cfg.norm_first, causal=cfg.causal)
 
     def inputs(self) -> list[InputSpec]:
         return [InputSpec("x", self.dtype, (BATCH, SEQ, self.cfg.d_model))]
