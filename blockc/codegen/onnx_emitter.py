@@ -3,8 +3,9 @@
 An op's ``onnx_fn(e, node, input_names)`` (declared beside the op in
 ``blockc/ops``) calls four methods of ``e``:
 
-* ``e.emit(op_type, inputs, n=1, domain="", **attrs)`` -- one ONNX node; its
-  fresh output name (or ``n`` of them);
+* ``e.emit(op_type, inputs, n=1, domain="", unused=(), **attrs)`` -- one ONNX
+  node; its fresh output name (or ``n`` of them, ``""`` at the optional
+  output positions ``unused`` left off);
 * ``e.const(array)`` -- a constant, stored once per distinct value;
 * ``e.dims(dims)`` -- a 1-D int64 tensor of dims, symbolic ones read from the
   graph inputs' shapes at run time;
@@ -12,10 +13,12 @@ An op's ``onnx_fn(e, node, input_names)`` (declared beside the op in
 
 The emitter owns naming: every name it makes is fresh and never equal to a
 graph input, parameter or output name, since ONNX names are one namespace.
+A ``FunctionEmitter`` writes the body of an ONNX function instead (constants
+become ``Constant`` nodes). ``lower_nodes`` drives the lowerings over a graph.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -24,6 +27,8 @@ from onnx import helper, numpy_helper
 from ..errors import BlockcError
 from ..ir.dims import Dim, Sym
 from ..ir.graph import Graph
+from ..ops import registry
+from ..passes.decompose import decompose
 from ..runtime.bindings import is_plain_symbol
 
 
@@ -65,14 +70,20 @@ class OnnxEmitter:
         return name in self._made_by_node
 
     # -- the lowering interface -------------------------------------------------------
-    def emit(self, op_type: str, inputs: list[str], n: int = 1, domain: str = "", **attrs):
-        """Append one ONNX node; its output name, or a list of ``n`` names."""
-        outputs = [self.fresh(f"{self.scope}.{op_type}") for _ in range(n)]
-        self._made_by_node.update(outputs)
+    def emit(self, op_type: str, inputs: list[str], n: int = 1, domain: str = "", unused: Iterable[int] = (),
+             **attrs):
+        """Append one ONNX node; its output name, or a list of ``n`` names
+        (``""`` for the optional outputs at positions ``unused``)."""
+        unused = set(unused)
+        outputs = ["" if i in unused else self.fresh(f"{self.scope}.{op_type}") for i in range(n)]
+        while outputs and not outputs[-1]:
+            outputs.pop()  # trailing optional outputs are simply left off
+        self._made_by_node.update(o for o in outputs if o)
         if domain:
             self.domains.setdefault(domain, 1)
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=outputs[0],
                                            domain=domain or None, **attrs))
+        outputs += [""] * (n - len(outputs))
         return outputs[0] if n == 1 else outputs
 
     def const(self, value) -> str:
@@ -163,3 +174,83 @@ class OnnxEmitter:
                 acc = self.emit("Mul", [acc, self._symbol(name)])
             self._dims1d[key] = acc
         return self._dims1d[key]
+
+
+class FunctionEmitter(OnnxEmitter):
+    """Writes the body of an ONNX function: a ``FunctionProto`` has no
+    initializers, so constants are ``Constant`` nodes; symbolic dims are read
+    from the shapes of the function's own inputs (``graph`` is the body)."""
+
+    def const(self, value) -> str:
+        array = np.asarray(value)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            name = self.fresh("const")
+            self._made_by_node.add(name)
+            self.nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                               value=numpy_helper.from_array(np.ascontiguousarray(array), name)))
+            self._consts[key] = name
+        return self._consts[key]
+
+
+# -- driving the lowerings over a graph ------------------------------------------------
+def lower_composites(graph: Graph, keep: Iterable[str] = ()) -> Graph:
+    """Decompose the ops that have no ONNX lowering, except those in ``keep``
+    (lowered by other means); error on those that have neither."""
+    keep = set(keep)
+    for _ in range(8):  # a decomposition may use ops that decompose in turn
+        missing = {}
+        for index, node in enumerate(graph.nodes):
+            opdef = registry.get(node.op)
+            if opdef.onnx_fn is None and node.op not in keep:
+                if opdef.decompose_fn is None:
+                    raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering "
+                                      "and no decomposition")
+                missing.setdefault(node.op, index)
+        if not missing:
+            return graph
+        graph = decompose(graph, ops=list(missing)).graph
+    raise BlockcError(f"ONNX export: decompositions of {', '.join(missing)} do not terminate")
+
+
+def lower_nodes(e: OnnxEmitter, graph: Graph, names: dict, lower: Callable | None = None) -> None:
+    """Lower every node of ``graph`` into ``e``, in order. ``names`` maps
+    ``id(value)`` to its ONNX name, inputs and parameters already in; each
+    node's results are added. Nodes whose op has no ``onnx_fn`` go to
+    ``lower(e, node, input_names, index)``."""
+    for index, node in enumerate(graph.nodes):
+        e.scope = f"n{index}.{node.op}"
+        ins = [names[id(v)] for v in node.inputs]
+        fn = registry.get(node.op).onnx_fn
+        outs = fn(e, node, ins) if fn is not None else lower(e, node, ins, index)
+        if len(outs) != len(node.outputs):
+            raise BlockcError(f"ONNX export: the lowering of {node.op} (node {index}) gave {len(outs)} "
+                              f"results for {len(node.outputs)} outputs")
+        for value, name in zip(node.outputs, outs):
+            names[id(value)] = name
+
+
+def name_outputs(e: OnnxEmitter, outputs: list[tuple[str, str]]) -> list:
+    """The emitted node list with each output (``(output name, current
+    name)``) renamed to its output name.
+
+    A value first made by a node is renamed in place; anything else (an
+    input, a parameter, a constant, a value already named by an earlier
+    output) goes through an Identity node.
+    """
+    rename: dict[str, str] = {}
+    extra = []
+    for out_name, current in outputs:
+        if current == out_name:
+            continue
+        if e.is_node_output(current) and current not in rename:
+            rename[current] = out_name
+        else:
+            extra.append(helper.make_node("Identity", [rename.get(current, current)], [out_name],
+                                          name=e.fresh("output.Identity")))
+    for node in e.nodes:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name in rename:
+                    field[i] = rename[name]
+    return e.nodes + extra

@@ -1,12 +1,14 @@
 """Export a blockc graph and its weights as a standard ONNX model.
 
 Each node lowers through its op's ``onnx_fn`` (declared in ``blockc/ops``)
-into an ``OnnxEmitter``; ops without one are first rewritten with their
-``decompose`` rule: the fused ops, and ``rmsnorm`` (ONNX's RMSNormalization
-only arrived in opset 23, and the registry has no lowering to it yet).
-Graph inputs and outputs keep their names, with symbolic dims written as
-``dim_param`` (``past+seq``); parameters become initializers named by their
-labels. The result passes ``onnx.checker.check_model(full_check=True)``.
+into an ``OnnxEmitter``. The fused ops are written in the form ``fused_as``
+asks for (ONNX functions, ONNX Runtime contrib ops, opset-23 ops, or the
+measured fastest: see ``fused_forms``); other ops without a lowering are
+first rewritten with their ``decompose`` rule (``rmsnorm``: ONNX's
+RMSNormalization only arrived in opset 23, and the registry has no lowering
+to it yet). Graph inputs and outputs keep their names, with symbolic dims
+written as ``dim_param`` (``past+seq``); parameters become initializers named
+by their labels. The result passes ``onnx.checker.check_model(full_check=True)``.
 """
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from onnx import helper, numpy_helper
 from ..errors import BlockcError, WeightsError
 from ..ir.graph import Graph
 from ..ir.types import TensorType
-from ..ops import registry
-from ..passes.decompose import decompose
-from .onnx_emitter import OnnxEmitter
+from ..ops.fused import FUSED_OPS
+from .fused_forms import FusedLowering, check_form, pick_opset
+from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
 
 # Opset -> IR version written into the model. onnx 1.23 stamps IR 14 on every
 # model it makes, but onnxruntime 1.31 refuses anything above IR 13, and a
@@ -42,45 +44,50 @@ DEFAULT_OPSET = 21
 EXTERNAL_DATA_THRESHOLD = 2_000_000_000
 
 
-def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, opset: int = DEFAULT_OPSET,
+def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, fused_as: str = "auto",
+                provider: str = "cpu", opset: int | None = None, decisions: list | None = None,
                 external_data: bool | None = None,
                 external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> onnx.ModelProto:
     """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked.
 
     ``weights`` maps every parameter name to an array of exactly the
     parameter's shape and dtype; it may compute values lazily, each is read
-    once. ``external_data`` says whether the weights will be stored outside the
+    once. ``fused_as`` is the form of the fused ops: ``function``,
+    ``contrib``, ``onnx23`` or ``auto`` (the fastest measured on
+    ``provider``, ``cpu`` or ``cuda``); see ``blockc.codegen.fused_forms``.
+    ``opset`` None picks the lowest the form needs (21, or 23 for
+    ``onnx23``). ``decisions``, when given, is a list that gets one dict per
+    fused node: its original nodes, op, requested and chosen form, and why.
+    ``external_data`` says whether the weights will be stored outside the
     protobuf (None: when they total more than ``external_threshold`` bytes);
     the returned model always holds its weights in memory, but a model too big
     for one protobuf is checked without them, and ``external_data=False`` on
     such a model is an error. ``save_onnx`` writes a model to disk.
     """
-    if opset not in OPSET_IR_VERSION:
+    if opset is not None and opset not in OPSET_IR_VERSION:
         raise BlockcError(f"ONNX export: opset {opset} is not supported "
                           f"(supported: {', '.join(map(str, OPSET_IR_VERSION))})")
+    check_form(fused_as, provider, opset)
     _check_names(graph)
-    graph = _lower_composites(graph)
+    graph = lower_composites(graph, keep=FUSED_OPS)
+    if opset is None:
+        opset = pick_opset(graph, fused_as, provider, DEFAULT_OPSET)
 
     reserved = [v.name for v in graph.inputs] + list(graph.params) + [name for name, _ in graph.outputs]
     e = OnnxEmitter(graph, opset, reserved)
+    fused = FusedLowering(fused_as, provider, opset)
     names: dict[int, str] = {id(v): v.name for v in graph.inputs}
     names.update({id(v): name for name, v in graph.params.items()})
-    for index, node in enumerate(graph.nodes):
-        e.scope = f"n{index}.{node.op}"
-        outs = registry.get(node.op).onnx_fn(e, node, [names[id(v)] for v in node.inputs])
-        if len(outs) != len(node.outputs):
-            raise BlockcError(f"ONNX export: the lowering of {node.op} (node {index}) gave {len(outs)} "
-                              f"results for {len(node.outputs)} outputs")
-        for value, name in zip(node.outputs, outs):
-            names[id(value)] = name
+    lower_nodes(e, graph, names, fused)
 
-    nodes = _name_outputs(graph, e, names)
+    nodes = name_outputs(e, [(name, names[id(v)]) for name, v in graph.outputs])
     model = helper.make_model(
         helper.make_graph(nodes, graph.name,
                           [_value_info(v.name, v.type) for v in graph.inputs],
                           [_value_info(name, v.type) for name, v in graph.outputs]),
         opset_imports=[helper.make_opsetid("", opset)]
         + [helper.make_opsetid(d, version) for d, version in sorted(e.domains.items())],
+        functions=fused.functions.protos,
         producer_name="blockc")
     model.ir_version = OPSET_IR_VERSION[opset]
     _add_weights(model.graph, graph, weights)
@@ -92,6 +99,8 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, opset: int =
         raise BlockcError(f"ONNX export: the weights take {size / 2**30:.2f} GiB, more than "
                           "one protobuf holds; export with external_data=True (or None)")
     check_model(model, weightless=big)
+    if decisions is not None:
+        decisions.extend(fused.decisions)
     return model
 
 
@@ -104,7 +113,8 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | os.Pa
     ``external_data`` is True, or when it is None and they total more than
     ``external_threshold`` bytes. The files are written under temporary names
     in the destination folder and renamed into place: on any error nothing new
-    is left at the destination. ``kw`` goes to ``export_onnx`` (``opset``).
+    is left at the destination. ``kw`` goes to ``export_onnx`` (``fused_as``,
+    ``provider``, ``opset``, ``decisions``).
     """
     model = export_onnx(graph, weights, external_data=external_data, external_threshold=external_threshold, **kw)
     write_model(model, path, external_data=wants_external_data(model, external_data, external_threshold))
@@ -188,24 +198,6 @@ def _check_names(graph: Graph) -> None:
             raise BlockcError("ONNX export: a graph output has an empty name")
 
 
-def _lower_composites(graph: Graph) -> Graph:
-    """Decompose the ops that have no ONNX lowering; error on those that
-    have neither."""
-    for _ in range(8):  # a decomposition may use ops that decompose in turn
-        missing = {}
-        for index, node in enumerate(graph.nodes):
-            opdef = registry.get(node.op)
-            if opdef.onnx_fn is None:
-                if opdef.decompose_fn is None:
-                    raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering "
-                                      "and no decomposition")
-                missing.setdefault(node.op, index)
-        if not missing:
-            return graph
-        graph = decompose(graph, ops=list(missing)).graph
-    raise BlockcError(f"ONNX export: decompositions of {', '.join(missing)} do not terminate")
-
-
 def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np.ndarray]) -> None:
     """One initializer per parameter, added one at a time so that at most one
     extra copy of one weight is alive; every problem reported at once."""
@@ -228,32 +220,6 @@ def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np
         raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))
 
 
-def _name_outputs(graph: Graph, e: OnnxEmitter, names: dict) -> list:
-    """The node list with each graph output's value named by the output.
-
-    A value first made by a node is renamed in place; anything else (an
-    input, a parameter, a constant, a value already named by an earlier
-    output) goes through an Identity node.
-    """
-    rename: dict[str, str] = {}
-    extra = []
-    for out_name, v in graph.outputs:
-        current = names[id(v)]
-        if current == out_name:
-            continue
-        if e.is_node_output(current) and current not in rename:
-            rename[current] = out_name
-        else:
-            extra.append(helper.make_node("Identity", [rename.get(current, current)], [out_name],
-                                          name=e.fresh("output.Identity")))
-    for node in e.nodes:
-        for field in (node.input, node.output):
-            for i, name in enumerate(field):
-                if name in rename:
-                    field[i] = rename[name]
-    return e.nodes + extra
-
-
 def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
     shape = [d if isinstance(d, int) else str(d) for d in t.shape]
     return helper.make_tensor_value_info(name, t.dtype.onnx_code, shape)
@@ -264,6 +230,7 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
     light.producer_name = model.producer_name
+    light.functions.extend(model.functions)
     g = light.graph
     g.name = model.graph.name
     g.node.extend(model.graph.node)

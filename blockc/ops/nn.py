@@ -158,12 +158,16 @@ def _(xs, attrs, env):
     return np.tril(np.ones((rows, cols), dtype=bool), k=cols - rows)
 
 
-@causal_mask.onnx
-def _(e, node, ins):
+def emit_causal_mask(e, rows, cols) -> str:
+    """The ONNX nodes of ``causal_mask`` for dims ``rows``, ``cols`` (also used
+    by the fused attention forms that fold the causal mask into a bias)."""
     # Range/compare rather than Trilu: ONNX Runtime's CPU Trilu has no bool kernel.
-    rows, cols = e.scalar_dim(node.attrs["rows"]), e.scalar_dim(node.attrs["cols"])
+    rows, cols = e.scalar_dim(rows), e.scalar_dim(cols)
     zero, one = e.const(np.array(0, np.int64)), e.const(np.array(1, np.int64))
     i = e.emit("Unsqueeze", [e.emit("Range", [zero, rows, one]), e.const(np.array([1], np.int64))])
     j = e.emit("Range", [zero, cols, one])
     limit = e.emit("Add", [i, e.emit("Sub", [cols, rows])])
-    return [e.emit("LessOrEqual", [j, limit])]
+    return e.emit("LessOrEqual", [j, limit])
+
+
+causal_mask.onnx(lambda e, node, ins: [emit_causal_mask(e, node.attrs["rows"], node.attrs["cols"])])

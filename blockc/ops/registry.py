@@ -6,7 +6,10 @@ Each op is declared once, in one place, with everything blockc knows about it:
 * ``infer``     -- the shape/dtype rule, over symbolic dims;
 * ``numpy``     -- its meaning, run by the reference interpreter;
 * ``onnx``      -- how it lowers to standard ONNX nodes;
-* ``decompose`` -- (optional) the same math in more primitive ops.
+* ``decompose`` -- (optional) the same math in more primitive ops;
+* ``onnx_form`` -- (fused ops) other ONNX forms by name (``contrib``,
+  ``onnx23``): lowerings to single runtime ops that may decline a node by
+  raising ``NotApplicable`` with the reason.
 
 Adding an op touches its declaration here (``blockc/ops/*.py``) plus tests.
 """
@@ -26,6 +29,11 @@ INT, FLOAT, STR, BOOL, DIM, DIMS, TENSOR = "int", "float", "str", "bool", "dim",
 REQUIRED = object()
 
 
+class NotApplicable(Exception):
+    """Raised by an ``onnx_form`` lowering that cannot express a node, before
+    it emits anything; the message is the reason, shown in the fusion report."""
+
+
 @dataclass
 class OpDef:
     name: str
@@ -37,6 +45,7 @@ class OpDef:
     numpy_fn: Callable | None = None
     onnx_fn: Callable | None = None
     decompose_fn: Callable | None = None
+    onnx_forms: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
 
     # -- decorators used by the op modules --------------------------------
     def infer(self, fn):
@@ -54,6 +63,17 @@ class OpDef:
     def decompose(self, fn):
         self.decompose_fn = fn
         return fn
+
+    def onnx_form(self, form: str):
+        """Register the lowering of this op in the ONNX form ``form``: called
+        as ``fn(e, node, input_names)`` like ``onnx``, it may raise
+        ``NotApplicable(reason)`` (before emitting anything) instead."""
+        def register(fn):
+            if form in self.onnx_forms:
+                raise AssertionError(f"{self.name}: onnx form {form} declared twice")
+            self.onnx_forms[form] = fn
+            return fn
+        return register
 
     # -- checks -------------------------------------------------------------
     @property

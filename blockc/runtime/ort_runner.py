@@ -14,8 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..codegen.onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, export_onnx, wants_external_data,
-                                   write_model)
+from ..codegen.onnx_export import EXTERNAL_DATA_THRESHOLD, export_onnx, wants_external_data, write_model
 from ..errors import BlockcError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -40,11 +39,14 @@ class OrtSession:
     provider cannot be used) or ``"auto"`` (CUDA when it works, else CPU).
     ``optimization``: ONNX Runtime's graph optimization level, one of
     ``disabled``, ``basic``, ``extended``, ``all``. ``threads``: intra-op
-    threads (None: ONNX Runtime's default).
+    threads (None: ONNX Runtime's default). ``fused_as``, ``opset`` and
+    ``decisions`` go to ``export_onnx``, with the execution provider the
+    session will use as the provider the fused-op forms are chosen for.
     """
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
-                 optimization: str = "basic", threads: int | None = None, opset: int = DEFAULT_OPSET,
+                 optimization: str = "basic", threads: int | None = None, fused_as: str = "auto",
+                 opset: int | None = None, decisions: list | None = None,
                  external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD):
         ort = _ort()
         if provider not in ("cpu", "cuda", "auto"):
@@ -60,7 +62,8 @@ class OrtSession:
         providers = [_CUDA, _CPU] if provider in ("cuda", "auto") and _CUDA in available else [_CPU]
 
         self.graph = graph
-        model = export_onnx(graph, weights, opset=opset, external_data=external_data,
+        model = export_onnx(graph, weights, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
+                            opset=opset, decisions=decisions, external_data=external_data,
                             external_threshold=external_threshold)
         external = wants_external_data(model, external_data, external_threshold)
 
@@ -144,8 +147,8 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
             **kw) -> dict[str, np.ndarray]:
     """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
 
-    ``kw`` goes to ``OrtSession`` (``opset``, ``external_data``,
-    ``external_threshold``).
+    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``, ``decisions``,
+    ``external_data``, ``external_threshold``).
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:

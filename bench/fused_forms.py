@@ -1,0 +1,243 @@
+"""Measure every ONNX form of every fused op on ONNX Runtime; rewrite the
+table that ``export_onnx(fused_as="auto")`` chooses from.
+
+    python bench/fused_forms.py                       # cpu, 2 intra-op threads
+    python bench/fused_forms.py --provider cuda
+    python bench/fused_forms.py --min-time 0.2 --dry-run
+
+Each fused kind is a one-node graph (symbolic batch and seq, as exported
+models have) at its representative shapes; each form (function, contrib,
+onnx23) is exported, loaded at ONNX Runtime's *basic* optimization level
+(so ONNX Runtime's own fusions do not blur the forms) with N intra-op
+threads, warmed up, then run until both a minimum count and a minimum time
+are reached (in interleaved rounds, so a drift in machine load hits every
+form alike); the median is kept. A form that declines the node is recorded
+with its reason. The kind's form is the one with the lowest geometric mean
+of medians over its shapes, except that ``function`` -- portable, and what
+ONNX Runtime inlines into plain ops -- is kept unless another form beats it
+by more than ``--margin`` (5%): a fusion is worth emitting only where the
+target runs it faster.
+
+The table (``blockc/codegen/fused_forms_table.json``) is rewritten for the
+measured provider only; entries for other providers are kept.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# Run from a checkout: this file's repository before any installed blockc.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import onnxruntime as ort  # noqa: E402
+
+from blockc.codegen.fused_forms import TABLE_PATH  # noqa: E402
+from blockc.codegen.onnx_export import export_onnx  # noqa: E402
+from blockc.ir.dims import parse_dim  # noqa: E402
+from blockc.ir.dtypes import DType  # noqa: E402
+from blockc.ir.graph import Graph  # noqa: E402
+from blockc.ir.types import TensorType  # noqa: E402
+
+FORMS = ("function", "contrib", "onnx23")
+F32 = DType.float32
+SCHEMA = "blockc.fused-forms-table/1"
+
+
+def _t(*shape) -> TensorType:
+    return TensorType(F32, tuple(parse_dim(d) if isinstance(d, str) else d for d in shape))
+
+
+# ---- the cases: (table key, shape label, graph, {symbol: size}) --------------------
+def add_norm(op: str, batch: int, seq: int, hidden: int):
+    g = Graph(op)
+    x, r = g.add_input("x", _t("batch", "seq", hidden)), g.add_input("residual", _t("batch", "seq", hidden))
+    params = [g.add_param("gamma", _t(hidden))] + ([g.add_param("beta", _t(hidden))] if op == "add_layernorm" else [])
+    g.set_outputs([("y", g.op(op, x, r, *params))])
+    return op, f"[{batch},{seq},{hidden}]", g, {"batch": batch, "seq": seq}
+
+
+def attention(batch: int, heads: int, seq: int, head: int):
+    g = Graph("attention")
+    q, k, v = (g.add_input(n, _t("batch", heads, "seq", head)) for n in "qkv")
+    g.set_outputs([("y", g.op("attention", q, k, v, scale=1 / math.sqrt(head), causal=True))])
+    return "attention", f"[{batch},{heads},{seq},{head}] causal", g, {"batch": batch, "seq": seq}
+
+
+def masked_softmax(batch: int, heads: int, seq: int, head: int):
+    g = Graph("masked_softmax")
+    s = g.add_input("scores", _t("batch", heads, "seq", "seq"))
+    g.set_outputs([("y", g.op("masked_softmax", s, scale=1 / math.sqrt(head), causal=True))])
+    return "masked_softmax", f"scores of [{batch},{heads},{seq},{head}] causal", g, {"batch": batch, "seq": seq}
+
+
+def matmul_bias_act(activation: str, batch: int, seq: int, d: int, ff: int):
+    g = Graph("matmul_bias_act")
+    x = g.add_input("x", _t("batch", "seq", d))
+    w, b = g.add_param("w", _t(d, ff)), g.add_param("b", _t(ff))
+    g.set_outputs([("y", g.op("matmul_bias_act", x, w, b, activation=activation))])
+    return f"matmul_bias_act/{activation}", f"[{batch},{seq},{d}]x[{d},{ff}]", g, {"batch": batch, "seq": seq}
+
+
+def cases():
+    for op in ("add_layernorm", "add_rmsnorm"):
+        yield add_norm(op, 4, 128, 768)
+        yield add_norm(op, 8, 512, 768)
+    yield attention(4, 12, 128, 64)
+    yield masked_softmax(4, 12, 128, 64)
+    for act in ("gelu", "gelu_tanh", "relu"):
+        yield matmul_bias_act(act, 4, 128, 768, 3072)
+
+
+# ---- measuring ------------------------------------------------------------------------
+def median_ms(fns: dict, *, min_time: float, min_repeats: int = 20, warmup: int = 5, rounds: int = 5) -> dict:
+    """{name: (median ms, runs)} for each callable in ``fns``, timed in
+    interleaved rounds so that a drift in machine load hits every form alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            spent, runs = 0.0, 0
+            while runs < -(-min_repeats // rounds) or spent < min_time / rounds:
+                t0 = time.perf_counter()
+                fn()
+                dt = time.perf_counter() - t0
+                times[name].append(dt)
+                spent, runs = spent + dt, runs + 1
+    return {name: (statistics.median(ts) * 1e3, len(ts)) for name, ts in times.items()}
+
+
+def session(model, provider: str, threads: int):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    s = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    if provider == "cuda" and "CUDAExecutionProvider" not in s.get_providers():
+        raise SystemExit("the CUDA execution provider could not be initialized")
+    return s
+
+
+def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_time: float) -> dict:
+    rng = np.random.default_rng(0)
+    weights = {n: rng.standard_normal(v.type.concrete_shape({})).astype(np.float32) for n, v in graph.params.items()}
+    feeds = {v.name: rng.standard_normal(v.type.concrete_shape(sizes)).astype(np.float32) for v in graph.inputs}
+    sessions, declined, reference = {}, {}, None
+    for form in FORMS:
+        decisions: list = []
+        model = export_onnx(graph, weights, fused_as=form, provider=provider, decisions=decisions)
+        if decisions[0]["form"] != form:
+            declined[form] = decisions[0]["reason"]
+            continue
+        s = sessions[form] = session(model, provider, threads)
+        out = s.run(None, feeds)[0]
+        if reference is None:
+            reference = out
+        else:  # every form computes the same thing, or its time means nothing
+            np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4, err_msg=form)
+    timed = median_ms({form: (lambda s=s: s.run(None, feeds)) for form, s in sessions.items()}, min_time=min_time)
+    return {"ms": {f: round(t, 4) for f, (t, _) in timed.items()}, "runs": {f: n for f, (_, n) in timed.items()},
+            "declined": declined}
+
+
+def choose(cases: list[dict], margin: float) -> tuple[str, str]:
+    forms = [f for f in FORMS if all(f in c["ms"] for c in cases)]
+    geo = {f: math.exp(sum(math.log(c["ms"][f]) for c in cases) / len(cases)) for f in forms}
+    best = min(geo, key=geo.get)
+    if best != "function" and geo["function"] <= geo[best] * (1 + margin):
+        best = "function"  # within the noise: keep the portable form
+    parts = []
+    for c in cases:
+        timed = ", ".join(f"{f} {t:.3g} ms" for f, t in sorted(c["ms"].items(), key=lambda kv: kv[1]))
+        parts.append(f"{timed} at {c['shape']}")
+    why = "; ".join(parts)
+    if len(forms) == 1:
+        why += " (the only form that applies)"
+    elif best == "function" and min(geo, key=geo.get) != "function":
+        why += f" (within {margin:.0%}: the portable form is kept)"
+    return best, why
+
+
+def machine(provider: str) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    text = f"{cpu}, {os.cpu_count()} cores"
+    if provider == "cuda":
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+            text = f"{gpu} ({text})"
+        except (OSError, IndexError, subprocess.SubprocessError):
+            text = f"a CUDA GPU ({text})"
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed runs per form and shape (default 1)")
+    p.add_argument("--margin", type=float, default=0.05, help="how much faster than function a form must be")
+    p.add_argument("--out", default=TABLE_PATH, help="the table to rewrite")
+    p.add_argument("--dry-run", action="store_true", help="print the table, do not write it")
+    args = p.parse_args(argv)
+
+    kinds: dict[str, dict] = {}
+    for key, shape, graph, sizes in cases():
+        result = measure_case(graph, sizes, args.provider, args.threads, args.min_time)
+        result["shape"] = shape
+        kinds.setdefault(key, {"cases": []})["cases"].append(result)
+        print(f"{key:<26} {shape:<28} " + "  ".join(f"{f} {t:.3f} ms" for f, t in result["ms"].items()), flush=True)
+    for key, entry in kinds.items():
+        entry["form"], entry["why"] = choose(entry["cases"], args.margin)
+        entry.update({k: entry.pop(k) for k in ("cases",)})  # keep form and why first
+        print(f"{key:<26} -> {entry['form']}: {entry['why']}")
+
+    try:
+        with open(args.out) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {}
+    table.update({"schema": SCHEMA, "generated_by": "bench/fused_forms.py"})
+    table.setdefault("providers", {})[args.provider] = {
+        "machine": machine(args.provider),
+        "onnxruntime": ort.__version__,
+        "optimization": "basic",
+        "intra_op_threads": args.threads,
+        "statistic": f"median of >= 20 runs and >= {args.min_time:g} s per form, in 5 interleaved rounds, "
+                     "after 5 warm-up runs",
+        "margin": args.margin,
+        "date": datetime.date.today().isoformat(),
+        "kinds": kinds,
+    }
+    text = json.dumps(table, indent=1) + "\n"
+    if args.dry_run:
+        print(text)
+    else:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

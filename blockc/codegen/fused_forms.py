@@ -1,0 +1,260 @@
+"""How the exporter writes the fused ops: the ONNX forms, and the choice.
+
+``export_onnx(..., fused_as=FORM)`` writes every fused node (``FUSED_OPS``)
+in one of these forms:
+
+* ``function`` -- an ONNX local function per op kind and attribute set
+  (domain ``blockc.fused``, e.g. ``AddLayerNorm_with_sum``), whose body is
+  the op's ``decompose`` rule lowered with the ordinary per-op lowerings:
+  portable to any ONNX runtime;
+* ``contrib``  -- ONNX Runtime's ``com.microsoft`` op where one exists
+  (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
+  FastGelu, MultiHeadAttention);
+* ``onnx23``   -- opset-23 ``Attention`` and ``RMSNormalization`` where they fit;
+* ``auto``     -- per execution provider and fused-op kind, the form measured
+  fastest: ``fused_forms_table.json`` beside this file, which
+  ``bench/fused_forms.py`` regenerates. A provider not in the table gets
+  ``function``.
+
+A runtime-op form may decline a node it cannot express exactly (a lowering
+registered with ``OpDef.onnx_form`` raises ``NotApplicable``, see
+``blockc/ops/fused_onnx.py``); that node is then written as a function. Every
+node's form and the reason for it are recorded as a decision::
+
+    {"nodes": ["%12", "%13"], "node": 4, "op": "add_layernorm", "kind": "add_layernorm",
+     "requested": "contrib", "form": "contrib", "reason": "requested"}
+
+(``nodes``: the original nodes the fused op stands for, as in the fusion
+report's sites, so ``build_report(onnx_forms=decisions)`` can show them.)
+
+This module holds what is generic over ops; the per-op runtime lowerings are
+declared on the ops, so adding a fused op touches ``blockc/ops`` only.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import onnx
+from onnx import helper
+
+from ..errors import BlockcError
+from ..ir.builder import Builder
+from ..ir.dims import Sym
+from ..ir.graph import Graph, Node
+from ..ir.printer import format_attr
+from ..ir.types import TensorType
+from ..ops import registry
+from ..ops.fused import FUSED_OPS
+from ..ops.registry import NotApplicable
+from .onnx_emitter import FunctionEmitter, OnnxEmitter, lower_composites, lower_nodes, name_outputs
+
+FORMS = ("function", "contrib", "onnx23", "auto")
+PROVIDERS = ("cpu", "cuda")
+FUNCTION_DOMAIN = "blockc.fused"
+FORM_MIN_OPSET = {"onnx23": 23}
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_forms_table.json")
+
+# Table entries are per op, and per activation for matmul_bias_act: its
+# runtime op differs by activation (BiasGelu, FastGelu, none for relu).
+_TABLE_VARIANT = {"matmul_bias_act": "activation"}
+
+# Function names; other ops get their name in CamelCase.
+_FUNCTION_NAMES = {"masked_softmax": "MaskedSoftmax", "attention": "Attention", "add_layernorm": "AddLayerNorm",
+                   "add_rmsnorm": "AddRMSNorm", "matmul_bias_act": "MatMulBiasAct"}
+
+
+# ---- the measured table ---------------------------------------------------------
+def table_key(node: Node) -> str:
+    """The table's name for ``node``'s kind: ``add_layernorm``, ``matmul_bias_act/gelu``."""
+    attr = _TABLE_VARIANT.get(node.op)
+    return f"{node.op}/{node.attrs[attr]}" if attr else node.op
+
+
+@functools.lru_cache(maxsize=4)
+def load_table(path: str = TABLE_PATH) -> dict:
+    """The measured table (``{}`` when there is none)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise BlockcError(f"cannot read the fused-forms table {path}: {err}") from err
+
+
+def auto_form(table: dict, provider: str, node: Node) -> tuple[str, str]:
+    """The form ``auto`` picks for ``node`` on ``provider``, and why."""
+    measured = table.get("providers", {}).get(provider)
+    if not measured:
+        return "function", (f"auto: {provider} was not measured (bench/fused_forms.py); "
+                            "the portable function form")
+    entry = measured["kinds"].get(table_key(node)) or measured["kinds"].get(node.op)
+    if not entry:
+        return "function", f"auto: {table_key(node)} was not measured on {provider}; the portable function form"
+    return entry["form"], (f"auto: {entry['form']} for {table_key(node)} on {provider} "
+                           f"({measured['machine']}, onnxruntime {measured['onnxruntime']}): {entry['why']}")
+
+
+def pick_opset(graph: Graph, fused_as: str, provider: str, default: int, table: dict | None = None) -> int:
+    """The opset a form needs: 23 for ``onnx23`` and for an ``auto`` that picks
+    it for some node of ``graph``; else ``default``."""
+    if fused_as == "auto":
+        table = load_table() if table is None else table
+        forms = {auto_form(table, provider, n)[0] for n in graph.nodes if n.op in FUSED_OPS}
+    else:
+        forms = {fused_as}
+    return max([default] + [FORM_MIN_OPSET.get(f, 0) for f in forms])
+
+
+def check_form(fused_as: str, provider: str, opset: int | None) -> None:
+    """A clear error for an unknown form or provider, or an opset (None:
+    to be picked) too old for the form."""
+    if fused_as not in FORMS:
+        raise BlockcError(f"unknown fused-op form {fused_as!r}; forms: {', '.join(FORMS)}")
+    if provider not in PROVIDERS:
+        raise BlockcError(f"unknown execution provider {provider!r} for the fused-op forms; use "
+                          f"{' or '.join(PROVIDERS)}")
+    need = FORM_MIN_OPSET.get(fused_as, 0)
+    if opset is not None and opset < need:
+        raise BlockcError(f"fused ops as {fused_as} need opset {need} or later (Attention and RMSNormalization "
+                          f"arrived in opset 23); got opset {opset}: drop the opset to pick it automatically")
+
+
+# ---- lowering fused nodes ------------------------------------------------------------
+class FusedLowering:
+    """Lowers the fused nodes of one export in the form ``fused_as`` asks for,
+    falling back to functions; ``decisions`` records what each node became."""
+
+    def __init__(self, fused_as: str, provider: str, opset: int, table: dict | None = None):
+        self.fused_as, self.provider = fused_as, provider
+        self.table = load_table() if table is None and fused_as == "auto" else (table or {})
+        self.functions = FunctionLibrary(opset)
+        self.decisions: list[dict] = []
+
+    def __call__(self, e: OnnxEmitter, node: Node, ins: list[str], index: int) -> list[str]:
+        if node.op not in FUSED_OPS:
+            raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering")
+        if self.fused_as == "auto":
+            requested, reason = auto_form(self.table, self.provider, node)
+        else:
+            requested, reason = self.fused_as, "requested"
+        form, outs = requested, None
+        if requested != "function":
+            lower = registry.get(node.op).onnx_forms.get(requested)
+            emitted = (len(e.nodes), len(e.initializers))
+            try:
+                if lower is None:
+                    raise NotApplicable(f"{node.op} has no {requested} lowering")
+                outs = lower(e, node, ins)
+            except NotApplicable as why:
+                if (len(e.nodes), len(e.initializers)) != emitted:
+                    raise AssertionError(f"the {requested} lowering of {node.op} emitted nodes, then declined")
+                form, reason = "function", f"{requested} declined: {why}; written as a function"
+                if self.fused_as == "auto":
+                    reason = f"{reason} (auto picked {requested} for {table_key(node)} on {self.provider})"
+        if outs is None:
+            outs = self.functions.call(e, node, ins)
+        self.decisions.append({"nodes": list(node.origin), "node": index, "op": node.op, "kind": table_key(node),
+                               "requested": requested, "form": form, "reason": reason})
+        return outs
+
+
+class FunctionLibrary:
+    """One ONNX function per fused-op kind, attribute set and input type
+    pattern, made on first use; ``protos`` go into ``ModelProto.functions``."""
+
+    def __init__(self, opset: int):
+        self.opset = opset
+        self.protos: list[onnx.FunctionProto] = []
+        self._by_key: dict[tuple, str] = {}   # (op, attrs, input types) -> function name
+        self._by_body: dict[tuple, str] = {}  # (op, attrs, body nodes) -> function name
+        self._names: set[str] = set()
+
+    def call(self, e: OnnxEmitter, node: Node, ins: list[str]) -> list[str]:
+        """A call of ``node``'s function, emitted into ``e``; its output names."""
+        types = _plain_types(node)
+        attrs = tuple((k, repr(v)) for k, v in sorted(node.attrs.items()))
+        key = (node.op, attrs, tuple(map(str, types)))
+        if key not in self._by_key:
+            proto = self._build(node, types)
+            # Input types that give the same body share one function.
+            body = (node.op, attrs, tuple(n.SerializeToString(deterministic=True) for n in proto.node))
+            if body not in self._by_body:
+                proto.name = self._name(node)
+                self.protos.append(proto)
+                self._by_body[body] = proto.name
+            self._by_key[key] = self._by_body[body]
+        n = len(node.outputs)
+        outs = e.emit(self._by_key[key], ins, n=n, domain=FUNCTION_DOMAIN)
+        return [outs] if n == 1 else outs
+
+    def _name(self, node: Node) -> str:
+        """``AddLayerNorm_with_sum``: the op, then its mode attributes (true
+        flags, string values other than none); numbers go in the doc string.
+        A second attribute set of the same name gets ``_2``."""
+        base = _FUNCTION_NAMES.get(node.op) or "".join(p.title() for p in node.op.split("_"))
+        parts = [base]
+        for k, v in node.attrs.items():
+            if v is True:
+                parts.append(k)
+            elif isinstance(v, str) and v != "none":
+                parts.append(v)
+        name, n = "_".join(parts), 1
+        while name in self._names:
+            n += 1
+            name = f"{'_'.join(parts)}_{n}"
+        self._names.add(name)
+        return name
+
+    def _build(self, node: Node, types: list[TensorType]) -> onnx.FunctionProto:
+        """The function (not yet named) whose body is ``node``'s
+        decomposition, over inputs of ``types`` (symbolic dims renamed to
+        plain symbols, so that every dim the body needs is read off the
+        function's own inputs)."""
+        opdef = registry.get(node.op)
+        inputs = _formal_inputs(opdef, len(node.inputs))
+        outputs = ["Y"] if len(node.outputs) == 1 else [f"Y{i}" for i in range(len(node.outputs))]
+        body = Graph(node.op)
+        values = [body.add_input(n, t) for n, t in zip(inputs, types)]
+        results = opdef.decompose_fn(Builder(body), node, values)
+        body.set_outputs(list(zip(outputs, results)))
+        body = lower_composites(body)
+        e = FunctionEmitter(body, self.opset, inputs + outputs)
+        names = {id(v): v.name for v in body.inputs}
+        lower_nodes(e, body, names)
+        nodes = name_outputs(e, [(out, names[id(v)]) for out, v in body.outputs])
+        attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in node.attrs.items())
+        doc = f"blockc {node.op} {{{attrs}}}: its decomposition ({opdef.doc})"
+        return helper.make_function(
+            FUNCTION_DOMAIN, node.op, inputs, outputs, nodes,
+            opset_imports=[helper.make_opsetid("", self.opset)]
+            + [helper.make_opsetid(d, v) for d, v in sorted(e.domains.items())],
+            doc_string=doc)
+
+
+def _plain_types(node: Node) -> list[TensorType]:
+    """The input types of ``node`` with each distinct symbolic dim renamed
+    ``d0``, ``d1``, ...: ``past+seq`` cannot be read off one input axis, a
+    plain symbol can."""
+    plain: dict = {}
+
+    def rename(d):
+        if isinstance(d, int):
+            return d
+        if d not in plain:
+            plain[d] = Sym.var(f"d{len(plain)}")
+        return plain[d]
+    if registry.attr_symbols(node.attrs):
+        raise BlockcError(f"ONNX export: {node.op} has symbolic attributes; it cannot become a function")
+    return [TensorType(v.dtype, tuple(rename(d) for d in v.shape)) for v in node.inputs]
+
+
+def _formal_inputs(opdef, n: int) -> list[str]:
+    fixed = [x for x in opdef.inputs if not x.startswith("*")]
+    if n == len(fixed):
+        return fixed
+    rest = opdef.inputs[-1].lstrip("*")
+    extra = n - len(fixed)
+    return fixed + ([rest] if extra == 1 else [f"{rest}{i}" for i in range(extra)])

@@ -1,0 +1,345 @@
+"""The ONNX forms of the fused ops (function, contrib, onnx23, auto): every
+built-in model, optimized, exports in every form, passes the full checker,
+contains the ONNX ops the form promises, and matches the float64 reference of
+the *unoptimized* graph on ONNX Runtime; every fallback names its reason.
+Small graphs cover what the models do not (rmsnorm, relu, masks with past,
+fills a runtime op cannot express)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import blockc
+from blockc.codegen import fused_forms
+from blockc.codegen.fused_forms import FUNCTION_DOMAIN, TABLE_PATH, load_table, table_key
+from blockc.codegen.onnx_export import OPSET_IR_VERSION, export_onnx
+from blockc.errors import BlockcError
+from blockc.frontends.catalog import BUILTINS
+from blockc.ir.dims import parse_dim
+from blockc.ir.dtypes import DType
+from blockc.ir.graph import Graph
+from blockc.ir.types import TensorType
+from blockc.ops.fused import FUSED_OPS
+from blockc.passes.manager import optimize
+from blockc.runtime.ort_runner import OrtSession
+from blockc.runtime.reference import run_reference
+
+MS = "com.microsoft"
+FORMS = ("function", "contrib", "onnx23", "auto")
+F32, BOOL = DType.float32, DType.bool
+
+
+def T(dtype, *shape) -> TensorType:
+    return TensorType(dtype, tuple(parse_dim(d) if isinstance(d, str) else d for d in shape))
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict) -> dict:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    s = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    return dict(zip(names, s.run(names, feeds)))
+
+
+def ops(model) -> Counter:
+    return Counter((n.domain, n.op_type) for n in model.graph.node)
+
+
+def assert_close(got: dict, want: dict, what: str, tol: float = 2e-5) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].shape == want[k].shape, (what, k)
+        np.testing.assert_allclose(got[k], want[k], rtol=5 * tol, atol=tol, err_msg=f"{what} {k}")
+
+
+def check_decisions(decisions: list, graph: Graph) -> None:
+    """One decision per fused node, in order, with its origin; a reason for
+    every form, and for every fallback a reason that says so."""
+    fused = [n for n in graph.nodes if n.op in FUSED_OPS]
+    assert [d["op"] for d in decisions] == [n.op for n in fused]
+    assert [d["nodes"] for d in decisions] == [list(n.origin) for n in fused]
+    assert [d["kind"] for d in decisions] == [table_key(n) for n in fused]
+    for d in decisions:
+        assert d["form"] in ("function", "contrib", "onnx23") and d["reason"]
+        if d["form"] != d["requested"]:
+            assert d["form"] == "function" and f"{d['requested']} declined: " in d["reason"], d
+
+
+# ---- every built-in model, every form --------------------------------------------------
+@pytest.fixture(scope="module", params=sorted(BUILTINS))
+def model_case(request):
+    name = request.param
+    sets = {"layers": "2", "d_model": "32", "heads": "4"}
+    if "vocab" in BUILTINS[name].config.__dataclass_fields__:
+        sets["vocab"] = "50"
+    model = blockc.build_model(name, sets)
+    graph = blockc.trace(model)
+    weights = dict(blockc.init_weights(model, seed=3))
+    rng = np.random.default_rng(0)
+    feeds = []
+    for batch, seq in [(2, 5), (3, 2)]:
+        f = {s.name: s.sample({"batch": batch, "seq": seq}, rng) for s in model.inputs()}
+        if "attention_mask" in f:
+            f["attention_mask"][0] = 0  # a fully masked row: masked_softmax averages it uniformly
+        feeds.append((f, run_reference(graph, weights, f)))
+    return name, optimize(graph).graph, weights, feeds
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_builtin_model_in_every_form(model_case, form):
+    name, fused, weights, feeds = model_case
+    decisions: list = []
+    model = export_onnx(fused, weights, fused_as=form, decisions=decisions)
+    onnx.checker.check_model(model, full_check=True)
+    check_decisions(decisions, fused)
+    for f, want in feeds:
+        assert_close(ort_run(model, f), want, f"{name} {form}")
+
+    found = ops(model)
+    forms = Counter(d["form"] for d in decisions)
+    if form == "function":
+        assert set(forms) == {"function"} and model.opset_import[0].version == 21
+        # One function per op and attribute set (input shapes that give the same body share it).
+        kinds = {(n.op, tuple(sorted(n.attrs.items()))) for n in fused.nodes if n.op in FUSED_OPS}
+        assert len(model.functions) == len(kinds)
+        assert sum(n for (domain, _), n in found.items() if domain == FUNCTION_DOMAIN) == len(decisions)
+        assert not any(domain == MS for domain, _ in found)
+    elif form == "contrib":
+        assert set(forms) == {"contrib"}, decisions  # every fused op of these models has a contrib op
+        assert found[(MS, "SkipLayerNormalization")] == sum(d["op"] == "add_layernorm" for d in decisions)
+        assert found[(MS, "MultiHeadAttention")] == 2
+        assert found[(MS, "BiasGelu" if name == "bert-base" else "FastGelu")] == 2
+        assert not model.functions
+    elif form == "onnx23":
+        assert model.opset_import[0].version == 23 and model.ir_version == OPSET_IR_VERSION[23]
+        assert found[("", "Attention")] == 2 and forms["onnx23"] == 2
+        attention = [n for n in model.graph.node if n.op_type == "Attention"]
+        causal = [{a.name: a.i for a in n.attribute}.get("is_causal", 0) for n in attention]
+        assert causal == ([0, 0] if name == "bert-base" else [1, 1])  # bert: its padding mask is a bias input
+        assert all(len(n.input) == (4 if name == "bert-base" else 3) for n in attention)
+        for d in decisions:
+            if d["op"] != "attention":
+                assert d["form"] == "function" and "ONNX has no fused" in d["reason"]
+    else:
+        table = load_table()["providers"]["cpu"]["kinds"]
+        for d in decisions:
+            assert d["requested"] == table[d["kind"]]["form"] and d["reason"].startswith("auto: ")
+        want_opset = 23 if "onnx23" in {d["requested"] for d in decisions} else 21
+        assert model.opset_import[0].version == want_opset
+
+
+def test_function_bodies_read_dims_from_their_own_inputs(model_case):
+    name, fused, weights, _ = model_case
+    model = export_onnx(fused, weights, fused_as="function")
+    for f in model.functions:
+        assert f.domain == FUNCTION_DOMAIN and [(o.domain, o.version) for o in f.opset_import] == [("", 21)]
+        # No free names: everything a body reads is a formal input or made in the body.
+        made = set(f.input) | {x for n in f.node for x in n.output}
+        assert {x for n in f.node for x in n.input} <= made, f.name
+        for n in f.node:
+            if n.op_type == "Shape":
+                assert n.input[0] in f.input, f.name
+    if name == "gpt2":  # one function per kind and attribute set, named after them
+        assert sorted(f.name for f in model.functions) == [
+            "AddLayerNorm", "AddLayerNorm_with_sum", "Attention_causal", "MatMulBiasAct_gelu_tanh"]
+        causal = next(f for f in model.functions if f.name == "Attention_causal")
+        assert list(causal.input) == ["q", "k", "v"] and "Shape" in {n.op_type for n in causal.node}
+
+
+# ---- small graphs: what the models do not cover ----------------------------------------
+def rmsnorm_and_relu() -> Graph:
+    g = Graph("rms_relu")
+    x = g.add_input("x", T(F32, "batch", "seq", 8))
+    r = g.add_input("r", T(F32, "batch", "seq", 8))
+    y, s = g.add_node("add_rmsnorm", [x, r, g.add_param("g", T(F32, 8))], {"with_sum": True}).outputs
+    h = g.op("matmul_bias_act", y, g.add_param("w", T(F32, 8, 16)), g.add_param("b", T(F32, 16)), activation="relu")
+    g.set_outputs([("y", y), ("sum", s), ("h", h), ("y2", g.op("add_rmsnorm", s, r, g.add_param("g2", T(F32, 8))))])
+    return g
+
+
+def attention_with_past(fill: float = float(np.finfo(np.float32).min)) -> Graph:
+    """Non-square causal attention (a kv cache), a boolean and an additive mask."""
+    g = Graph("past")
+    q = g.add_input("q", T(F32, "batch", 2, "seq", 4))
+    k = g.add_input("k", T(F32, "batch", 2, "past+seq", 4))
+    v = g.add_input("v", T(F32, "batch", 2, "past+seq", 4))
+    keep = g.add_input("keep", T(BOOL, "batch", 1, 1, "past+seq"))
+    bias = g.add_input("bias", T(F32, "seq", "past+seq"))
+    g.add_input("pos", T(DType.int64, "past"))  # gives 'past' a source
+    g.set_outputs([("causal", g.op("attention", q, k, v, scale=0.5, causal=True)),
+                   ("masked", g.op("attention", q, k, v, keep, mask="bool", fill=fill)),
+                   ("keep_causal", g.op("attention", q, k, v, keep, mask="bool", causal=True, fill=fill)),
+                   ("bias_causal", g.op("attention", q, k, v, bias, mask="additive", causal=True, fill=fill)),
+                   ("softmax", g.op("masked_softmax", g.op("matmul", q, g.op("transpose", k, perm=[0, 1, 3, 2])),
+                                    keep, mask="bool", causal=True, fill=fill))])
+    return g
+
+
+def small_feeds(g: Graph, bindings: dict, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in g.inputs:
+        shape = v.type.concrete_shape(bindings)
+        feeds[v.name] = (rng.random(shape) < 0.6 if v.dtype == BOOL else
+                         rng.integers(0, 5, shape).astype(np.int64) if v.dtype == DType.int64 else
+                         rng.uniform(-2, 2, shape).astype(np.float32))
+    if "keep" in feeds:
+        feeds["keep"][0] = False  # a fully masked row
+    return feeds
+
+
+def run_small(g: Graph, form: str, bindings_list=({"batch": 2, "seq": 3, "past": 4}, {"batch": 1, "seq": 5, "past": 0})):
+    rng = np.random.default_rng(1)
+    weights = {n: rng.uniform(-1, 1, v.type.concrete_shape({})).astype(np.float32) for n, v in g.params.items()}
+    decisions: list = []
+    model = export_onnx(g, weights, fused_as=form, decisions=decisions)
+    onnx.checker.check_model(model, full_check=True)
+    check_decisions(decisions, g)
+    for i, b in enumerate(bindings_list):
+        feeds = small_feeds(g, b, seed=i)
+        assert_close(ort_run(model, feeds), run_reference(g, weights, feeds), f"{g.name} {form} {b}")
+    return model, decisions
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_add_rmsnorm_and_relu(form):
+    model, decisions = run_small(rmsnorm_and_relu(), form)
+    by_op = {d["op"]: d for d in decisions}
+    found = ops(model)
+    if form == "contrib":
+        assert found[(MS, "SkipSimplifiedLayerNormalization")] == 2
+        assert by_op["matmul_bias_act"]["form"] == "function" and "ReLU" in by_op["matmul_bias_act"]["reason"]
+    elif form == "onnx23":
+        assert found[("", "RMSNormalization")] == 2 and model.opset_import[0].version == 23
+        assert by_op["add_rmsnorm"]["form"] == "onnx23"
+    elif form == "function":
+        assert {f.name for f in model.functions} == {"AddRMSNorm_with_sum", "AddRMSNorm", "MatMulBiasAct_relu"}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_attention_with_past_and_masks(form):
+    model, decisions = run_small(attention_with_past(), form)
+    attention = [d for d in decisions if d["op"] == "attention"]
+    if form in ("contrib", "onnx23"):
+        assert [d["form"] for d in attention] == [form] * 4
+        op = (MS, "MultiHeadAttention") if form == "contrib" else ("", "Attention")
+        nodes = [n for n in model.graph.node if (n.domain, n.op_type) == op]
+        assert len(nodes) == 4
+        # past+seq keys: causal alignment is not the op's own, so none uses its causal flag
+        assert not any(a.name in ("unidirectional", "is_causal") for n in nodes for a in n.attribute)
+        softmax = next(d for d in decisions if d["op"] == "masked_softmax")
+        assert softmax["form"] == "function" and "masked softmax" in softmax["reason"]
+
+
+@pytest.mark.parametrize("form", ["contrib", "onnx23"])
+def test_a_fill_an_added_bias_cannot_express_falls_back(form):
+    model, decisions = run_small(attention_with_past(fill=-1e4), form)
+    masked = [d for d in decisions if d["op"] == "attention"][1:]
+    assert [d["form"] for d in masked] == ["function"] * 3
+    assert all("fill=-10000" in d["reason"] for d in masked)
+
+
+def test_bert_padding_mask_becomes_key_padding_mask():
+    g = Graph("pad")
+    q, k, v = (g.add_input(n, T(F32, "batch", 2, "seq", 4)) for n in "qkv")
+    keep = g.add_input("keep", T(BOOL, "batch", 1, 1, "seq"))
+    g.set_outputs([("y", g.op("attention", q, k, v, keep, mask="bool", scale=0.5))])
+    model, _ = run_small(g, "contrib", [{"batch": 3, "seq": 4}])
+    mha = next(n for n in model.graph.node if n.op_type == "MultiHeadAttention")
+    assert len(mha.input) == 5 and mha.input[4]  # key_padding_mask, no attention_bias
+
+
+# ---- choosing the form and the opset -------------------------------------------------------
+def test_onnx23_picks_opset_23_and_refuses_an_older_one():
+    g = rmsnorm_and_relu()
+    weights = {n: np.zeros(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()}
+    assert export_onnx(g, weights, fused_as="onnx23").opset_import[0].version == 23
+    assert export_onnx(g, weights, fused_as="onnx23", opset=24).opset_import[0].version == 24
+    with pytest.raises(BlockcError, match="need opset 23 or later.*got opset 21"):
+        export_onnx(g, weights, fused_as="onnx23", opset=21)
+    with pytest.raises(BlockcError, match="unknown fused-op form 'fast'"):
+        export_onnx(g, weights, fused_as="fast")
+    with pytest.raises(BlockcError, match="unknown execution provider 'tpu'"):
+        export_onnx(g, weights, provider="tpu")
+    assert export_onnx(g, weights, fused_as="function").opset_import[0].version == 21
+
+
+def test_auto_follows_the_table_and_falls_back_for_an_unmeasured_provider(monkeypatch):
+    table = {"providers": {"cpu": {"machine": "test machine", "onnxruntime": "0", "kinds": {
+        "add_rmsnorm": {"form": "onnx23", "why": "fast"},
+        "matmul_bias_act/relu": {"form": "contrib", "why": "pretend"}}}}}
+    monkeypatch.setattr(fused_forms, "load_table", lambda path=TABLE_PATH: table)
+    g = rmsnorm_and_relu()
+    model, decisions = run_small(g, "auto")
+    assert model.opset_import[0].version == 23  # because the table picks onnx23 for a node here
+    assert [(d["requested"], d["form"]) for d in decisions] == [("onnx23", "onnx23"), ("contrib", "function"),
+                                                                 ("onnx23", "onnx23")]
+    assert "test machine" in decisions[0]["reason"] and "fast" in decisions[0]["reason"]
+    assert "contrib declined" in decisions[1]["reason"] and "auto picked contrib" in decisions[1]["reason"]
+
+    weights = {n: np.zeros(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()}
+    decisions = []
+    model = export_onnx(g, weights, provider="cuda", decisions=decisions)
+    assert model.opset_import[0].version == 21
+    assert {d["form"] for d in decisions} == {"function"}
+    assert all("cuda was not measured" in d["reason"] for d in decisions)
+    # A form asked for with an opset too old for it: auto falls back, it does not fail.
+    decisions = []
+    export_onnx(g, weights, opset=21, decisions=decisions)
+    assert "needs opset 23" in decisions[0]["reason"]
+
+
+def test_ort_session_passes_the_form_through():
+    g = rmsnorm_and_relu()
+    weights = {n: np.ones(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()}
+    decisions: list = []
+    with OrtSession(g, weights, fused_as="contrib", decisions=decisions) as s:
+        feeds = small_feeds(g, {"batch": 2, "seq": 3})
+        assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession contrib")
+    assert [d["form"] for d in decisions] == ["contrib", "function", "contrib"]
+    # Functions survive the round trip through a file with external weights.
+    with OrtSession(g, weights, fused_as="function", external_data=True) as s:
+        assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession function, external data")
+
+
+# ---- the shipped table and the script that makes it -------------------------------------
+def test_shipped_table_covers_every_fused_kind_on_cpu():
+    with open(TABLE_PATH) as f:
+        table = json.load(f)
+    cpu = table["providers"]["cpu"]
+    assert cpu["machine"] and cpu["onnxruntime"] and cpu["intra_op_threads"] == 2 and cpu["optimization"] == "basic"
+    assert {k.split("/")[0] for k in cpu["kinds"]} == set(FUSED_OPS)
+    for key, entry in cpu["kinds"].items():
+        assert entry["form"] in ("function", "contrib", "onnx23") and entry["why"], key
+        for case in entry["cases"]:
+            assert case["shape"] and entry["form"] in case["ms"] and "function" in case["ms"], key
+            assert set(case["ms"]) | set(case["declined"]) == {"function", "contrib", "onnx23"}, key
+
+
+def _bench():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "fused_forms.py")
+    spec = importlib.util.spec_from_file_location("bench_fused_forms", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_chooses_the_fastest_unless_function_is_within_the_margin():
+    choose = _bench().choose
+    cases = [{"shape": "[a]", "ms": {"function": 1.0, "contrib": 4.0, "onnx23": 0.5}},
+             {"shape": "[b]", "ms": {"function": 10.0, "contrib": 30.0, "onnx23": 6.0}}]
+    form, why = choose(cases, 0.05)
+    assert form == "onnx23" and "onnx23 0.5 ms, function 1 ms, contrib 4 ms at [a]" in why
+    form, why = choose([{"shape": "[a]", "ms": {"function": 1.0, "contrib": 0.97}}], 0.05)
+    assert form == "function" and "within 5%" in why
+    # Geometric mean over shapes: a big win at one shape beats a small loss at another.
+    form, _ = choose([{"shape": "[a]", "ms": {"function": 1.0, "contrib": 1.1}},
+                      {"shape": "[b]", "ms": {"function": 10.0, "contrib": 5.0}}], 0.05)
+    assert form == "contrib"
