@@ -66,8 +66,9 @@ def run_model_emulated(model: CudaModel, feeds: Mapping[str, np.ndarray], *, san
                        timeout: float = 300.0) -> dict[str, np.ndarray]:
     from ..codegen.cuda.emulator import run_emulated
     bindings = bind_inputs(model.graph, feeds)
-    out_dir, so = emulated_library(model, sanitize=sanitize)
-    image = np.frombuffer((out_dir / "weights.bin").read_bytes(), dtype=np.uint8)
+    _, so = emulated_library(model, sanitize=sanitize)
+    # The weights of *this* model: a cached build may have been made with others.
+    image = np.frombuffer(cuda_build.weights_blob(model.params), dtype=np.uint8)
     outs = [np.zeros(shape, dtype=dtype.numpy) for _, dtype, shape in _output_shapes(model, bindings)]
     args = [image] + [np.ascontiguousarray(feeds[name]) for name, _ in model.inputs] + outs
     ints = [bindings[s] for s in model.symbols] + [int(image.nbytes)]
@@ -99,7 +100,7 @@ def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: st
         raise BlockcError(f"--backend cuda needs a GPU: {why} (use --backend cuda-emu to run the same source "
                           f"emulated on the CPU)")
     bindings = bind_inputs(model.graph, feeds)
-    out_dir, so = gpu_library(model, archs=archs, gemm=gemm)
+    _, so = gpu_library(model, archs=archs, gemm=gemm)
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
         spec = {"dims": [bindings[s] for s in model.symbols], "repeats": repeats, "inputs": [], "outputs": []}
         for k, (name, _) in enumerate(model.inputs):
@@ -109,9 +110,11 @@ def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: st
         for k, (_, dtype, shape) in enumerate(shapes):
             spec["outputs"].append({"file": f"out{k}", "nbytes": int(np.prod(shape, dtype=np.int64)) * dtype.itemsize})
         (Path(io) / "spec.json").write_text(json.dumps(spec))
+        # The weights of *this* model: a cached build may have been made with others.
+        (Path(io) / "weights.bin").write_bytes(cuda_build.weights_blob(model.params))
         try:
             proc = subprocess.run([sys.executable, "-m", "blockc.runtime._cuda_child", str(so),
-                                   str(out_dir / "weights.bin"), io], capture_output=True, text=True,
+                                   str(Path(io) / "weights.bin"), io], capture_output=True, text=True,
                                   timeout=timeout)
         except subprocess.TimeoutExpired:
             raise BlockcError(f"the CUDA run took longer than {timeout:.0f} s") from None

@@ -1,0 +1,151 @@
+"""Generated CUDA, run emulated on the CPU, against the float64 reference:
+whole built-in models in the fused and standard forms, and single fused ops
+at row lengths that exercise the vector path, the scalar tail and the
+block-per-row fallbacks."""
+import numpy as np
+import pytest
+
+import blockc
+from blockc.codegen.cuda import toolchain
+from blockc.runtime.cuda_runner import run_cuda
+
+pytestmark = pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++: the CUDA emulator needs one")
+
+
+def rel_err(out, ref):
+    return float(np.max(np.abs(out.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+def model_case(name, sets, dims, form):
+    model = blockc.build_model(name, sets)
+    weights = dict(blockc.init_weights(model, seed=1))
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample(dims, rng) for s in model.inputs()}
+    standard = blockc.trace(model)
+    out = run_cuda(blockc.to_form(standard, form), weights, feeds, emulate=True)
+    return model, standard, weights, feeds, out
+
+
+SMALL = {"layers": "2", "d_model": "64", "heads": "4"}
+
+
+@pytest.mark.parametrize("name, sets, dims, form", [
+    ("tiny", {}, {"batch": 2, "seq": 7}, "fused"),
+    ("tiny", {}, {"batch": 2, "seq": 7}, "standard"),
+    ("gpt2", dict(SMALL, vocab="50"), {"batch": 2, "seq": 9}, "fused"),
+    ("gpt2", {"layers": "1", "d_model": "100", "heads": "4", "vocab": "50"}, {"batch": 2, "seq": 7}, "fused"),
+    ("gpt2", {"layers": "1", "d_model": "100", "heads": "4", "vocab": "50"}, {"batch": 2, "seq": 7}, "standard"),
+    ("bert-base", dict(SMALL, vocab="50"), {"batch": 2, "seq": 9}, "fused"),
+    ("bert-base", dict(SMALL, vocab="50"), {"batch": 2, "seq": 9}, "standard"),
+])
+def test_float32_models_match_the_reference(name, sets, dims, form):
+    _, standard, weights, feeds, out = model_case(name, sets, dims, form)
+    ref = blockc.run_reference(standard, weights, feeds)
+    for k in ref:
+        assert out[k].shape == ref[k].shape
+        assert rel_err(out[k], ref[k]) <= 1e-5, k
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_model_rounds_like_half_precision(dtype):
+    """End to end through two layers a 16-bit model cannot be a few ulp from
+    float64 (each op rounds); the honest bound is that the kernels are no
+    worse than the same graph computed op by op in that dtype with float32
+    math (the reference interpreter's native mode), with 25% slack for the
+    different rounding points of fused kernels."""
+    model, standard, weights, feeds, out = model_case("tiny", {"dtype": dtype}, {"batch": 2, "seq": 7}, "fused")
+    ref = blockc.run_reference(standard, weights, feeds)
+    native = blockc.run_reference(standard, weights, feeds, float64=False)
+    for k in ref:
+        assert out[k].dtype == native[k].dtype
+        assert rel_err(out[k], ref[k]) <= 1.25 * rel_err(native[k], ref[k]) + 1e-3, k
+
+
+def single_op(text, feeds, weights=None):
+    g = blockc.parse_graph(text)
+    weights = weights or {}
+    return g, run_cuda(g, weights, feeds, emulate=True), blockc.run_reference(g, weights, feeds)
+
+
+ADD_LN = """graph g(%x: {t}[batch,seq,{d}], %r: {t}[seq,{d}]) {{
+  param @g: {t}[{d}]
+  param @b: {t}[{d}]
+  %0:{t}[batch,seq,{d}], %1:{t}[batch,seq,{d}] = add_layernorm %x, %r, @g, @b {{eps=1e-05, with_sum=true}}
+  return y=%0, s=%1
+}}
+"""
+
+MSM = """graph g(%x: {t}[batch,2,seq,seq], %m: bool[batch,1,1,seq]) {{
+  %0:{t}[batch,2,seq,seq] = masked_softmax %x, %m {{scale=0.125, mask="bool", causal=true, fill=-60000.0}}
+  return y=%0
+}}
+"""
+
+
+def ulps(out, ref, dtype):
+    spacing = np.spacing(np.abs(ref).astype(dtype)).astype(np.float64)
+    return float(np.max(np.abs(out.astype(np.float64) - ref) / spacing))
+
+
+@pytest.mark.parametrize("d", [64, 100, 1100])  # vector path, scalar tail, block-per-row fallback
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_add_layernorm_rows(d, dtype):
+    np_t = np.float32 if dtype == "f32" else np.float16
+    rng = np.random.default_rng(d)
+    feeds = {"x": rng.standard_normal((2, 3, d)).astype(np_t), "r": rng.standard_normal((3, d)).astype(np_t)}
+    weights = {"g": (1 + rng.standard_normal(d) / 4).astype(np_t), "b": rng.standard_normal(d).astype(np_t)}
+    _, out, ref = single_op(ADD_LN.format(t=dtype, d=d), feeds, weights)
+    if dtype == "f32":
+        for k in ref:
+            assert rel_err(out[k], ref[k]) <= 1e-5
+    else:
+        # One rounding at the end of float32 math: within 2 ulp of float64 rounded to half.
+        assert ulps(out["s"], ref["s"], np.float16) <= 0.5
+        assert ulps(out["y"], ref["y"], np.float16) <= 2
+
+
+@pytest.mark.parametrize("seq", [7, 64, 600])  # scalar, vector, online-softmax fallback
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_masked_softmax_rows(seq, dtype):
+    np_t = np.float32 if dtype == "f32" else np.float16
+    rng = np.random.default_rng(seq)
+    keep = rng.random((2, 1, 1, seq)) > 0.3
+    keep[..., 0] = True
+    feeds = {"x": (rng.standard_normal((2, 2, seq, seq)) * 4).astype(np_t), "m": keep}
+    _, out, ref = single_op(MSM.format(t=dtype), feeds)
+    if dtype == "f32":
+        np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-5, atol=1e-7)
+    else:
+        assert ulps(out["y"], ref["y"], np.float16) <= 2
+
+
+def test_gemm_bias_activation_and_broadcast_batch():
+    text = """graph g(%a: f32[2,3,5,7], %b: f32[1,3,7,4], %x: f32[6,7]) {
+  param @w: f32[7,9]
+  param @bias: f32[9]
+  %0:f32[2,3,5,4] = matmul %a, %b
+  %1:f32[6,9] = matmul_bias_act %x, @w, @bias {activation="gelu"}
+  return p=%0, q=%1
+}
+"""
+    rng = np.random.default_rng(3)
+    feeds = {"a": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
+             "b": rng.standard_normal((1, 3, 7, 4)).astype(np.float32),
+             "x": rng.standard_normal((6, 7)).astype(np.float32)}
+    weights = {"w": rng.standard_normal((7, 9)).astype(np.float32), "bias": rng.standard_normal(9).astype(np.float32)}
+    _, out, ref = single_op(text, feeds, weights)
+    for k in ref:
+        np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-5)
+
+
+def test_cached_build_runs_with_the_callers_weights():
+    """Builds are cached by source; weights are not part of the source."""
+    model = blockc.build_model("tiny", {"layers": "1"})
+    graph = blockc.to_form(blockc.trace(model), "fused")
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample({"batch": 1, "seq": 5}, rng) for s in model.inputs()}
+    for seed in (11, 12):
+        weights = dict(blockc.init_weights(model, seed=seed))
+        out = run_cuda(graph, weights, feeds, emulate=True)
+        ref = blockc.run_reference(blockc.trace(model), weights, feeds)
+        assert rel_err(out["logits"], ref["logits"]) <= 1e-5
