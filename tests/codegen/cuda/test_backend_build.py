@@ -1,0 +1,168 @@
+"""`blockc cuda`: nvcc compile proof for sm_80/sm_90 with ptxas's report,
+128-bit loads in the fused kernels' PTX, sanitizer runs, and bad input."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import blockc
+from blockc.cli import main
+from blockc.codegen.cuda import toolchain
+from blockc.codegen.cuda.kernel import CudaCodegenError
+from blockc.codegen.cuda.lower import generate
+
+NVCC = toolchain.find_nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC.path is None, reason=f"{NVCC.reason}")
+
+
+def cuda_cli(tmp_path, *argv):
+    out = tmp_path / "build"
+    code = main(["cuda", *argv, "-o", str(out)])
+    return code, out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["gpt2", "bert-base"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_models_compile_without_warnings_or_fused_spills(name, dtype, tmp_path, capsys):
+    code, out = cuda_cli(tmp_path, name, "--set", "layers=2", "--dtype", dtype)
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["compiled"] is True and summary["archs"] == ["sm_80", "sm_90"]
+    kernels = summary["kernels"]
+    assert {k["arch"] for k in kernels} == {"sm_80", "sm_90"}
+    assert all(k["registers"] > 0 for k in kernels)
+    fused = [k for k in kernels if k["fused"]]
+    assert any(k["kernel"].startswith("masked_softmax") for k in fused)
+    assert any(k["kernel"].startswith("add_layernorm") for k in fused)
+    assert all(k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 for k in fused), \
+        [k["function"] for k in fused if k["spill_store_bytes"] or k["spill_load_bytes"]]
+    assert "spills in fused kernels: 0 bytes" in printed
+    plan = summary["memory_plan"]
+    assert plan["arena_bytes"] < plan["naive_bytes"]
+    for f in ("model.cu", "blockc_cuda.h", "weights.bin", "model.json", "build.sh"):
+        assert (out / f).exists()
+
+
+@needs_nvcc
+def test_fused_kernels_use_128_bit_loads(tmp_path):
+    model = blockc.build_model("gpt2", {"layers": "1", "d_model": "64", "heads": "4", "vocab": "50"})
+    cm = generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model))
+    from blockc.codegen.cuda.build import write_build
+    write_build(cm, str(tmp_path))
+    ptx = tmp_path / "model.ptx"
+    cmd = [NVCC.path, "-ptx", "-std=c++17", "-arch=sm_80", f"-I{tmp_path}", "-include",
+           str(toolchain.EMU_HEADER), str(tmp_path / "model.cu"), "-o", str(ptx)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    text = ptx.read_text()
+    bodies = {}
+    for chunk in text.split(".entry ")[1:]:
+        bodies[chunk.split("(", 1)[0]] = chunk
+    for prefix in ("masked_softmax_causal_f32", "add_layernorm_f32"):
+        vec = [body for name, body in bodies.items() if prefix in name and "Lb1E" in name]  # VEC=true
+        assert vec, f"no vector instantiation of {prefix}"
+        assert all(("ld.global.v4" in b or "ld.global.nc.v4" in b) for b in vec), prefix
+        assert all("st.global.v4" in b for b in vec), prefix
+
+
+@needs_nvcc
+def test_cublas_gemm_compiles(tmp_path, capsys):
+    include = [d for d in toolchain.cuda_include_dirs() if os.path.exists(os.path.join(d, "cublas_v2.h"))]
+    if not include:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia.cublas")
+        roots = list(spec.submodule_search_locations) if spec else []
+        include = [os.path.join(r, "include") for r in roots if os.path.exists(os.path.join(r, "include",
+                                                                                            "cublas_v2.h"))]
+    if not include:
+        pytest.skip("no cublas_v2.h: install the nvidia-cublas wheel (pip install 'blockc[cuda]')")
+    model = blockc.build_model("gpt2", {"layers": "1", "d_model": "64", "heads": "4", "vocab": "50"})
+    cm = generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model), gemm="cublas")
+    assert "cublasGemmStridedBatchedEx" in cm.source
+    src = tmp_path / "model.cu"
+    from blockc.codegen.cuda.build import write_build
+    write_build(cm, str(tmp_path), gemm="cublas")
+    result = toolchain.compile_nvcc(str(src), ["sm_80"], werror=True,
+                                    extra_flags=[f"-I{tmp_path}"] + [f"-I{d}" for d in include])
+    assert any(k.short_name.startswith("cublas_gemm_bias") for k in result.kernels)
+
+
+def small_fused(name="tiny"):
+    model = blockc.build_model(name, {"layers": "1"} if name == "tiny" else {"layers": "1", "d_model": "32",
+                                                                               "heads": "2", "vocab": "30"})
+    return model, blockc.to_form(blockc.trace(model), "fused")
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+@pytest.mark.parametrize("sanitize", ["address", "thread"])
+def test_sanitizers_find_nothing_in_the_fused_kernels(sanitize):
+    from blockc.runtime.cuda_runner import run_model_emulated
+    model, graph = small_fused("bert-base")
+    weights = dict(blockc.init_weights(model))
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample({"batch": 1, "seq": 5}, rng) for s in model.inputs()}
+    cm = generate(graph, weights)
+    try:
+        out = run_model_emulated(cm, feeds, sanitize=sanitize, timeout=600)
+    except toolchain.ToolchainError as e:
+        if "sanitizer" in str(e).lower() and "runtime" in str(e).lower():
+            pytest.skip(str(e))
+        raise
+    ref = blockc.run_reference(blockc.trace(model), weights, feeds)
+    np.testing.assert_allclose(out["last_hidden_state"], ref["last_hidden_state"], rtol=1e-4, atol=1e-5)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def test_unsupported_op_is_named_before_anything_is_written(tmp_path, capsys):
+    code, out = cuda_cli(tmp_path, "tiny", "--form", "decomposed", "--no-compile")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "reduce_mean" in err and "node" in err and "no kernel" in err
+    assert not out.exists()
+
+
+def test_float64_is_refused(tmp_path, capsys):
+    code, out = cuda_cli(tmp_path, "tiny", "--set", "dtype=float64", "--no-compile")
+    assert code == 2 and "float64" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_softmax_over_another_axis_is_refused():
+    g = blockc.parse_graph("graph g(%x: f32[4,8]) {\n  %0:f32[4,8] = softmax %x {axis=0}\n  return y=%0\n}\n")
+    with pytest.raises(CudaCodegenError, match="softmax over axis 0"):
+        generate(g, {})
+
+
+HOSTILE = ['in"put*/\nx', "int", "*/ system(\"rm -rf /\"); /*", "a\\b", "__global__", "#define x"]
+
+
+def test_hostile_names_never_reach_the_source_raw(tmp_path):
+    from blockc.ir.dims import Sym
+    from blockc.ir.dtypes import DType
+    from blockc.ir.graph import Graph
+    from blockc.ir.types import TensorType
+    g = Graph('model"*/\nname')
+    n = Sym.var("n")
+    x = g.add_input(HOSTILE[0], TensorType(DType.float32, (n, 8)))
+    gamma = g.add_param(HOSTILE[1], TensorType(DType.float32, (8,)))
+    beta = g.add_param(HOSTILE[2], TensorType(DType.float32, (8,)))
+    y = g.op("layernorm", g.op("exp", x), gamma, beta)
+    g.set_outputs([(HOSTILE[3], y), (HOSTILE[4], g.op("tanh", y))])
+    weights = {HOSTILE[1]: np.ones(8, np.float32), HOSTILE[2]: np.zeros(8, np.float32)}
+    cm = generate(g, weights)
+    # Keyword-like names ("int", "__global__") occur in any CUDA file; the
+    # test is that no label is emitted as code: the ones that could break out
+    # of a comment or a string never occur at all.
+    for name in [h for h in HOSTILE if not h.replace("_", "").isalnum()] + ['model"*/\nname']:
+        assert name not in cm.source
+    assert "*/ system" not in cm.source and 'in"put' not in cm.source
+    if toolchain.find_gxx() is not None:
+        from blockc.runtime.cuda_runner import run_model_emulated
+        feeds = {HOSTILE[0]: np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)}
+        out = run_model_emulated(cm, feeds)
+        ref = blockc.run_reference(g, weights, feeds)
+        for k in ref:
+            np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-6)
