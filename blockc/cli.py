@@ -37,6 +37,18 @@ def _model_args(p: argparse.ArgumentParser, *, form: bool = True) -> None:
                             "fused: through the optimization pipeline")
 
 
+def _fused_as_arg(p: argparse.ArgumentParser, *, all_forms: bool = False) -> None:
+    from .codegen.fused_forms import FORMS
+    choices = FORMS + (("all",) if all_forms else ())
+    p.add_argument("--fused-as", choices=choices, default="all" if all_forms else "auto",
+                   help="how fused ops are written in ONNX: function (an ONNX local function, portable), contrib "
+                        "(ONNX Runtime's com.microsoft ops), onnx23 (opset-23 Attention/RMSNormalization), auto "
+                        "(the form measured fastest for the provider)" + ("; all: every form" if all_forms else "")
+                        + f" (default {'all' if all_forms else 'auto'})")
+    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="ONNX Runtime execution provider (default cpu)")
+
+
 def _optimize_args(p: argparse.ArgumentParser) -> None:
     from .passes.manager import pass_names
     g = p.add_argument_group("optimization", f"passes: {', '.join(pass_names())}")
@@ -136,9 +148,12 @@ def cmd_export(args) -> int:
     model, graph = _graph(args)
     weights = _weights(args, model)
     t0 = time.perf_counter()
-    save_onnx(graph, weights, args.output, opset=args.opset)
+    decisions: list = []
+    save_onnx(graph, weights, args.output, opset=args.opset, fused_as=args.fused_as, provider=args.provider,
+              decisions=decisions)
+    forms = sorted({f"{d['op']}: {d['form']}" for d in decisions})
     print(f"wrote {args.output}: {len(graph.nodes)} IR nodes, {len(graph.params)} parameters, "
-          f"opset {args.opset}, {time.perf_counter() - t0:.2f} s")
+          f"{time.perf_counter() - t0:.2f} s" + (f"; fused ops as {', '.join(forms)}" if forms else ""))
     return 0
 
 
@@ -160,8 +175,8 @@ def cmd_run(args) -> int:
         where = "generated CUDA, " + ("on the GPU" if args.backend == "cuda" else "emulated on the CPU")
     else:
         from .runtime.ort_runner import run_ort
-        outputs = run_ort(graph, weights, feeds, provider=args.provider)
-        where = f"ONNX Runtime ({args.provider})"
+        outputs = run_ort(graph, weights, feeds, provider=args.provider, fused_as=args.fused_as)
+        where = f"ONNX Runtime ({args.provider}, fused ops as {args.fused_as})"
     elapsed = time.perf_counter() - t0
     dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
     print(f"{graph.name} [{args.form}] on {where}, {dims}, seed {args.seed}: {elapsed * 1e3:.1f} ms")
@@ -193,7 +208,13 @@ def cmd_fusions(args) -> int:
     graph = to_form(traced, args.form)
     result = optimize(graph, **_optimize_options(args))
     bindings = _bindings(args, model, graph, {"batch": 1, "seq": 128})
-    report = build_report(args.model, graph, result, bindings, parse_sets(args.set), args.form)
+    decisions: list = []
+    if not args.no_onnx_forms:  # which ONNX form each fused op gets, and why
+        from .codegen.onnx_export import export_onnx
+        export_onnx(result.graph, _weights(args, model), fused_as=args.fused_as, provider=args.provider,
+                    decisions=decisions)
+    report = build_report(args.model, graph, result, bindings, parse_sets(args.set), args.form,
+                          onnx_forms=decisions)
     print(format_report(report, verbose=args.verbose))
     if args.json:
         _write_text(args.json, json.dumps(report, indent=2) + "\n")
@@ -215,12 +236,17 @@ def cmd_check(args) -> int:
     for backend in args.backend:
         if backend == "reference":
             result = check_fusions(graph, weights, feeds)
-        else:
-            from .runtime.ort_runner import run_ort
-            result = check_fusions(graph, weights, feeds, backend=f"ort ({args.provider})",
-                                   run=lambda g: run_ort(g, weights, feeds, provider=args.provider))
-        print(format_check(result))
-        ok &= result.passed
+            print(format_check(result))
+            ok &= result.passed
+            continue
+        from .codegen.fused_forms import FORMS
+        from .runtime.ort_runner import run_ort
+        for form in (FORMS if args.fused_as == "all" else (args.fused_as,)):
+            result = check_fusions(graph, weights, feeds, backend=f"ort ({args.provider}, --fused-as {form})",
+                                   run=lambda g, form=form: run_ort(g, weights, feeds, provider=args.provider,
+                                                                    fused_as=form))
+            print(format_check(result))
+            ok &= result.passed
     return 0 if ok else 1
 
 
@@ -293,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind a symbolic dimension for the traffic model (default batch=1, seq=128)")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON (schema: docs/fusion-report.md)")
     p.add_argument("--verbose", action="store_true", help="list every rejected candidate")
+    _fused_as_arg(p)
+    p.add_argument("--no-onnx-forms", action="store_true",
+                   help="skip working out each fused op's ONNX form (it exports the model with seeded weights)")
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--weights", help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_fusions)
 
     p = sub.add_parser("check", help="numeric A/B of every fusion",
@@ -302,8 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--backend", action="append", choices=("reference", "ort"),
                    help="backends to check on (repeatable; default: reference and ort)")
-    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="ONNX Runtime execution provider (default cpu)")
+    _fused_as_arg(p, all_forms=True)
     p.add_argument("--dim", action="append", metavar="NAME=INT",
                    help="bind a symbolic dimension (default batch=2, seq=16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
@@ -321,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _optimize_args(p)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
-    p.add_argument("--opset", type=int, default=21, help="ONNX opset (default 21)")
+    p.add_argument("--opset", type=int, help="ONNX opset (default: 21, or 23 for --fused-as onnx23)")
+    _fused_as_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
     p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
     p.set_defaults(fn=cmd_export)
@@ -353,8 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reference: the numpy interpreter; ort: ONNX Runtime (default); cuda: generated CUDA on a "
                         "GPU; cuda-emu: the same CUDA source emulated on the CPU")
     p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled", help="cuda backends: the MatMul kernel")
-    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="ONNX Runtime execution provider (default cpu)")
+    _fused_as_arg(p)
     p.add_argument("--dim", action="append", metavar="NAME=INT",
                    help="bind a symbolic dimension (default batch=2, seq=16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")

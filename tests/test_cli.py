@@ -128,3 +128,32 @@ def test_check_passes_and_fails(capsys, monkeypatch):
     code, out, _ = run(capsys, "check", "tiny", "--backend", "reference")
     assert code == 1 and "FAIL" in out
     assert "first divergence at" in out and "(softmax), now computed by masked_softmax" in out
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt2", "gpt2-block", "bert-base"])
+def test_check_passes_for_every_model_in_every_form(name, capsys):
+    sets = ["--set", "layers=2", "--set", "d_model=32", "--set", "heads=4"]
+    if name in ("gpt2", "bert-base", "tiny"):
+        sets += ["--set", "vocab=50"]
+    code, out, _ = run(capsys, "check", name, *sets, "--dim", "seq=9")
+    assert code == 0, out
+    for form in ("function", "contrib", "onnx23", "auto"):
+        assert f"--fused-as {form}" in out
+    assert out.count("PASS") == 5 and "FAIL" not in out
+
+
+def test_fusions_report_names_the_onnx_form(tmp_path, capsys):
+    import json
+    path = tmp_path / "r.json"
+    assert run(capsys, "fusions", "tiny", "--fused-as", "contrib", "--json", str(path))[0] == 0
+    sites = [s for s in json.loads(path.read_text())["sites"] if s["status"] == "fused"
+             and s["kind"] == "add_layernorm"]
+    assert sites and all(s["onnx_form"] == "contrib" for s in sites)
+
+
+def test_export_fused_as(tmp_path, capsys):
+    import onnx
+    out = tmp_path / "m.onnx"
+    assert run(capsys, "export", "tiny", "--form", "fused", "--fused-as", "contrib", "-o", str(out))[0] == 0
+    ops = {(n.domain, n.op_type) for n in onnx.load(str(out)).graph.node}
+    assert ("com.microsoft", "SkipLayerNormalization") in ops
