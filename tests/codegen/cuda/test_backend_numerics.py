@@ -37,6 +37,7 @@ SMALL = {"layers": "2", "d_model": "64", "heads": "4"}
     ("gpt2", {"layers": "1", "d_model": "100", "heads": "4", "vocab": "50"}, {"batch": 2, "seq": 7}, "standard"),
     ("bert-base", dict(SMALL, vocab="50"), {"batch": 2, "seq": 9}, "fused"),
     ("bert-base", dict(SMALL, vocab="50"), {"batch": 2, "seq": 9}, "standard"),
+    ("gpt2-block", {"d_model": "64", "heads": "4"}, {"batch": 2, "seq": 9}, "fused"),
 ])
 def test_float32_models_match_the_reference(name, sets, dims, form):
     _, standard, weights, feeds, out = model_case(name, sets, dims, form)
@@ -46,14 +47,22 @@ def test_float32_models_match_the_reference(name, sets, dims, form):
         assert rel_err(out[k], ref[k]) <= 1e-5, k
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_precision_model_rounds_like_half_precision(dtype):
+@pytest.mark.parametrize("name, sets, dtype, form", [
+    ("tiny", {}, "float16", "fused"),
+    ("tiny", {}, "float16", "standard"),
+    ("tiny", {}, "bfloat16", "fused"),
+    ("gpt2", dict(SMALL, vocab="50"), "float16", "fused"),
+    ("gpt2", dict(SMALL, vocab="50"), "float16", "standard"),
+    ("bert-base", dict(SMALL, vocab="50"), "float16", "fused"),
+    ("bert-base", dict(SMALL, vocab="50"), "float16", "standard"),
+])
+def test_half_precision_model_rounds_like_half_precision(name, sets, dtype, form):
     """End to end through two layers a 16-bit model cannot be a few ulp from
     float64 (each op rounds); the honest bound is that the kernels are no
     worse than the same graph computed op by op in that dtype with float32
     math (the reference interpreter's native mode), with 25% slack for the
     different rounding points of fused kernels."""
-    model, standard, weights, feeds, out = model_case("tiny", {"dtype": dtype}, {"batch": 2, "seq": 7}, "fused")
+    model, standard, weights, feeds, out = model_case(name, dict(sets, dtype=dtype), {"batch": 2, "seq": 7}, form)
     ref = blockc.run_reference(standard, weights, feeds)
     native = blockc.run_reference(standard, weights, feeds, float64=False)
     for k in ref:
