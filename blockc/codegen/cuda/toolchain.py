@@ -2,7 +2,7 @@
 
 ``compile_emulated`` builds a ``.cu`` into a shared library that runs on the CPU:
 g++ compiles it as C++ with ``emu/cuda_emu.h`` force-included and links the
-emulator's runtime (``emu/cuda_emu_sched.cpp``, ``emu/cuda_emu_runtime.cpp``).
+emulator's runtime (``emu/cuda_emu_*.cpp``).
 Only NVIDIA's headers are needed, not a GPU. ``emulator.run_emulated`` runs it.
 
 ``compile_nvcc`` compiles the same file for real GPUs (sm_80 and sm_90 by
@@ -37,7 +37,7 @@ from blockc.errors import BlockcError
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 EMU_HEADER = EMU_DIR / "cuda_emu.h"
-EMU_SOURCES = (EMU_DIR / "cuda_emu_sched.cpp", EMU_DIR / "cuda_emu_runtime.cpp")
+EMU_SOURCES = tuple(EMU_DIR / f"cuda_emu_{part}.cpp" for part in ("sched", "fibers", "threads", "runtime"))
 STANDARD_CUDA = Path("/usr/local/cuda")
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 SANITIZERS = ("address", "thread")
@@ -217,7 +217,7 @@ def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
     key.update(subprocess.run([compile_cmd[0], "--version"], capture_output=True).stdout)
     key.update("\0".join(compile_cmd).encode())
     for f in sorted(EMU_DIR.iterdir()):
-        if f.suffix in (".h", ".cpp"):
+        if f.suffix in (".h", ".cpp") and f.name.startswith("cuda_emu"):
             key.update(f.name.encode() + f.read_bytes())
     folder = _cache_dir() / key.hexdigest()[:24]
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,135 @@
+"""Finding nvcc and NVIDIA's headers, the dynamic-shared-memory rewrite, ptxas reports,
+and compile errors that carry the compiler's own words."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from blockc.codegen.cuda import toolchain
+from blockc.codegen.cuda.toolchain import (KernelResources, ToolchainError, find_nvcc, parse_ptxas_info,
+                                           rewrite_dynamic_shared)
+
+
+# ---- the one source rewrite -----------------------------------------------------------
+
+@pytest.mark.parametrize("source, expected", [
+    ("extern __shared__ float smem[];",
+     "static float* const smem = reinterpret_cast<float*>(blockc_emu_dynamic_shared());"),
+    ("  extern __shared__ __align__(16) unsigned char raw [ ];",
+     "  static unsigned char* const raw = reinterpret_cast<unsigned char*>(blockc_emu_dynamic_shared());"),
+    ("extern __shared__ alignas(16) __half h[];",
+     "static __half* const h = reinterpret_cast<__half*>(blockc_emu_dynamic_shared());"),
+    ("extern __shared__ float4 __align__(16) tile[];",
+     "static float4* const tile = reinterpret_cast<float4*>(blockc_emu_dynamic_shared());"),
+])
+def test_extern_shared_becomes_a_pointer_on_the_same_line(source, expected):
+    assert rewrite_dynamic_shared(source) == expected
+
+
+def test_sources_without_extern_shared_are_untouched():
+    text = "__shared__ float s[32];\nextern float g[];\n// extern __shared__ in a comment has no []\n"
+    assert rewrite_dynamic_shared(text) == text
+
+
+# ---- where nvcc comes from ------------------------------------------------------------------
+
+def _fake_tool(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def no_system_cuda(monkeypatch, tmp_path):
+    """Neither PATH nor /usr/local/cuda has nvcc, and no wheels are installed."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.setattr(toolchain, "STANDARD_CUDA", tmp_path / "no-cuda")
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [])
+
+
+def test_nvcc_on_path_comes_first(monkeypatch, tmp_path, no_system_cuda):
+    nvcc = _fake_tool(tmp_path / "bin" / "nvcc")
+    monkeypatch.setenv("PATH", str(nvcc.parent))
+    assert find_nvcc() == (str(nvcc), f"found on PATH: {nvcc}")
+
+
+def test_nvcc_in_the_standard_location(monkeypatch, tmp_path, no_system_cuda):
+    _fake_tool(tmp_path / "cuda" / "bin" / "nvcc")
+    monkeypatch.setattr(toolchain, "STANDARD_CUDA", tmp_path / "cuda")
+    assert find_nvcc().path == str(tmp_path / "cuda" / "bin" / "nvcc")
+
+
+@pytest.mark.parametrize("layout", ["cu13/bin/nvcc", "cuda_nvcc/bin/nvcc"])
+def test_nvcc_from_nvidias_wheels(monkeypatch, tmp_path, no_system_cuda, layout):
+    root = tmp_path / "site-packages" / "nvidia"
+    nvcc = _fake_tool(root / layout)
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    found = find_nvcc()
+    assert found.path == str(nvcc) and "wheel" in found.reason
+
+
+def test_no_nvcc_says_how_to_get_one(no_system_cuda):
+    found = find_nvcc()
+    assert found.path is None and "pip install 'blockc[cuda]'" in found.reason
+
+
+def test_wheel_headers_are_include_dirs(monkeypatch, tmp_path, no_system_cuda):
+    root = tmp_path / "nvidia"
+    (root / "cu13" / "include").mkdir(parents=True)
+    (root / "cu13" / "include" / "cuda_fp16.h").write_text("")
+    (root / "cublas" / "include").mkdir(parents=True)
+    (root / "cublas" / "include" / "cublas_v2.h").write_text("")
+    (root / "cuda_runtime" / "include").mkdir(parents=True)  # empty: not a header folder
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    assert toolchain.cuda_include_dirs() == [os.path.realpath(root / "cu13" / "include"),
+                                             os.path.realpath(root / "cublas" / "include")]
+
+
+# ---- ptxas reports ------------------------------------------------------------------------
+
+PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z7row_sumPKfPfi' for 'sm_80'
+ptxas info    : Function properties for _Z7row_sumPKfPfi
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 12 registers, used 1 barriers, 32 bytes smem, 372 bytes cmem[0]
+ptxas info    : Function properties for _Z6helperf
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'gemm_tile' for 'sm_90'
+ptxas info    : Function properties for gemm_tile
+    96 bytes stack frame, 88 bytes spill stores, 120 bytes spill loads
+ptxas info    : Used 255 registers, 16384 bytes smem, 400 bytes cmem[0], 8 bytes cmem[2]
+"""
+
+
+def test_ptxas_report_per_kernel_and_arch():
+    row_sum, gemm = parse_ptxas_info(PTXAS_LOG)
+    assert row_sum == KernelResources(name="_Z7row_sumPKfPfi", demangled=row_sum.demangled, arch="sm_80",
+                                      registers=12, stack_frame_bytes=0, spill_store_bytes=0, spill_load_bytes=0,
+                                      shared_bytes=32, constant_bytes=372, barriers=1)
+    assert row_sum.short_name == "row_sum"
+    assert (gemm.name, gemm.arch, gemm.registers, gemm.stack_frame_bytes) == ("gemm_tile", "sm_90", 255, 96)
+    assert (gemm.spill_store_bytes, gemm.spill_load_bytes, gemm.shared_bytes, gemm.barriers) == (88, 120, 16384, 0)
+
+
+# ---- failures carry the compiler's output ------------------------------------------------------
+
+def test_emulated_compile_error_carries_gxx_output(tmp_path):
+    if toolchain.find_gxx() is None:
+        pytest.skip("g++ not found")
+    bad = tmp_path / "bad.cu"
+    bad.write_text("__global__ void k(float* x) { x[0] = undeclared_name; }\n")
+    with pytest.raises(ToolchainError, match=r"(?s)g\+\+ failed to compile bad\.cu.*undeclared_name") as err:
+        toolchain.compile_emulated([bad], tmp_path / "bad.so", opt="-O1")
+    assert "g++" in err.value.command[0] and "undeclared_name" in err.value.output
+
+
+def test_sanitizers_need_threads(tmp_path):
+    with pytest.raises(ValueError, match="threads=True"):
+        toolchain.compile_emulated([], tmp_path / "x.so", sanitize="address", threads=False)
+    with pytest.raises(ValueError, match="sanitize must be"):
+        toolchain.compile_emulated([], tmp_path / "x.so", sanitize="memory")
