@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -11,6 +12,8 @@ from .errors import BlockcError
 
 EXAMPLES = """\
 examples:
+  blockc compare                                  # the default gpt2 block: every form, backend and peer
+  blockc compare gpt2 --set layers=2 --batch 1,8 --seq 128,512 --json r.json --report out/
   blockc models
   blockc show tiny --form decomposed
   blockc show tiny --form fused --disable fuse_attention --print-after fuse_masked_softmax
@@ -275,6 +278,93 @@ def cmd_cuda(args) -> int:
     return 0 if summary.get("compiled", True) is not False else 1
 
 
+def _int_list(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise BlockcError(f"malformed {flag} {text!r}: expected integers separated by commas, e.g. {flag} 1,8") from None
+    if not values:
+        raise BlockcError(f"{flag} needs at least one integer")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return () if text.strip().lower() == "none" else tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def cmd_compare(args) -> int:
+    import json
+    import shlex
+
+    from .compare import CompareOptions, plan_comparison
+    from .compare.table import print_report
+    dims = {}
+    for item in args.dim or []:
+        key, eq, value = item.partition("=")
+        if not eq or not value.strip().isdigit():
+            raise BlockcError(f"malformed --dim {item!r}: expected NAME=INT")
+        dims[key.strip()] = int(value)
+    options = CompareOptions(
+        model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
+        peers=_name_list(args.peers), batches=_int_list("--batch", args.batch), seqs=_int_list("--seq", args.seq),
+        dims=dims, threads=args.threads, warmup=args.warmup, min_repeats=args.repeats, min_time_s=args.min_time,
+        fused_as=args.fused_as, peak_gbps=args.peak_gbps, seed=args.seed, weights=args.weights,
+        kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
+    # Everything a user can get wrong fails here, before any measuring.
+    if args.report:
+        from .report.compare_html import check_report_dir
+        check_report_dir(args.report)
+    if args.json:
+        _check_writable(args.json)
+    plan = plan_comparison(options)
+    report = _with_progress(plan, not args.no_progress)
+    print_report(report)
+    if args.json:
+        _write_text(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    if args.report:
+        from .compare.pictures import block_graphs
+        from .report.compare_html import write_html_report
+        before, after = block_graphs(options)
+        page = write_html_report(report, args.report, before=before, after=after)
+        print(f"wrote {page}")
+    return 0 if all(r["status"] == "ok" for r in report["results"] if not r["peer"]) else 1
+
+
+def _with_progress(plan, show: bool) -> dict:
+    from .compare import planned_steps, run_comparison
+    if not show:
+        return run_comparison(plan)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True, console=_stderr_console()) as bar:
+        task = bar.add_task("preparing", total=planned_steps(plan))
+        started = [False]
+
+        def step(description: str) -> None:
+            if started[0]:
+                bar.advance(task)
+            started[0] = True
+            bar.update(task, description=description)
+        report = run_comparison(plan, step)
+        bar.advance(task)
+    return report
+
+
+def _stderr_console():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def _check_writable(path: str) -> None:
+    import os
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(directory):
+        raise BlockcError(f"cannot write {path}: the folder {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise BlockcError(f"cannot write {path}: the folder {directory} is not writable")
+
+
 def _write_text(path: str, text: str) -> None:
     """Write atomically: a failed write leaves no partial file."""
     import os
@@ -393,12 +483,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="also report each output's max error against the "
                    "float64 reference")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("compare", help="fused against unfused, measured side by side with the peers",
+                       description="Measure MODEL in every form (decomposed, standard, fused) on every available "
+                       "backend, and the peers (ONNX Runtime's transformer optimizer, PyTorch eager, torch.compile) "
+                       "on the same weights, shapes, threads and repeats: latency, speedup against the standard "
+                       "form, node and kernel counts, modelled bytes and achieved bandwidth, max error against the "
+                       "float64 reference. ONNX Runtime runs at its basic optimization level (so the fusions are "
+                       "blockc's) and at its full level. Backends and peers that are not here are listed as skipped "
+                       "with the reason.")
+    _model_args(p, form=False)
+    from .compare.backends import BACKENDS
+    from .compare.peers import PEERS
+    p.add_argument("--backends", default=",".join(BACKENDS), metavar="LIST",
+                   help=f"comma-separated, from {', '.join(BACKENDS)} (default: all; those not here are skipped)")
+    p.add_argument("--peers", default=",".join(PEERS), metavar="LIST",
+                   help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed)")
+    p.add_argument("--batch", default="1", metavar="LIST", help="batch sizes, e.g. 1,8 (default 1)")
+    p.add_argument("--seq", default="128", metavar="LIST", help="sequence lengths, e.g. 128,512 (default 128)")
+    p.add_argument("--dim", action="append", metavar="NAME=INT", help="size of any other symbolic dimension")
+    p.add_argument("--dtype", choices=("float32", "float16"), help="the model's dtype (default: the model's own)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="intra-op threads for ONNX Runtime and torch (default: the CPU count)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up runs before timing (default 3)")
+    p.add_argument("--repeats", type=int, default=10, help="at least this many timed runs (default 10)")
+    p.add_argument("--min-time", type=float, default=0.5, help="and at least this many seconds timed (default 0.5)")
+    p.add_argument("--fused-as", choices=("auto", "function", "contrib", "onnx23"), default="auto",
+                   help="how fused ops are written in ONNX for the ort backends (default auto)")
+    p.add_argument("--peak-gbps", type=float, help="the device's peak memory bandwidth in GB/s, for a CPU "
+                   "(GPUs' published peaks are known)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
+    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON (schema: docs/compare-report.md)")
+    p.add_argument("--report", metavar="DIR", help="also write an HTML report with charts into DIR")
+    p.add_argument("--no-kernels", action="store_true", help="skip timing each fused kernel alone")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_compare)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # as typed, for reports that record their command
     if getattr(args, "command", None) == "check" and not args.backend:
         args.backend = ["reference", "ort"]
     if not getattr(args, "fn", None):

@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -52,14 +53,39 @@ def main() -> int:
     dims = (ctypes.c_longlong * max(len(spec["dims"]), 1))(*spec["dims"])
     in_arr = (ctypes.c_void_p * max(len(ins), 1))(*ins)
     out_arr = (ctypes.c_void_p * max(len(outs), 1))(*outs)
-    repeats = int(spec.get("repeats", 1))
-    for _ in range(repeats):
+    def run_once() -> bool:
         if lib.blockc_run(model, in_arr, out_arr, dims, None) != 0:
             sys.stderr.write(f"blockc_run failed: {lib.blockc_last_error().decode()}\n")
+            return False
+        return True
+
+    def synchronize() -> bool:
+        if lib.blockc_synchronize() != 0:
+            sys.stderr.write(f"blockc_run failed: {lib.blockc_last_error().decode()}\n")
+            return False
+        return True
+
+    timing = spec.get("time")
+    if timing:  # blockc compare: per-run times, each from the launch to a device synchronize
+        for _ in range(int(timing["warmup"])):
+            if not (run_once() and synchronize()):
+                return 4
+        times: list = []
+        while len(times) < int(timing["min_repeats"]) or sum(times) < float(timing["min_time_s"]):
+            t0 = time.perf_counter()
+            if not (run_once() and synchronize()):
+                return 4
+            times.append(time.perf_counter() - t0)
+            if len(times) >= 10_000:
+                break
+        with open(os.path.join(io_dir, "times.json"), "w") as f:
+            json.dump(times, f)
+    else:
+        for _ in range(int(spec.get("repeats", 1))):
+            if not run_once():
+                return 4
+        if not synchronize():
             return 4
-    if lib.blockc_synchronize() != 0:
-        sys.stderr.write(f"blockc_run failed: {lib.blockc_last_error().decode()}\n")
-        return 4
     for item, p in zip(spec["outputs"], outs):
         buf = ctypes.create_string_buffer(item["nbytes"])
         lib.blockc_copy_to_host(buf, p, item["nbytes"])

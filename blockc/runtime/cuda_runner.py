@@ -95,6 +95,23 @@ def cuda_available() -> tuple[bool, str]:
 
 def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: str = "tiled",
                   archs=("sm_80", "sm_90"), timeout: float = 300.0, repeats: int = 1) -> dict[str, np.ndarray]:
+    outputs, _ = _run_child(model, feeds, gemm=gemm, archs=archs, timeout=timeout, extra={"repeats": repeats})
+    return outputs
+
+
+def time_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: str = "tiled",
+                   archs=("sm_80", "sm_90"), timeout: float = 600.0, warmup: int = 3, min_repeats: int = 10,
+                   min_time_s: float = 1.0) -> list[float]:
+    """Seconds per run on the GPU: after ``warmup`` runs, runs until both
+    ``min_repeats`` and ``min_time_s`` are reached, each timed on the host
+    clock from the launch to a device synchronize (so it includes launch
+    overhead, as a user's call does)."""
+    _, times = _run_child(model, feeds, gemm=gemm, archs=archs, timeout=timeout,
+                          extra={"time": {"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s}})
+    return times
+
+
+def _run_child(model: CudaModel, feeds, *, gemm, archs, timeout, extra) -> tuple[dict[str, np.ndarray], list]:
     ok, why = cuda_available()
     if not ok:
         raise BlockcError(f"--backend cuda needs a GPU: {why} (use --backend cuda-emu to run the same source "
@@ -102,7 +119,7 @@ def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: st
     bindings = bind_inputs(model.graph, feeds)
     _, so = gpu_library(model, archs=archs, gemm=gemm)
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
-        spec = {"dims": [bindings[s] for s in model.symbols], "repeats": repeats, "inputs": [], "outputs": []}
+        spec = {"dims": [bindings[s] for s in model.symbols], "inputs": [], "outputs": [], **extra}
         for k, (name, _) in enumerate(model.inputs):
             (Path(io) / f"in{k}").write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
             spec["inputs"].append({"file": f"in{k}"})
@@ -120,8 +137,10 @@ def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: st
             raise BlockcError(f"the CUDA run took longer than {timeout:.0f} s") from None
         if proc.returncode != 0:
             raise BlockcError(f"the CUDA run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        return {name: np.frombuffer((Path(io) / f"out{k}").read_bytes(), dtype=dtype.numpy).reshape(shape)
-                for k, (name, dtype, shape) in enumerate(shapes)}
+        outputs = {name: np.frombuffer((Path(io) / f"out{k}").read_bytes(), dtype=dtype.numpy).reshape(shape)
+                   for k, (name, dtype, shape) in enumerate(shapes)}
+        times_file = Path(io) / "times.json"
+        return outputs, json.loads(times_file.read_text()) if times_file.exists() else []
 
 
 def run_cuda(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,

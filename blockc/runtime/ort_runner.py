@@ -32,6 +32,31 @@ def _ort():
     return onnxruntime
 
 
+def session_options(optimization: str = "basic", threads: int | None = None,
+                    optimized_model_path: str | None = None):
+    """ONNX Runtime ``SessionOptions`` as blockc uses them everywhere: one of
+    the graph optimization levels ``disabled``, ``basic``, ``extended``,
+    ``all``; ``threads`` intra-op threads (None: ONNX Runtime's default)."""
+    ort = _ort()
+    if optimization not in _LEVELS:
+        raise BlockcError(f"unknown optimization level {optimization!r}: use {', '.join(_LEVELS)}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise BlockcError(f"threads must be a positive integer, got {threads!r}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = {
+        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    options.log_severity_level = 3  # errors only: unused-initializer warnings are noise here
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = str(optimized_model_path)
+    return options
+
+
 class OrtSession:
     """``graph`` exported once and loaded into ONNX Runtime; ``run`` many times.
 
@@ -42,19 +67,19 @@ class OrtSession:
     threads (None: ONNX Runtime's default). ``fused_as``, ``opset`` and
     ``decisions`` go to ``export_onnx``, with the execution provider the
     session will use as the provider the fused-op forms are chosen for.
+    ``optimized_model_path``: where ONNX Runtime saves the graph it actually
+    runs, after its own optimizations (what ``blockc compare`` counts as kernels).
     """
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
                  optimization: str = "basic", threads: int | None = None, fused_as: str = "auto",
                  opset: int | None = None, decisions: list | None = None,
-                 external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD):
+                 external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                 optimized_model_path: str | None = None):
         ort = _ort()
         if provider not in ("cpu", "cuda", "auto"):
             raise BlockcError(f"unknown provider {provider!r}: use cpu, cuda or auto")
-        if optimization not in _LEVELS:
-            raise BlockcError(f"unknown optimization level {optimization!r}: use {', '.join(_LEVELS)}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise BlockcError(f"threads must be a positive integer, got {threads!r}")
+        options = session_options(optimization, threads, optimized_model_path)
         available = ort.get_available_providers()
         if provider == "cuda" and _CUDA not in available:
             raise BlockcError("the CUDA execution provider is not available in this onnxruntime "
@@ -66,17 +91,6 @@ class OrtSession:
                             opset=opset, decisions=decisions, external_data=external_data,
                             external_threshold=external_threshold)
         external = wants_external_data(model, external_data, external_threshold)
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = {
-            "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[optimization]
-        options.log_severity_level = 3  # errors only: unused-initializer warnings are noise here
-        if threads is not None:
-            options.intra_op_num_threads = threads
 
         # Kept for the session's lifetime: ONNX Runtime may map the data file.
         self._tmpdir = None

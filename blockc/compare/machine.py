@@ -1,0 +1,110 @@
+"""What a comparison ran on: the CPU, memory, GPU, library versions, and the
+device's peak memory bandwidth where it is known.
+
+Peak bandwidths are the vendors' published figures for the memory system
+(HBM or GDDR), the denominator of "fraction of peak". A CPU's peak depends on
+its memory channels and DIMMs, which software cannot read reliably, so for a
+CPU the peak is unknown unless the user gives it (``--peak-gbps``).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+
+# GB/s (10^9 bytes per second), the data-sheet figures. Matched by substring of
+# the name nvidia-smi reports, most specific first.
+GPU_PEAK_GBPS = (
+    ("H200", 4800.0),
+    ("H100 PCIe", 2000.0),
+    ("H100 NVL", 3900.0),
+    ("H100", 3350.0),   # SXM5
+    ("GH200", 4000.0),
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100-PCIE-80GB", 1935.0),
+    ("A100", 1555.0),   # the 40 GB parts
+    ("L40S", 864.0),
+    ("L4", 300.0),
+    ("A10G", 600.0),
+    ("A10", 600.0),
+    ("RTX 4090", 1008.0),
+    ("V100", 900.0),
+    ("T4", 320.0),
+)
+
+
+def gpu_peak_gbps(name: str) -> float | None:
+    """The published peak memory bandwidth of the GPU called ``name``, if listed."""
+    for key, gbps in GPU_PEAK_GBPS:
+        if key.lower() in name.lower():
+            return gbps
+    return None
+
+
+def gpu_name() -> tuple[str | None, str]:
+    """(the first GPU's name, or None; why not when None)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None, "no NVIDIA GPU found (nvidia-smi not found)"
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"nvidia-smi failed: {e}"
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not names:
+        return None, "nvidia-smi sees no GPU"
+    return names[0], ""
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def version_of(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def describe_machine(*, gpu: str | None, peak_gbps: float | None) -> dict:
+    """The ``machine`` object of the comparison's JSON.
+
+    ``peak_gbps`` given by the user wins; else a used GPU's published peak;
+    else unknown.
+    """
+    if peak_gbps is not None:
+        peak, source = peak_gbps, "given with --peak-gbps"
+    elif gpu is not None and gpu_peak_gbps(gpu) is not None:
+        peak, source = gpu_peak_gbps(gpu), f"published peak of the {gpu}"
+    elif gpu is not None:
+        peak, source = None, f"no published peak listed for {gpu}; pass --peak-gbps"
+    else:
+        peak, source = None, "unknown for a CPU; pass --peak-gbps"
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "memory_gib": memory_gib(),
+            "os": platform.platform(terse=True), "python": platform.python_version(), "gpu": gpu,
+            "peak_gbps": peak, "peak_source": source}
+
+
+def versions() -> dict:
+    from .. import __version__
+    ort = version_of("onnxruntime-gpu") or version_of("onnxruntime")
+    return {"blockc": __version__, "numpy": version_of("numpy"), "onnxruntime": ort,
+            "torch": version_of("torch")}

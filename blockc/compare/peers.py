@@ -1,0 +1,123 @@
+"""The peers blockc's fused graph is measured against, in the same run, on
+the same weights, shapes, thread count and repeats:
+
+* ``ort-optimizer``: ONNX Runtime's own transformer optimizer
+  (``onnxruntime.transformers.optimizer.optimize_model``) applied to blockc's
+  *unfused* ONNX -- the tool users reach for today -- then run on ONNX Runtime
+  at both graph optimization levels, like blockc's own rows;
+* ``torch-eager``: the standard-form graph as a PyTorch module (one idiomatic
+  torch call per IR node: ``F.layer_norm``, ``torch.softmax``, ...);
+* ``torch-compile``: that module under ``torch.compile`` (inductor).
+
+A peer that is not installed is listed as skipped with the reason.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import BlockcError
+from ..ir.graph import Graph
+from .backends import Backend, Runnable, count_onnx_nodes
+
+PEERS = ("ort-optimizer", "torch-eager", "torch-compile")
+
+
+def attention_shape(model) -> tuple[str, int, int]:
+    """(optimizer model_type, heads, hidden size) from the model's first
+    multi-head attention: "gpt2" for causal (decoder) attention, "bert"
+    otherwise; (.., 0, 0) lets the optimizer detect them itself."""
+    from ..frontends.layers import MultiHeadAttention
+    for _, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention):
+            return ("gpt2" if m.causal else "bert"), m.heads, m.w_q.weight.shape[0]
+    return "bert", 0, 0
+
+
+class OrtOptimizerPeer(Backend):
+    name = "ort-optimizer"
+    backend = "ort-cpu"
+    variants = ("basic", "all")
+
+    def __init__(self, model):
+        self.model_type, self.heads, self.hidden = attention_shape(model)
+        self.fused: dict[str, int] = {}
+
+    def availability(self):
+        try:
+            import onnxruntime.transformers.optimizer  # noqa: F401
+        except Exception as e:  # it imports onnx, sympy, packaging...; any failure means "not usable"
+            return False, f"onnxruntime.transformers.optimizer cannot be imported: {e}"
+        return True, ""
+
+    def detail(self, threads):
+        return (f"onnxruntime.transformers.optimizer.optimize_model(model_type={self.model_type!r}, "
+                f"num_heads={self.heads}, hidden_size={self.hidden}, opt_level=0) on blockc's unfused ONNX, "
+                f"then ONNX Runtime CPU at levels basic and all, {threads} intra-op threads")
+
+    def prepare(self, graph: Graph, weights: Mapping[str, np.ndarray], variant: str, threads: int) -> Runnable:
+        import logging
+
+        import onnxruntime
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        from ..codegen.onnx_export import export_onnx
+        from ..runtime.ort_runner import session_options
+        proto = export_onnx(graph, weights)
+        # The optimizer logs each fusion it tries at INFO/WARNING; the report says what it fused.
+        logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+        try:
+            optimized = optimize_model(proto, model_type=self.model_type, num_heads=self.heads,
+                                       hidden_size=self.hidden, opt_level=0, use_gpu=False)
+        except Exception as e:  # a peer's own failure is reported in its row, not raised
+            raise BlockcError(f"onnxruntime's transformer optimizer failed: {type(e).__name__}: {e}") from None
+        self.fused = {k: v for k, v in (optimized.get_fused_operator_statistics() or {}).items() if v}
+        folder = tempfile.TemporaryDirectory(prefix="blockc-compare-")
+        saved = os.path.join(folder.name, "optimized.onnx")
+        try:
+            session = onnxruntime.InferenceSession(optimized.model.SerializeToString(),
+                                                   session_options(variant, threads, saved),
+                                                   providers=["CPUExecutionProvider"])
+        except Exception as e:
+            folder.cleanup()
+            raise BlockcError(f"ONNX Runtime could not load the optimizer's model: {e}") from None
+        names = [o.name for o in session.get_outputs()]
+        inputs = [i.name for i in session.get_inputs()]
+
+        def run(feeds):
+            return dict(zip(names, session.run(names, {k: feeds[k] for k in inputs})))
+        return Runnable(run, count_onnx_nodes(saved), folder.cleanup)
+
+
+class TorchPeer(Backend):
+    backend = "torch"
+
+    def __init__(self, compile: bool):
+        self.compile = compile
+        self.name = "torch-compile" if compile else "torch-eager"
+
+    def availability(self):
+        from ..runtime.torch_runner import torch_available
+        return torch_available()
+
+    def detail(self, threads):
+        import torch
+        how = "torch.compile (inductor, one compile per shape)" if self.compile else "eager"
+        return (f"torch {torch.__version__} on the CPU, {how}, {threads} intra-op threads, inference_mode; "
+                f"the standard-form graph, one torch call per IR node")
+
+    def prepare(self, graph, weights, variant, threads):
+        from ..runtime.torch_runner import TorchSession
+        session = TorchSession(graph, weights, compile=self.compile, threads=threads)
+        return Runnable(session.run, None)
+
+
+def make_peer(name: str, model) -> Backend:
+    if name == "ort-optimizer":
+        return OrtOptimizerPeer(model)
+    if name in ("torch-eager", "torch-compile"):
+        return TorchPeer(compile=name == "torch-compile")
+    raise BlockcError(f"unknown peer {name!r}; peers: {', '.join(PEERS)}")

@@ -1,0 +1,344 @@
+"""``blockc compare``: fused against unfused, measured side by side with the peers.
+
+``plan_comparison`` checks everything a user can get wrong -- the model, its
+settings, backends, peers, shapes against the model's limits, the output
+paths -- before anything is measured. ``run_comparison`` then measures, for
+each shape, every form (decomposed, standard, fused) on every available
+backend and variant, and every available peer, with one timing protocol;
+checks each against the float64 reference; and returns the JSON document
+described in docs/compare-report.md.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import BlockcError
+from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
+from ..ir.graph import Graph
+from ..runtime.timing import measure
+from .backends import BACKENDS, Backend, make_backend
+from .peers import PEERS, make_peer
+
+SCHEMA = "blockc.compare/1"
+FORMS = ("decomposed", "standard", "fused")
+
+
+@dataclass
+class CompareOptions:
+    """What to compare; the CLI's flags one to one."""
+
+    model: str = DEFAULT_MODEL
+    settings: list[str] = field(default_factory=list)
+    dtype: str | None = None          # None: the model's own
+    backends: tuple[str, ...] = BACKENDS
+    peers: tuple[str, ...] = PEERS
+    batches: tuple[int, ...] = (1,)
+    seqs: tuple[int, ...] = (128,)
+    dims: dict[str, int] = field(default_factory=dict)   # other symbolic dims a user model has
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    warmup: int = 3
+    min_repeats: int = 10
+    min_time_s: float = 0.5
+    fused_as: str = "auto"
+    peak_gbps: float | None = None
+    seed: int = 0
+    weights: str | None = None
+    kernels: bool = True
+    command: str = ""
+
+
+@dataclass
+class Plan:
+    options: CompareOptions
+    model: object
+    graphs: dict[str, Graph]             # form -> graph
+    shapes: list[dict[str, int]]
+    backends: list[tuple[Backend, bool, str]]    # (backend, available, reason)
+    peers: list[tuple[Backend, bool, str]]
+    kernel_graphs: list[Graph]           # where the fused kernels timed alone come from
+
+
+def plan_comparison(o: CompareOptions) -> Plan:
+    """Validate ``o`` and trace the model in every form; measures nothing."""
+    from ..forms import to_form
+    from ..frontends import trace
+    from ..ir.verify import verify
+    from ..passes.manager import optimize
+
+    unknown = [b for b in o.backends if b not in BACKENDS]
+    if unknown:
+        raise BlockcError(f"unknown backend {', '.join(map(repr, unknown))}; backends: {', '.join(BACKENDS)}")
+    unknown = [p for p in o.peers if p not in PEERS]
+    if unknown:
+        raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
+    if o.dtype not in (None, "float32", "float16"):
+        raise BlockcError(f"--dtype {o.dtype}: compare runs float32 or float16")
+    for name, values in (("--batch", o.batches), ("--seq", o.seqs)):
+        if not values or any(v <= 0 for v in values):
+            raise BlockcError(f"{name} needs positive integers, got {', '.join(map(str, values)) or 'none'}")
+    if o.threads < 1 or o.min_repeats < 1 or o.warmup < 0 or o.min_time_s < 0:
+        raise BlockcError("--threads and --repeats must be at least 1, --warmup and --min-time at least 0")
+    if o.peak_gbps is not None and not o.peak_gbps > 0:
+        raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
+
+    sets = parse_sets(o.settings)
+    if o.dtype is not None:
+        if sets.get("dtype", o.dtype) != o.dtype:
+            raise BlockcError(f"--set dtype={sets['dtype']} contradicts --dtype {o.dtype}")
+        sets["dtype"] = o.dtype
+    model = build_model(o.model, sets)
+    traced = trace(model)
+    symbols = traced.symbols()
+    limits = model.max_dims()
+    shapes = []
+    for b in o.batches:
+        for s in o.seqs:
+            shape = {k: v for k, v in {"batch": b, "seq": s, **o.dims}.items() if k in symbols}
+            for k, v in shape.items():
+                if k in limits and v > limits[k]:
+                    raise BlockcError(f"{k}={v} exceeds {o.model}'s maximum of {limits[k]} "
+                                      f"(its max positions); use a smaller --{k if k in ('batch', 'seq') else 'dim'}")
+            missing = [k for k in symbols if k not in shape]
+            if missing:
+                raise BlockcError(f"{o.model} has dimension(s) {', '.join(missing)} with no size: "
+                                  f"give them with --dim NAME=INT")
+            if shape not in shapes:
+                shapes.append(shape)
+    graphs = {"standard": traced, "decomposed": to_form(traced, "decomposed"), "fused": optimize(traced).graph}
+    for g in graphs.values():
+        verify(g)
+    # The attention fusion swallows the masked softmax; its kernel is timed from this graph.
+    kernel_graphs = [graphs["fused"], optimize(traced, disable=["fuse_attention"]).graph] if o.kernels else []
+    if o.weights:
+        from ..frontends.weights import check_weights, load_weights
+        check_weights(model, load_weights(o.weights))
+
+    backends = [(b, *b.availability()) for b in (make_backend(n, o.fused_as) for n in o.backends)]
+    peers = [(p, *p.availability()) for p in (make_peer(n, model) for n in o.peers)]
+    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs)
+
+
+Progress = Callable[[str], None]   # called with a description as each measurement starts
+
+
+def planned_steps(plan: Plan) -> int:
+    """How many measurements ``run_comparison`` makes (for a progress bar)."""
+    per_shape = sum(len(b.variants) * sum(b.supports(f) for f in FORMS) for b, ok, _ in plan.backends if ok)
+    per_shape += sum(len(p.variants) for p, ok, _ in plan.peers if ok)
+    if plan.options.kernels:
+        from .kernels import first_fused_nodes
+        per_shape += len(first_fused_nodes(plan.kernel_graphs)) * _kernel_backend_count(plan)
+    return per_shape * len(plan.shapes)
+
+
+def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
+    """Where fused kernels are timed alone: ONNX Runtime at the basic level
+    (blockc's fused ops as written, not ORT's re-fusions) and generated CUDA."""
+    return [(b, "basic" if "basic" in b.variants else "") for b, ok, _ in plan.backends
+            if ok and b.name in ("ort-cpu", "ort-cuda", "cuda")]
+
+
+def _kernel_backend_count(plan: Plan) -> int:
+    return len(_kernel_backends(plan))
+
+
+def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
+    """Measure everything ``plan`` holds; returns the ``blockc.compare/1`` document."""
+    from ..frontends import init_weights
+    from .machine import describe_machine, gpu_name, versions
+    o = plan.options
+    if o.weights:
+        from ..frontends.weights import load_weights
+        weights = dict(load_weights(o.weights))
+    else:
+        weights = dict(init_weights(plan.model, seed=o.seed))  # materialised once: every run reads them
+
+    gpu = gpu_name()[0] if any(ok and b.name in ("ort-cuda", "cuda") for b, ok, _ in plan.backends) else None
+    report = {
+        "schema": SCHEMA, "model": o.model, "settings": parse_sets(o.settings),
+        "dtype": plan.model.dtype.name,
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": o.command, "machine": describe_machine(gpu=gpu, peak_gbps=o.peak_gbps), "versions": versions(),
+        "timing": {"warmup": o.warmup, "min_repeats": o.min_repeats, "min_time_s": o.min_time_s,
+                   "threads": o.threads,
+                   "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {"time.perf_counter"}))},
+        "shapes": plan.shapes,
+        "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
+        "backends": [_listing(b, ok, why, o.threads) for b, ok, why in plan.backends],
+        "peers": [_listing(p, ok, why, o.threads) for p, ok, why in plan.peers],
+        "results": [], "ratios": [], "kernels": [],
+    }
+    peak = report["machine"]["peak_gbps"]
+    for shape in plan.shapes:
+        rows = _measure_shape(plan, weights, shape, peak, progress)
+        report["results"].extend(rows)
+        report["ratios"].extend(_ratios(rows, shape))
+        if o.kernels:
+            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, progress))
+    for entry, (p, ok, _) in zip(report["peers"], plan.peers):
+        if ok and getattr(p, "fused", None):
+            entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
+    return report
+
+
+def _listing(b: Backend, ok: bool, why: str, threads: int) -> dict:
+    return {"name": b.name, "available": ok, "reason": "" if ok else why, "detail": b.detail(threads) if ok else ""}
+
+
+def _feeds(plan: Plan, shape: dict[str, int]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(plan.options.seed)
+    return {s.name: s.sample(shape, rng) for s in plan.model.inputs()}
+
+
+def _measure_shape(plan: Plan, weights, shape, peak, progress) -> list[dict]:
+    from ..report.traffic import total_bytes
+    from ..runtime.reference import run_reference
+    feeds = _feeds(plan, shape)
+    oracle = run_reference(plan.graphs["standard"], weights, feeds, float64=True)
+    rows = []
+    for b, ok, _ in plan.backends:
+        if not ok:
+            continue
+        for variant in b.variants:
+            for form in FORMS:
+                if not b.supports(form):
+                    continue
+                g = plan.graphs[form]
+                progress(f"{b.name} {variant} {form} {_shape_text(shape)}".replace("  ", " "))
+                row = _row(b.name, variant, form, False, shape)
+                row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
+                _measure_into(row, lambda b=b, g=g, v=variant: b.prepare(g, weights, v, plan.options.threads),
+                              feeds, oracle, plan.options, peak)
+                rows.append(row)
+    for p, ok, _ in plan.peers:
+        if not ok:
+            continue
+        for variant in p.variants:
+            progress(f"{p.name} {variant} {_shape_text(shape)}".replace("  ", " "))
+            row = _row(p.backend, variant, p.name, True, shape)
+            _measure_into(row, lambda p=p, v=variant: p.prepare(plan.graphs["standard"], weights, v,
+                                                                plan.options.threads),
+                          feeds, oracle, plan.options, peak)
+            rows.append(row)
+    _speedups(rows)
+    return rows
+
+
+def _shape_text(shape: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def _row(backend, variant, form, peer, shape) -> dict:
+    return {"backend": backend, "variant": variant, "form": form, "peer": peer, "shape": dict(shape),
+            "status": "ok", "error": "", "latency_ms": None, "speedup_vs_standard": None, "ir_nodes": None,
+            "kernels": None, "bytes_modelled": None, "bandwidth_gbps": None, "fraction_of_peak": None,
+            "max_abs_error": None}
+
+
+def _measure_into(row: dict, prepare, feeds, oracle, o: CompareOptions, peak) -> None:
+    """Prepare, run once (checked against the oracle), then time; failures land in the row."""
+    runnable = None
+    try:
+        runnable = prepare()
+        row["kernels"] = runnable.kernels
+        outputs = runnable.run(feeds)
+        row["max_abs_error"] = _max_error(outputs, oracle)
+        if runnable.timed_run is not None:
+            times = runnable.timed_run(feeds, o.warmup, o.min_time_s, o.min_repeats)
+            times = sorted(times)
+            median, lo, hi, n = float(np.median(times)), times[0], times[-1], len(times)
+        else:
+            t = measure(lambda: runnable.run(feeds), warmup=o.warmup, min_repeats=o.min_repeats,
+                        min_time_s=o.min_time_s)
+            median, lo, hi, n = t.median_s, t.min_s, t.max_s, t.repeats
+        row["latency_ms"] = {"median": median * 1e3, "min": lo * 1e3, "max": hi * 1e3, "repeats": n}
+        if row["bytes_modelled"] is not None and median > 0:
+            row["bandwidth_gbps"] = row["bytes_modelled"] / median / 1e9
+            if peak:
+                row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
+    except BlockcError as e:
+        row["status"], row["error"] = "error", str(e)
+    except MemoryError:
+        row["status"], row["error"] = "error", "out of memory"
+    finally:
+        if runnable is not None:
+            runnable.close()
+
+
+def _max_error(outputs, oracle) -> float:
+    missing = [k for k in oracle if k not in outputs]
+    if missing:
+        raise BlockcError(f"the run produced no output {', '.join(missing)}")
+    worst = 0.0
+    for k, ref in oracle.items():
+        got = np.asarray(outputs[k]).astype(np.float64)
+        if got.shape != ref.shape:
+            raise BlockcError(f"output {k} has shape {list(got.shape)}, expected {list(ref.shape)}")
+        if got.size:
+            worst = max(worst, float(np.max(np.abs(got - ref))))
+    return worst
+
+
+def row_key(row: dict) -> str:
+    return f"{row['backend']}/{row['variant']}/{row['form']}"
+
+
+def _speedups(rows: list[dict]) -> None:
+    """Each row against the standard form's row of the same backend and variant."""
+    base = {(r["backend"], r["variant"]): r for r in rows if r["form"] == "standard" and r["status"] == "ok"}
+    for r in rows:
+        ref = base.get((r["backend"], r["variant"]))
+        if r["status"] == "ok" and ref is not None and r["form"] != "torch-compile" and r["form"] != "torch-eager":
+            r["speedup_vs_standard"] = ref["latency_ms"]["median"] / r["latency_ms"]["median"]
+
+
+def _ratios(rows: list[dict], shape) -> list[dict]:
+    """Pair by pair at one shape: fused against standard and decomposed on each
+    backend and variant, and against every peer on the same device."""
+    ok = {row_key(r): r for r in rows if r["status"] == "ok"}
+    pairs = []
+    for r in rows:
+        if r["peer"] or r["form"] != "fused" or row_key(r) not in ok:
+            continue
+        for other in ("standard", "decomposed"):
+            pairs.append((row_key(r), f"{r['backend']}/{r['variant']}/{other}"))
+        if r["backend"] == "ort-cpu":
+            pairs.append((row_key(r), f"ort-cpu/{r['variant']}/ort-optimizer"))
+            pairs += [(row_key(r), f"torch//{peer}") for peer in ("torch-eager", "torch-compile")]
+    out = []
+    for a, b in pairs:
+        if a in ok and b in ok:
+            out.append({"shape": dict(shape), "a": a, "b": b,
+                        "speedup": ok[b]["latency_ms"]["median"] / ok[a]["latency_ms"]["median"]})
+    return out
+
+
+def _measure_kernels(plan: Plan, weights, shape, peak, progress) -> list[dict]:
+    from .kernels import first_fused_nodes, isolate, kernel_cost, sample_feeds
+    from ..runtime.reference import run_reference
+    o = plan.options
+    entries = []
+    for label, node in first_fused_nodes(plan.kernel_graphs):
+        g = isolate(node, f"{node.op}_alone")
+        feeds = sample_feeds(g, shape, np.random.default_rng(o.seed))
+        params = {name: weights[name] for name in g.params}
+        nbytes, flops = kernel_cost(g.nodes[0], shape)
+        oracle = run_reference(g, params, feeds, float64=True)
+        for b, variant in _kernel_backends(plan):
+            progress(f"kernel {node.op} on {b.name} {_shape_text(shape)}")
+            entry = {"backend": b.name, "variant": variant, "op": node.op, "shape": dict(shape), "node": label,
+                     "status": "ok", "error": "", "median_ms": None, "bytes_modelled": nbytes,
+                     "flops_modelled": flops, "bandwidth_gbps": None, "fraction_of_peak": None}
+            row = _row(b.name, variant, node.op, False, shape)
+            row["bytes_modelled"] = nbytes
+            _measure_into(row, lambda b=b, v=variant: b.prepare(g, params, v, o.threads), feeds, oracle, o, peak)
+            entry.update(status=row["status"], error=row["error"], bandwidth_gbps=row["bandwidth_gbps"],
+                         fraction_of_peak=row["fraction_of_peak"], max_abs_error=row["max_abs_error"],
+                         median_ms=row["latency_ms"]["median"] if row["latency_ms"] else None)
+            entries.append(entry)
+    return entries
