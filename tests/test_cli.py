@@ -8,7 +8,7 @@ import pytest
 
 from blockc.cli import build_parser, main
 
-COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check"]
+COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check", "cuda", "compare"]
 
 
 def run(capsys, *argv):
