@@ -107,6 +107,7 @@ def test_peak_bandwidth_given_makes_fractions():
     (["--batch", "0"], "--batch needs positive integers"),
     (["--set", "heads=5"], "not divisible"),
     (["--json", "/nonexistent-dir/r.json"], "does not exist"),
+    (["--report", "/proc/version/report"], "cannot write the report"),
 ])
 def test_bad_input_fails_before_measuring(argv, message, capsys):
     t0 = time.perf_counter()
@@ -128,3 +129,12 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, _schema())
     assert doc["command"].startswith("blockc compare tiny")
+
+
+def test_cli_writes_the_html_report(tmp_path, capsys):
+    argv = ["compare", "tiny", *sum((["--set", s] for s in SMALL), []), "--seq", "8", "--backends", "ort-cpu",
+            "--peers", "none", "--repeats", "2", "--min-time", "0", "--warmup", "1", "--report",
+            str(tmp_path / "rep"), "--no-progress"]
+    assert main(argv) == 0
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "tiny" in page and "ort-cpu" in page and page.count("data:image/png;base64,") >= 3
