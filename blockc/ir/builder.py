@@ -8,13 +8,20 @@ from .graph import Graph, Node, Value
 
 
 class Builder:
-    """Adds nodes to ``graph`` just before ``before`` (or at the end)."""
+    """Adds nodes to ``graph`` just before ``before`` (or at the end).
+
+    ``created`` lists the nodes added, in order, so a rewrite can tell its new
+    nodes apart without rescanning the graph.
+    """
 
     def __init__(self, graph: Graph, before: Node | None = None, loc: str | None = None):
         self.graph, self.before, self.loc = graph, before, loc
+        self.created: list[Node] = []
 
     def node(self, op: str, *inputs: Value, **attrs) -> Node:
-        return self.graph.add_node(op, inputs, attrs, before=self.before, loc=self.loc)
+        node = self.graph.add_node(op, inputs, attrs, before=self.before, loc=self.loc)
+        self.created.append(node)
+        return node
 
     def op(self, op: str, *inputs: Value, **attrs) -> Value:
         return self.node(op, *inputs, **attrs).output

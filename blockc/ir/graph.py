@@ -78,14 +78,52 @@ class Node:
 
 
 class Graph:
-    """A typed SSA dataflow graph with named inputs, parameters and outputs."""
+    """A typed SSA dataflow graph with named inputs, parameters and outputs.
+
+    ``nodes`` is a plain list in order. Inserting before a node and removing
+    one are recorded and applied to the list in one sweep when it is next
+    read: a pass makes hundreds of such edits between reads, and doing each
+    in the list (``list.index``, ``list.remove``) cost a scan per edit, which
+    made rewriting quadratic in depth. Use-lists are updated at once.
+    """
 
     def __init__(self, name: str = "main"):
         self.name = name
         self.inputs: list[Value] = []
         self.params: dict[str, Value] = {}
-        self.nodes: list[Node] = []
+        self._nodes: list[Node] = []
+        self._before: dict[Node, list[Node]] = {}   # nodes to go just before a node, in order
+        self._removed: set[Node] = set()
         self.outputs: list[tuple[str, Value]] = []
+
+    @property
+    def nodes(self) -> list[Node]:
+        if self._before or self._removed:
+            self._apply_edits()
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, nodes: list[Node]) -> None:
+        self._nodes = nodes
+        self._before, self._removed = {}, set()
+
+    def _apply_edits(self) -> None:
+        before, removed = self._before, self._removed
+        order: list[Node] = []
+
+        def place(n):
+            for m in before.pop(n, ()):
+                place(m)  # a node may have been put before one that was itself put before another
+            if n not in removed:
+                order.append(n)
+
+        for n in self._nodes:
+            place(n)
+        lost = [m.op for ms in before.values() for m in ms]
+        self._before, self._removed = {}, set()
+        self._nodes[:] = order  # in place: a list read earlier stays the graph's list
+        if lost:
+            raise ShapeError(f"{', '.join(lost)} node(s) were inserted before a node that is not in the graph")
 
     # -- construction -------------------------------------------------------
     def add_input(self, name: str, type: TensorType) -> Value:
@@ -123,10 +161,12 @@ class Graph:
         return node
 
     def insert(self, node: Node, *, before: Node | None = None) -> None:
+        if node in self._removed:
+            self._apply_edits()  # re-inserting a removed node: drop its old place first
         if before is None:
-            self.nodes.append(node)
+            self._nodes.append(node)
         else:
-            self.nodes.insert(self.nodes.index(before), node)
+            self._before.setdefault(before, []).append(node)
         for i, v in enumerate(node.inputs):
             v.uses.append((node, i))
 
@@ -155,12 +195,15 @@ class Graph:
                 raise ShapeError(f"cannot remove {node.op}: its result is still used")
         for i, v in enumerate(node.inputs):
             v.uses.remove((node, i))
-        self.nodes.remove(node)
+        self._removed.add(node)
 
     def sort(self) -> None:
         """Re-order nodes topologically, keeping the current order where it is
         already valid (rewrites may leave a fused node after a user)."""
         position = {id(n): i for i, n in enumerate(self.nodes)}
+        if all(position.get(id(v.producer), i) < i for i, n in enumerate(self.nodes)
+               for v in n.inputs if v.producer is not None):
+            return  # already in order: what the search below would give, in linear time
         producers_left = {}
         users: dict[int, list] = {}
         for n in self.nodes:

@@ -8,7 +8,11 @@ from ..ir.graph import Graph
 
 @dataclass
 class PassResult:
-    """The graph after the pass, and whether the pass changed anything."""
+    """The graph after the pass, and whether the pass changed anything.
+
+    A pass never changes its input: it returns a changed copy, or, having
+    found nothing to do, the input itself (copying a deep graph only to hand
+    it back unchanged is most of such a pass's cost)."""
 
     graph: Graph
     changed: bool

@@ -41,6 +41,8 @@ def _foldable(n) -> bool:
 
 
 def constant_fold(graph: Graph) -> PassResult:
+    if not any(_foldable(n) for n in graph.nodes):
+        return PassResult(graph, False)  # nothing to fold: the graph itself, not a copy
     g = graph.copy()
     changed = False
     env = Env({}, float64=False)

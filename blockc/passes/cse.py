@@ -28,12 +28,28 @@ def _attr_key(v):
     return v
 
 
+def _key(n):
+    return n.op, tuple(id(v) for v in n.inputs), tuple((k, _attr_key(a)) for k, a in sorted(n.attrs.items()))
+
+
+def _has_duplicates(g: Graph) -> bool:
+    seen = set()
+    for n in g.nodes:
+        key = _key(n)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
 def cse(graph: Graph) -> PassResult:
+    if not _has_duplicates(graph):  # merging starts from a duplicate: none, no change, no copy
+        return PassResult(graph, False)
     g = graph.copy()
     seen: dict = {}
     changed = False
     for n in list(g.nodes):
-        key = (n.op, tuple(id(v) for v in n.inputs), tuple((k, _attr_key(a)) for k, a in sorted(n.attrs.items())))
+        key = _key(n)
         first = seen.get(key)
         if first is None:
             seen[key] = n

@@ -20,6 +20,7 @@ After::
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Iterable
 
 from ..ir.builder import Builder
@@ -34,17 +35,17 @@ def decompose(graph: Graph, ops: Iterable[str] | None = None) -> PassResult:
     g = graph.copy()
     wanted = set(ops) if ops is not None else {name for name, d in registry.OPS.items() if d.decompose_fn}
     changed = False
-    # A fused op decomposes into standard ops that may decompose further.
-    todo = [n for n in g.nodes if n.op in wanted]
+    # A fused op decomposes into standard ops that may decompose further:
+    # those are handled next, before the nodes after it.
+    todo = deque(n for n in g.nodes if n.op in wanted)
     while todo:
-        node = todo.pop(0)
+        node = todo.popleft()
         opdef = registry.get(node.op)
         if opdef.decompose_fn is None:
             continue
         b = Builder(g, before=node, loc=node.loc)
-        start = g.nodes.index(node)
         results = opdef.decompose_fn(b, node, list(node.inputs))
-        todo = [n for n in g.nodes[start:g.nodes.index(node)] if n.op in wanted] + todo
+        todo.extendleft(reversed([n for n in b.created if n.op in wanted]))
         for old, new in zip(node.outputs, results):
             g.replace_all_uses(old, new)
         g.remove_node(node)

@@ -52,6 +52,9 @@ def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
     g = graph.copy()
     groups: dict[int, list[Node]] = {}
     returned = {id(v) for _, v in g.outputs}
+    # Places in the node list, taken once: nodes added later go before an
+    # existing one, so the originals keep their relative order.
+    order = {n: i for i, n in enumerate(g.nodes)}
     for n in g.nodes:
         if n.op == "matmul" and _projection(n, returned) is not None:
             groups.setdefault(id(n.inputs[0]), []).append(n)
@@ -71,9 +74,8 @@ def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
                 sites.append(site)
             continue
         x = members[0].inputs[0]
-        last = max((p[1] or n for n, p in zip(members, projections)), key=g.nodes.index)
+        last = max((p[1] or n for n, p in zip(members, projections)), key=order.__getitem__)
         b = Builder(g, before=last, loc=members[0].loc)
-        before = set(map(id, g.nodes))
         w = b.op("concat", *[p[0] for p in projections], axis=1)
         y = b.op("matmul", x, w)
         if all(with_bias):
@@ -84,13 +86,12 @@ def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
             g.replace_all_uses((add or n).outputs[0], part)
             consumed += [n] + ([add] if add else [])
         origin = tuple(sorted({o for n in consumed for o in n.origin}, key=_origin_key))
-        for new in g.nodes:
-            if id(new) not in before:
-                new.origin = origin
-        order = {id(n): i for i, n in enumerate(g.nodes)}
-        site.nodes = [_label(n) for n in sorted(consumed, key=lambda n: order[id(n)])]
-        site.ops = [n.op for n in sorted(consumed, key=lambda n: order[id(n)])]
-        for n in sorted(consumed, key=lambda n: -order[id(n)]):
+        for new in b.created:
+            new.origin = origin
+        consumed.sort(key=order.__getitem__)
+        site.nodes = [_label(n) for n in consumed]
+        site.ops = [n.op for n in consumed]
+        for n in reversed(consumed):
             g.remove_node(n)
         site.fused, site.result = True, "concat+matmul" + ("+add" if all(with_bias) else "") + "+split"
         if sites is not None:
