@@ -148,8 +148,10 @@ def cmd_summary(args) -> int:
 
 def cmd_export(args) -> int:
     from .codegen.onnx_export import save_onnx
+    if args.no_weights and args.weights:
+        raise BlockcError("--no-weights and --weights contradict each other")
     model, graph = _graph(args)
-    weights = _weights(args, model)
+    weights = None if args.no_weights else _weights(args, model)
     t0 = time.perf_counter()
     decisions: list = []
     save_onnx(graph, weights, args.output, opset=args.opset, fused_as=args.fused_as, provider=args.provider,
@@ -157,6 +159,9 @@ def cmd_export(args) -> int:
     forms = sorted({f"{d['op']}: {d['form']}" for d in decisions})
     print(f"wrote {args.output}: {len(graph.nodes)} IR nodes, {len(graph.params)} parameters, "
           f"{time.perf_counter() - t0:.2f} s" + (f"; fused ops as {', '.join(forms)}" if forms else ""))
+    if args.no_weights:
+        print(f"weights not written: they are declared in {os.path.basename(args.output)}.data, to be filled "
+              "in by blockc.codegen.onnx_weights_file.save_onnx_weights")
     return 0
 
 
@@ -445,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     _fused_as_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
     p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    p.add_argument("--no-weights", action="store_true",
+                   help="write the model only, its weights declared as external data in <output>.data "
+                   "(laid out, not written): any size exports in seconds")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("cuda", help="generate CUDA C++ and prove it compiles",

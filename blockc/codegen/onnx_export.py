@@ -9,6 +9,12 @@ RMSNormalization only arrived in opset 23, and the registry has no lowering
 to it yet). Graph inputs and outputs keep their names, with symbolic dims
 written as ``dim_param`` (``past+seq``); parameters become initializers named
 by their labels. The result passes ``onnx.checker.check_model(full_check=True)``.
+
+With ``weights=None`` the export is weightless: each parameter's initializer
+declares where its bytes will be in a weights file (ONNX external data, laid
+out by ``onnx_weights_file``) and holds none, so any model, GPT-3 included,
+exports without its weights in memory; ``save_onnx_weights`` fills the file
+in later.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from ..ir.types import TensorType
 from ..ops.fused import FUSED_OPS
 from .fused_forms import FusedLowering, check_form, pick_opset
 from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
+from .onnx_weights_file import check_location, external_initializers, plan_layout
 
 # Opset -> IR version written into the model. onnx 1.23 stamps IR 14 on every
 # model it makes, but onnxruntime 1.31 refuses anything above IR 13, and a
@@ -44,10 +51,11 @@ DEFAULT_OPSET = 21
 EXTERNAL_DATA_THRESHOLD = 2_000_000_000
 
 
-def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, fused_as: str = "auto",
+def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused_as: str = "auto",
                 provider: str = "cpu", opset: int | None = None, decisions: list | None = None,
                 external_data: bool | None = None,
-                external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> onnx.ModelProto:
+                external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                data_location: str | None = None) -> onnx.ModelProto:
     """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked.
 
     ``weights`` maps every parameter name to an array of exactly the
@@ -63,7 +71,29 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, fused_as: st
     the returned model always holds its weights in memory, but a model too big
     for one protobuf is checked without them, and ``external_data=False`` on
     such a model is an error. ``save_onnx`` writes a model to disk.
+
+    ``weights=None`` exports without weights. Every parameter still becomes
+    an initializer -- its name, dtype and dims -- marked as ONNX external
+    data (``location`` = ``data_location``, ``offset``, ``length``) in a
+    weights file laid out by ``onnx_weights_file.plan_layout``: parameter
+    order, big tensors aligned for memory mapping. ``data_location`` is that
+    file's name relative to the model file (None: ``<graph name>.onnx.data``;
+    ``save_onnx`` uses ``<model file>.data``). Declaring the weights as
+    external data, rather than dropping them or turning them into graph
+    inputs, is what keeps this a normal ONNX model: its initializers, types
+    and signature are those of the full export, tools that read it without
+    its data (``onnx.load(load_external_data=False)``, viewers) see the
+    parameters, and once the file exists (``save_onnx_weights``, or any
+    writer that follows the declared offsets) ONNX Runtime loads it as it
+    is. Without the file the model is checked by ``check_model(weightless=
+    True)``, which is everything but the bytes.
     """
+    if weights is None and external_data is False:
+        raise BlockcError("ONNX export: a weightless export declares its weights as external data; "
+                          "external_data=False contradicts it")
+    if weights is None:
+        data_location = data_location if data_location is not None else f"{graph.name}.onnx.data"
+        check_location(data_location)
     if opset is not None and opset not in OPSET_IR_VERSION:
         raise BlockcError(f"ONNX export: opset {opset} is not supported "
                           f"(supported: {', '.join(map(str, OPSET_IR_VERSION))})")
@@ -90,21 +120,25 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], *, fused_as: st
         functions=fused.functions.protos,
         producer_name="blockc")
     model.ir_version = OPSET_IR_VERSION[opset]
-    _add_weights(model.graph, graph, weights)
-    model.graph.initializer.extend(e.initializers)
-
-    size = initializer_bytes(model)
-    big = size > external_threshold
-    if big and external_data is False:
-        raise BlockcError(f"ONNX export: the weights take {size / 2**30:.2f} GiB, more than "
-                          "one protobuf holds; export with external_data=True (or None)")
-    check_model(model, weightless=big)
+    if weights is None:
+        model.graph.initializer.extend(external_initializers(plan_layout(graph), data_location))
+        model.graph.initializer.extend(e.initializers)
+        check_model(model, weightless=True)
+    else:
+        _add_weights(model.graph, graph, weights)
+        model.graph.initializer.extend(e.initializers)
+        size = initializer_bytes(model)
+        big = size > external_threshold
+        if big and external_data is False:
+            raise BlockcError(f"ONNX export: the weights take {size / 2**30:.2f} GiB, more than "
+                              "one protobuf holds; export with external_data=True (or None)")
+        check_model(model, weightless=big)
     if decisions is not None:
         decisions.extend(fused.decisions)
     return model
 
 
-def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | os.PathLike, *,
+def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike, *,
               external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
               **kw) -> None:
     """Export and write to ``path`` atomically.
@@ -115,7 +149,17 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | os.Pa
     in the destination folder and renamed into place: on any error nothing new
     is left at the destination. ``kw`` goes to ``export_onnx`` (``fused_as``,
     ``provider``, ``opset``, ``decisions``).
+
+    ``weights=None`` writes only the model, its parameters declared in
+    ``<name>.onnx.data`` (see ``export_onnx``), which is not written (nor
+    touched, if a file of that name exists): fill it in with
+    ``onnx_weights_file.save_onnx_weights(path, weights)``.
     """
+    if weights is None:
+        location = os.path.basename(os.fspath(path)) + ".data"
+        model = export_onnx(graph, None, external_data=external_data, data_location=location, **kw)
+        write_model(model, path, external_data=False)
+        return
     model = export_onnx(graph, weights, external_data=external_data, external_threshold=external_threshold, **kw)
     write_model(model, path, external_data=wants_external_data(model, external_data, external_threshold))
 
@@ -164,8 +208,10 @@ def write_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_dat
 
 def check_model(model: onnx.ModelProto, *, weightless: bool = False) -> None:
     """``onnx.checker`` with full type and shape inference; a failure is a
-    ``BlockcError``. ``weightless`` checks a copy whose large initializers are
-    turned into typed graph inputs, for models too big to serialize."""
+    ``BlockcError``. ``weightless`` checks a copy whose large initializers,
+    and those whose data is declared external but absent, are turned into
+    typed graph inputs: for models too big to serialize, and for weightless
+    exports (the checker otherwise requires an external data file to exist)."""
     if weightless:
         model = _without_weights(model)
     try:
@@ -237,7 +283,8 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     g.input.extend(model.graph.input)
     g.output.extend(model.graph.output)
     for t in model.graph.initializer:
-        if len(t.raw_data) > 1024:
+        declared_only = t.data_location == onnx.TensorProto.EXTERNAL and not t.HasField("raw_data")
+        if len(t.raw_data) > 1024 or declared_only:
             g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
