@@ -20,7 +20,6 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
 from ..ir.graph import Graph
-from ..runtime.timing import measure
 from .backends import BACKENDS, Backend, make_backend
 from .peers import PEERS, make_peer
 
@@ -44,6 +43,7 @@ class CompareOptions:
     warmup: int = 3
     min_repeats: int = 10
     min_time_s: float = 0.5
+    rounds: int = 3                   # interleaved timing rounds (runtime.timing.measure_interleaved)
     fused_as: str = "auto"
     peak_gbps: float | None = None
     seed: int = 0
@@ -81,8 +81,8 @@ def plan_comparison(o: CompareOptions) -> Plan:
     for name, values in (("--batch", o.batches), ("--seq", o.seqs)):
         if not values or any(v <= 0 for v in values):
             raise BlockcError(f"{name} needs positive integers, got {', '.join(map(str, values)) or 'none'}")
-    if o.threads < 1 or o.min_repeats < 1 or o.warmup < 0 or o.min_time_s < 0:
-        raise BlockcError("--threads and --repeats must be at least 1, --warmup and --min-time at least 0")
+    if o.threads < 1 or o.min_repeats < 1 or o.rounds < 1 or o.warmup < 0 or o.min_time_s < 0:
+        raise BlockcError("--threads, --repeats and --rounds must be at least 1, --warmup and --min-time at least 0")
     if o.peak_gbps is not None and not o.peak_gbps > 0:
         raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
 
@@ -127,13 +127,22 @@ Progress = Callable[[str], None]   # called with a description as each measureme
 
 
 def planned_steps(plan: Plan) -> int:
-    """How many measurements ``run_comparison`` makes (for a progress bar)."""
-    per_shape = sum(len(b.variants) * sum(b.supports(f) for f in FORMS) for b, ok, _ in plan.backends if ok)
-    per_shape += sum(len(p.variants) for p, ok, _ in plan.peers if ok)
+    """How many progress steps ``run_comparison`` reports (for a progress bar):
+    one per contestant prepared, one per interleaved round of the host-timed
+    ones, one per contestant that times itself on a device."""
+    rounds = plan.options.rounds
+
+    def steps(contestants: list[Backend]) -> int:
+        device = sum(b.clock != "time.perf_counter" for b in contestants)
+        return len(contestants) + device + (rounds if len(contestants) > device else 0)
+
+    per_shape = [b for b, ok, _ in plan.backends if ok for _ in b.variants for f in FORMS if b.supports(f)]
+    per_shape += [p for p, ok, _ in plan.peers if ok for _ in p.variants]
+    total = steps(per_shape)
     if plan.options.kernels:
         from .kernels import first_fused_nodes
-        per_shape += len(first_fused_nodes(plan.kernel_graphs)) * _kernel_backend_count(plan)
-    return per_shape * len(plan.shapes)
+        total += len(first_fused_nodes(plan.kernel_graphs)) * steps([b for b, _ in _kernel_backends(plan)])
+    return total * len(plan.shapes)
 
 
 def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
@@ -141,10 +150,6 @@ def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
     (blockc's fused ops as written, not ORT's re-fusions) and generated CUDA."""
     return [(b, "basic" if "basic" in b.variants else "") for b, ok, _ in plan.backends
             if ok and b.name in ("ort-cpu", "ort-cuda", "cuda")]
-
-
-def _kernel_backend_count(plan: Plan) -> int:
-    return len(_kernel_backends(plan))
 
 
 def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
@@ -165,7 +170,7 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": o.command, "machine": describe_machine(gpu=gpu, peak_gbps=o.peak_gbps), "versions": versions(),
         "timing": {"warmup": o.warmup, "min_repeats": o.min_repeats, "min_time_s": o.min_time_s,
-                   "threads": o.threads,
+                   "rounds": o.rounds, "threads": o.threads,
                    "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {"time.perf_counter"}))},
         "shapes": plan.shapes,
         "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
@@ -175,9 +180,9 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
     }
     peak = report["machine"]["peak_gbps"]
     for shape in plan.shapes:
-        rows = _measure_shape(plan, weights, shape, peak, progress)
+        rows, times = _measure_shape(plan, weights, shape, peak, progress)
         report["results"].extend(rows)
-        report["ratios"].extend(_ratios(rows, shape))
+        report["ratios"].extend(_ratios(rows, times, shape))
         if o.kernels:
             report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, progress))
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
@@ -195,38 +200,84 @@ def _feeds(plan: Plan, shape: dict[str, int]) -> dict[str, np.ndarray]:
     return {s.name: s.sample(shape, rng) for s in plan.model.inputs()}
 
 
-def _measure_shape(plan: Plan, weights, shape, peak, progress) -> list[dict]:
+def _measure_shape(plan: Plan, weights, shape, peak, progress) -> tuple[list[dict], dict]:
+    """Every form on every backend and every peer at ``shape``: the rows, and
+    each measured row's interleaved times (by ``row_key``) for pairing."""
     from ..report.traffic import total_bytes
     from ..runtime.reference import run_reference
+    o = plan.options
     feeds = _feeds(plan, shape)
     oracle = run_reference(plan.graphs["standard"], weights, feeds, float64=True)
-    rows = []
+    contestants = []    # (row, how to prepare it)
     for b, ok, _ in plan.backends:
-        if not ok:
-            continue
-        for variant in b.variants:
+        for variant in (b.variants if ok else ()):
             for form in FORMS:
-                if not b.supports(form):
-                    continue
-                g = plan.graphs[form]
-                progress(f"{b.name} {variant} {form} {_shape_text(shape)}".replace("  ", " "))
-                row = _row(b.name, variant, form, False, shape)
-                row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
-                _measure_into(row, lambda b=b, g=g, v=variant: b.prepare(g, weights, v, plan.options.threads),
-                              feeds, oracle, plan.options, peak)
-                rows.append(row)
+                if b.supports(form):
+                    g = plan.graphs[form]
+                    row = _row(b.name, variant, form, False, shape)
+                    row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
+                    contestants.append((row, lambda b=b, g=g, v=variant: b.prepare(g, weights, v, o.threads)))
     for p, ok, _ in plan.peers:
-        if not ok:
-            continue
-        for variant in p.variants:
-            progress(f"{p.name} {variant} {_shape_text(shape)}".replace("  ", " "))
-            row = _row(p.backend, variant, p.name, True, shape)
-            _measure_into(row, lambda p=p, v=variant: p.prepare(plan.graphs["standard"], weights, v,
-                                                                plan.options.threads),
-                          feeds, oracle, plan.options, peak)
-            rows.append(row)
-    _speedups(rows)
-    return rows
+        for variant in (p.variants if ok else ()):
+            contestants.append((_row(p.backend, variant, p.name, True, shape),
+                                lambda p=p, v=variant: p.prepare(plan.graphs["standard"], weights, v, o.threads)))
+    times = _time_contestants(contestants, feeds, oracle, o, peak, progress, _shape_text(shape))
+    rows = [row for row, _ in contestants]
+    _speedups(rows, times)
+    return rows, times
+
+
+def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progress, where: str) -> dict:
+    """Prepare each contestant and check its outputs against the oracle, then
+    time them all in interleaved rounds; failures land in their rows."""
+    from ..runtime.timing import Interleaved, measure_interleaved
+    ready = {}
+    try:
+        for row, prepare in contestants:
+            progress(f"preparing {row_key(row)} {where}")
+            runnable = None
+            try:
+                runnable = prepare()
+                row["kernels"] = runnable.kernels
+                row["max_abs_error"] = _max_error(runnable.run(feeds), oracle)
+                ready[row_key(row)] = (row, runnable)
+            except (BlockcError, MemoryError) as e:
+                row["status"], row["error"] = "error", str(e) or "out of memory"
+                if runnable is not None:
+                    runnable.close()
+        times: dict[str, Interleaved] = {}
+        on_host = {k: (lambda r=r: r.run(feeds)) for k, (_, r) in ready.items() if r.timed_run is None}
+        try:
+            times.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup, min_repeats=o.min_repeats,
+                                             min_time_s=o.min_time_s,
+                                             on_round=lambda i: progress(f"timing round {i + 1}/{o.rounds} {where}")))
+        except BlockcError as e:  # a runtime that ran once but fails later: every host row says so
+            for k in on_host:
+                ready[k][0].update(status="error", error=f"failed while timing: {e}")
+            on_host = {}
+        for k, (row, r) in ready.items():
+            if r.timed_run is not None:  # a device clock: the runtime times itself
+                progress(f"timing {k} {where}")
+                try:
+                    samples = r.timed_run(feeds, o.warmup, o.min_time_s, o.min_repeats)
+                    times[k] = Interleaved(samples, [float(np.median(samples))])
+                except BlockcError as e:
+                    row.update(status="error", error=f"failed while timing: {e}")
+        for k, t in times.items():
+            row = ready[k][0]
+            if row["status"] != "ok":
+                continue
+            lat = t.timing
+            row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
+                                 "repeats": lat.repeats, "round_medians": [x * 1e3 for x in t.round_medians]}
+            if row["bytes_modelled"] is not None and lat.median_s > 0:
+                row["bandwidth_gbps"] = row["bytes_modelled"] / lat.median_s / 1e9
+                if peak:
+                    row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
+        return {k: t for k, t in times.items() if ready[k][0]["status"] == "ok"}
+    finally:
+        for _, r in ready.values():
+            r.close()
 
 
 def _shape_text(shape: dict[str, int]) -> str:
@@ -238,36 +289,6 @@ def _row(backend, variant, form, peer, shape) -> dict:
             "status": "ok", "error": "", "latency_ms": None, "speedup_vs_standard": None, "ir_nodes": None,
             "kernels": None, "bytes_modelled": None, "bandwidth_gbps": None, "fraction_of_peak": None,
             "max_abs_error": None}
-
-
-def _measure_into(row: dict, prepare, feeds, oracle, o: CompareOptions, peak) -> None:
-    """Prepare, run once (checked against the oracle), then time; failures land in the row."""
-    runnable = None
-    try:
-        runnable = prepare()
-        row["kernels"] = runnable.kernels
-        outputs = runnable.run(feeds)
-        row["max_abs_error"] = _max_error(outputs, oracle)
-        if runnable.timed_run is not None:
-            times = runnable.timed_run(feeds, o.warmup, o.min_time_s, o.min_repeats)
-            times = sorted(times)
-            median, lo, hi, n = float(np.median(times)), times[0], times[-1], len(times)
-        else:
-            t = measure(lambda: runnable.run(feeds), warmup=o.warmup, min_repeats=o.min_repeats,
-                        min_time_s=o.min_time_s)
-            median, lo, hi, n = t.median_s, t.min_s, t.max_s, t.repeats
-        row["latency_ms"] = {"median": median * 1e3, "min": lo * 1e3, "max": hi * 1e3, "repeats": n}
-        if row["bytes_modelled"] is not None and median > 0:
-            row["bandwidth_gbps"] = row["bytes_modelled"] / median / 1e9
-            if peak:
-                row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
-    except BlockcError as e:
-        row["status"], row["error"] = "error", str(e)
-    except MemoryError:
-        row["status"], row["error"] = "error", "out of memory"
-    finally:
-        if runnable is not None:
-            runnable.close()
 
 
 def _max_error(outputs, oracle) -> float:
@@ -288,39 +309,36 @@ def row_key(row: dict) -> str:
     return f"{row['backend']}/{row['variant']}/{row['form']}"
 
 
-def _speedups(rows: list[dict]) -> None:
-    """Each row against the standard form's row of the same backend and variant."""
-    base = {(r["backend"], r["variant"]): r for r in rows if r["form"] == "standard" and r["status"] == "ok"}
+def _speedups(rows: list[dict], times: dict) -> None:
+    """Each row against the standard form's row of the same backend and
+    variant, paired round by round (see ``runtime.timing.paired_speedup``)."""
+    from ..runtime.timing import paired_speedup
     for r in rows:
-        ref = base.get((r["backend"], r["variant"]))
-        if r["status"] == "ok" and ref is not None and r["form"] != "torch-compile" and r["form"] != "torch-eager":
-            r["speedup_vs_standard"] = ref["latency_ms"]["median"] / r["latency_ms"]["median"]
+        base = f"{r['backend']}/{r['variant']}/standard"
+        if row_key(r) in times and base in times and r["backend"] != "torch":
+            r["speedup_vs_standard"] = paired_speedup(times[base], times[row_key(r)])
 
 
-def _ratios(rows: list[dict], shape) -> list[dict]:
+def _ratios(rows: list[dict], times: dict, shape) -> list[dict]:
     """Pair by pair at one shape: fused against standard and decomposed on each
     backend and variant, and against every peer on the same device."""
-    ok = {row_key(r): r for r in rows if r["status"] == "ok"}
+    from ..runtime.timing import paired_speedup
     pairs = []
     for r in rows:
-        if r["peer"] or r["form"] != "fused" or row_key(r) not in ok:
+        if r["peer"] or r["form"] != "fused":
             continue
         for other in ("standard", "decomposed"):
             pairs.append((row_key(r), f"{r['backend']}/{r['variant']}/{other}"))
         if r["backend"] == "ort-cpu":
             pairs.append((row_key(r), f"ort-cpu/{r['variant']}/ort-optimizer"))
             pairs += [(row_key(r), f"torch//{peer}") for peer in ("torch-eager", "torch-compile")]
-    out = []
-    for a, b in pairs:
-        if a in ok and b in ok:
-            out.append({"shape": dict(shape), "a": a, "b": b,
-                        "speedup": ok[b]["latency_ms"]["median"] / ok[a]["latency_ms"]["median"]})
-    return out
+    return [{"shape": dict(shape), "a": a, "b": b, "speedup": paired_speedup(times[b], times[a])}
+            for a, b in pairs if a in times and b in times]
 
 
 def _measure_kernels(plan: Plan, weights, shape, peak, progress) -> list[dict]:
-    from .kernels import first_fused_nodes, isolate, kernel_cost, sample_feeds
     from ..runtime.reference import run_reference
+    from .kernels import first_fused_nodes, isolate, kernel_cost, sample_feeds
     o = plan.options
     entries = []
     for label, node in first_fused_nodes(plan.kernel_graphs):
@@ -329,16 +347,17 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress) -> list[dict]:
         params = {name: weights[name] for name in g.params}
         nbytes, flops = kernel_cost(g.nodes[0], shape)
         oracle = run_reference(g, params, feeds, float64=True)
+        contestants = []
         for b, variant in _kernel_backends(plan):
-            progress(f"kernel {node.op} on {b.name} {_shape_text(shape)}")
-            entry = {"backend": b.name, "variant": variant, "op": node.op, "shape": dict(shape), "node": label,
-                     "status": "ok", "error": "", "median_ms": None, "bytes_modelled": nbytes,
-                     "flops_modelled": flops, "bandwidth_gbps": None, "fraction_of_peak": None}
             row = _row(b.name, variant, node.op, False, shape)
             row["bytes_modelled"] = nbytes
-            _measure_into(row, lambda b=b, v=variant: b.prepare(g, params, v, o.threads), feeds, oracle, o, peak)
-            entry.update(status=row["status"], error=row["error"], bandwidth_gbps=row["bandwidth_gbps"],
-                         fraction_of_peak=row["fraction_of_peak"], max_abs_error=row["max_abs_error"],
-                         median_ms=row["latency_ms"]["median"] if row["latency_ms"] else None)
-            entries.append(entry)
+            contestants.append((row, lambda b=b, v=variant: b.prepare(g, params, v, o.threads)))
+        _time_contestants(contestants, feeds, oracle, o, peak, progress, f"kernel {_shape_text(shape)}")
+        for row, _ in contestants:
+            entries.append({"backend": row["backend"], "variant": row["variant"], "op": node.op, "shape": dict(shape),
+                            "node": label, "status": row["status"], "error": row["error"],
+                            "median_ms": row["latency_ms"]["median"] if row["latency_ms"] else None,
+                            "bytes_modelled": nbytes, "flops_modelled": flops,
+                            "bandwidth_gbps": row["bandwidth_gbps"], "fraction_of_peak": row["fraction_of_peak"],
+                            "max_abs_error": row["max_abs_error"]})
     return entries

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -15,6 +15,7 @@ class Timing:
     min_s: float
     max_s: float
     repeats: int
+    samples: list[float] = field(default_factory=list, repr=False)
 
     def __str__(self) -> str:
         return f"{self.median_s * 1e3:.3f} ms (min {self.min_s * 1e3:.3f}, max {self.max_s * 1e3:.3f}, n={self.repeats})"
@@ -32,4 +33,58 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, min_repeats: int = 10,
         dt = time.perf_counter() - t0
         times.append(dt)
         total += dt
-    return Timing(statistics.median(times), min(times), max(times), len(times))
+    return Timing(statistics.median(times), min(times), max(times), len(times), times)
+
+
+@dataclass
+class Interleaved:
+    """One contestant's times from ``measure_interleaved``: every run pooled,
+    and the median of each round (for pairing with another contestant's)."""
+
+    samples: list[float]
+    round_medians: list[float]
+
+    @property
+    def timing(self) -> Timing:
+        return Timing(statistics.median(self.samples), min(self.samples), max(self.samples), len(self.samples))
+
+
+def measure_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 3, warmup: int = 3,
+                        min_repeats: int = 10, min_time_s: float = 1.0,
+                        on_round: Callable[[int], None] = lambda _: None) -> dict[str, Interleaved]:
+    """Time several callables in ``rounds`` interleaved rounds.
+
+    On a shared or throttling machine the speed drifts within seconds (here,
+    by +-8% between one-second slices); timing A fully and then B puts that
+    drift into the A/B ratio. Interleaving spreads it over every contestant,
+    and per-round medians let a ratio be taken round by round
+    (``paired_speedup``), where drift cancels. Each contestant gets
+    ``warmup`` untimed runs once, then in every round one slice of at least
+    ``min_repeats / rounds`` runs and ``min_time_s / rounds`` seconds.
+    ``on_round(i)`` is called as round ``i`` starts.
+
+    Why slices and not run-by-run alternation: each ONNX Runtime session
+    has its own thread pool, whose threads spin for a while after a run;
+    alternating sessions run by run made every run twice as slow here, as
+    the idle pools' spinning took the cores. A slice pays that once.
+    """
+    rounds = max(1, rounds)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    out = {name: Interleaved([], []) for name in fns}
+    per_round_repeats = max(1, -(-min_repeats // rounds))
+    for i in range(rounds if fns else 0):
+        on_round(i)
+        for name, fn in fns.items():
+            fn()  # untimed: lets the previous contestant's threads settle
+            t = measure(fn, warmup=0, min_repeats=per_round_repeats, min_time_s=min_time_s / rounds)
+            out[name].round_medians.append(t.median_s)
+            out[name].samples.extend(t.samples)
+    return out
+
+
+def paired_speedup(base: Interleaved, other: Interleaved) -> float:
+    """How much faster ``other`` is than ``base``: the median over rounds of
+    base's round median / other's round median."""
+    return statistics.median(b / o for b, o in zip(base.round_medians, other.round_medians))
