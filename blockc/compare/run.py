@@ -229,44 +229,89 @@ def _measure_shape(plan: Plan, weights, shape, peak, progress) -> tuple[list[dic
 
 def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progress, where: str) -> dict:
     """Prepare each contestant and check its outputs against the oracle, then
-    time them all in interleaved rounds; failures land in their rows."""
-    from ..runtime.timing import Interleaved, measure_interleaved
-    ready = {}
-    try:
-        for row, prepare in contestants:
-            progress(f"preparing {row_key(row)} {where}")
-            runnable = None
-            try:
-                runnable = prepare()
-                row["kernels"] = runnable.kernels
-                row["max_abs_error"] = _max_error(runnable.run(feeds), oracle)
-                ready[row_key(row)] = (row, runnable)
-            except (BlockcError, MemoryError) as e:
-                row["status"], row["error"] = "error", str(e) or "out of memory"
-                if runnable is not None:
-                    runnable.close()
-        times: dict[str, Interleaved] = {}
-        on_host = {k: (lambda r=r: r.run(feeds)) for k, (_, r) in ready.items() if r.timed_run is None}
+    time them in interleaved rounds; failures land in their rows.
+
+    Contestants are timed together while memory lasts: each ONNX Runtime
+    session keeps an arena as large as its biggest run (a 2-layer GPT-2 at
+    batch 8, seq 512 holds ~2 GB of logits and probabilities), and ten of
+    them at once do not fit in 24 GiB. When less than ``_memory_floor``
+    remains, the contestants prepared so far are timed as one group and
+    closed before the next are prepared. Returns ``{row key: Interleaved}``
+    for the rows that ran, each tagged with its group (``.group``).
+    """
+    times: dict = {}
+    group: dict = {}
+    groups, biggest = 0, 0
+    for row, prepare in contestants:
+        progress(f"preparing {row_key(row)} {where}")
+        before = _available_memory()
+        runnable = None
         try:
-            times.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup, min_repeats=o.min_repeats,
-                                             min_time_s=o.min_time_s,
-                                             on_round=lambda i: progress(f"timing round {i + 1}/{o.rounds} {where}")))
+            runnable = prepare()
+            row["kernels"] = runnable.kernels
+            row["max_abs_error"] = _max_error(runnable.run(feeds), oracle)
+            group[row_key(row)] = (row, runnable)
+        except (BlockcError, MemoryError) as e:
+            row["status"], row["error"] = "error", str(e) or "out of memory"
+            if runnable is not None:
+                runnable.close()
+        after = _available_memory()
+        if before is not None and after is not None:
+            biggest = max(biggest, before - after)
+            if after < _memory_floor(biggest) and group:
+                _time_group(group, groups, feeds, o, peak, progress, where, times)
+                group, groups = {}, groups + 1
+    if group:
+        _time_group(group, groups, feeds, o, peak, progress, where, times)
+    return times
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _memory_floor(biggest: int) -> int:
+    """Keep room for two more of the largest contestant seen, and 2 GiB."""
+    return max(2 * biggest, 2 << 30)
+
+
+def _time_group(group: dict, group_id: int, feeds, o: CompareOptions, peak, progress, where: str,
+                times: dict) -> None:
+    """Time one group's contestants interleaved, fill their rows, close them."""
+    from ..runtime.timing import Interleaved, measure_interleaved
+    try:
+        on_host = {k: (lambda r=r: r.run(feeds)) for k, (_, r) in group.items() if r.timed_run is None}
+        measured: dict = {}
+        try:
+            measured.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup,
+                                                min_repeats=o.min_repeats, min_time_s=o.min_time_s,
+                                                on_round=lambda i: progress(f"timing round {i + 1}/{o.rounds} "
+                                                                            f"{where}")))
         except BlockcError as e:  # a runtime that ran once but fails later: every host row says so
             for k in on_host:
-                ready[k][0].update(status="error", error=f"failed while timing: {e}")
-            on_host = {}
-        for k, (row, r) in ready.items():
+                group[k][0].update(status="error", error=f"failed while timing: {e}")
+        for k, (row, r) in group.items():
             if r.timed_run is not None:  # a device clock: the runtime times itself
                 progress(f"timing {k} {where}")
                 try:
                     samples = r.timed_run(feeds, o.warmup, o.min_time_s, o.min_repeats)
-                    times[k] = Interleaved(samples, [float(np.median(samples))])
+                    measured[k] = Interleaved(samples, [float(np.median(samples))])
                 except BlockcError as e:
                     row.update(status="error", error=f"failed while timing: {e}")
-        for k, t in times.items():
-            row = ready[k][0]
+        for k, t in measured.items():
+            row = group[k][0]
             if row["status"] != "ok":
                 continue
+            t.group = group_id
+            times[k] = t
             lat = t.timing
             row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
                                  "repeats": lat.repeats, "round_medians": [x * 1e3 for x in t.round_medians]}
@@ -274,9 +319,8 @@ def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progr
                 row["bandwidth_gbps"] = row["bytes_modelled"] / lat.median_s / 1e9
                 if peak:
                     row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
-        return {k: t for k, t in times.items() if ready[k][0]["status"] == "ok"}
     finally:
-        for _, r in ready.values():
+        for _, r in group.values():
             r.close()
 
 
@@ -309,20 +353,29 @@ def row_key(row: dict) -> str:
     return f"{row['backend']}/{row['variant']}/{row['form']}"
 
 
+def _speedup(times: dict, base: str, other: str) -> tuple[float, bool]:
+    """(how much faster ``other`` is than ``base``, whether it was paired round
+    by round): paired when both were timed in the same group, else the ratio
+    of their medians."""
+    from ..runtime.timing import paired_speedup
+    a, b = times[base], times[other]
+    if getattr(a, "group", 0) == getattr(b, "group", 0):
+        return paired_speedup(a, b), True
+    return a.timing.median_s / b.timing.median_s, False
+
+
 def _speedups(rows: list[dict], times: dict) -> None:
     """Each row against the standard form's row of the same backend and
     variant, paired round by round (see ``runtime.timing.paired_speedup``)."""
-    from ..runtime.timing import paired_speedup
     for r in rows:
         base = f"{r['backend']}/{r['variant']}/standard"
         if row_key(r) in times and base in times and r["backend"] != "torch":
-            r["speedup_vs_standard"] = paired_speedup(times[base], times[row_key(r)])
+            r["speedup_vs_standard"] = _speedup(times, base, row_key(r))[0]
 
 
 def _ratios(rows: list[dict], times: dict, shape) -> list[dict]:
     """Pair by pair at one shape: fused against standard and decomposed on each
     backend and variant, and against every peer on the same device."""
-    from ..runtime.timing import paired_speedup
     pairs = []
     for r in rows:
         if r["peer"] or r["form"] != "fused":
@@ -332,8 +385,12 @@ def _ratios(rows: list[dict], times: dict, shape) -> list[dict]:
         if r["backend"] == "ort-cpu":
             pairs.append((row_key(r), f"ort-cpu/{r['variant']}/ort-optimizer"))
             pairs += [(row_key(r), f"torch//{peer}") for peer in ("torch-eager", "torch-compile")]
-    return [{"shape": dict(shape), "a": a, "b": b, "speedup": paired_speedup(times[b], times[a])}
-            for a, b in pairs if a in times and b in times]
+    out = []
+    for a, b in pairs:
+        if a in times and b in times:
+            speedup, paired = _speedup(times, b, a)
+            out.append({"shape": dict(shape), "a": a, "b": b, "speedup": speedup, "paired": paired})
+    return out
 
 
 def _measure_kernels(plan: Plan, weights, shape, peak, progress) -> list[dict]:

@@ -141,3 +141,16 @@ def test_cli_writes_the_html_report(tmp_path, capsys):
     assert main(argv) == 0
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "tiny" in page and "ort-cpu" in page and page.count("data:image/png;base64,") >= 3
+
+
+def test_short_memory_times_in_groups(monkeypatch):
+    """With memory short after every contestant, each is timed alone and
+    closed before the next; ratios across groups say they are not paired."""
+    import blockc.compare.run as run
+    readings = iter([8 << 30, 1 << 30] * 100)   # before / after each prepare: 7 GiB taken, 1 GiB left
+    monkeypatch.setattr(run, "_available_memory", lambda: next(readings))
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=(),
+                                          seqs=(8,), threads=1, kernels=False, **QUICK))
+    report = run_comparison(plan)
+    assert all(r["status"] == "ok" and r["latency_ms"] for r in report["results"])
+    assert report["ratios"] and not any(r["paired"] for r in report["ratios"])
