@@ -88,7 +88,7 @@ def main() -> int:
     noise = abs(1 - paired_speedup(base, times["unfused again (A/A control)"]))
     nodes = {name: len(g.nodes) for name, g, _ in variants}
 
-    print(f"{args.model} {' '.join(args.set)}, batch {args.batch}, seq {args.seq}; onnxruntime "
+    print(f"{' '.join([args.model, *args.set])}, batch {args.batch}, seq {args.seq}; onnxruntime "
           f"{onnxruntime.__version__} CPU, basic optimization level, {args.threads} intra-op threads; "
           f"{cpu_name()}, {time.strftime('%Y-%m-%d')}")
     print(f"command: python {' '.join(sys.argv)}")
