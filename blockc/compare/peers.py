@@ -49,8 +49,12 @@ class OrtOptimizerPeer(Backend):
     def availability(self):
         try:
             import onnxruntime.transformers.optimizer  # noqa: F401
-        except Exception as e:  # it imports onnx, sympy, packaging...; any failure means "not usable"
+        except Exception as e:  # it imports onnx, packaging...; any failure means "not usable"
             return False, f"onnxruntime.transformers.optimizer cannot be imported: {e}"
+        try:  # imported lazily by the optimizer, and only fails once it runs
+            import sympy  # noqa: F401
+        except ImportError:
+            return False, "onnxruntime's transformer optimizer needs sympy, which is not installed (pip install sympy)"
         return True, ""
 
     def detail(self, threads):

@@ -31,8 +31,8 @@ def shape_table(report: dict, shape: dict) -> Table:
         if r["shape"] != shape:
             continue
         style = "italic" if r["peer"] else ("bold" if r["form"] == "fused" else "")
-        if r["status"] != "ok":
-            t.add_row(r["backend"], r["variant"], r["form"], Text(f"error: {r['error']}"[:120], style="red"),
+        if r["status"] != "ok":  # the reason is printed in full under the table
+            t.add_row(r["backend"], r["variant"], r["form"], Text("error, see below", style="red"),
                       *["–"] * 7, style=style)
             continue
         fraction = r["fraction_of_peak"]
@@ -58,6 +58,10 @@ def print_report(report: dict, console: Console | None = None) -> None:
                     f"{timing['min_time_s']} s after {timing['warmup']} warm-up; clock: {timing['clock']}")
     for shape in report["shapes"]:
         console.print(shape_table(report, shape))
+        for r in report["results"]:
+            if r["shape"] == shape and r["status"] != "ok":
+                console.print(Text.assemble(f"  {r['backend']}/{r['variant']}/{r['form']}: ", ("error", "red"),
+                                            f" -- {r['error']}"))
     for kind in ("backends", "peers"):
         for b in report[kind]:
             if b["available"]:

@@ -154,3 +154,16 @@ def test_short_memory_times_in_groups(monkeypatch):
     report = run_comparison(plan)
     assert all(r["status"] == "ok" and r["latency_ms"] for r in report["results"])
     assert report["ratios"] and not any(r["paired"] for r in report["ratios"])
+
+
+def test_a_failing_row_prints_its_whole_reason(capsys):
+    from rich.console import Console
+
+    from blockc.compare.table import print_report
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=(),
+                                          seqs=(8,), threads=1, kernels=False, **QUICK))
+    report = run_comparison(plan)
+    report["results"][1].update(status="error", error="onnxruntime said no: " + "x" * 150, latency_ms=None)
+    print_report(report, Console(width=200, markup=False))
+    out = capsys.readouterr().out
+    assert "error, see below" in out and "ort-cpu/basic/standard: error -- onnxruntime said no: " + "x" * 20 in out
