@@ -166,4 +166,5 @@ def test_a_failing_row_prints_its_whole_reason(capsys):
     report["results"][1].update(status="error", error="onnxruntime said no: " + "x" * 150, latency_ms=None)
     print_report(report, Console(width=200, markup=False))
     out = capsys.readouterr().out
-    assert "error, see below" in out and "ort-cpu/basic/standard: error -- onnxruntime said no: " + "x" * 20 in out
+    assert "error, see below" in out and "ort-cpu/basic/standard: error -- onnxruntime said no:" in out
+    assert "x" * 150 in out.replace("\n", "")   # the whole reason, however the console folds it
