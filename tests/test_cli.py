@@ -157,3 +157,14 @@ def test_export_fused_as(tmp_path, capsys):
     assert run(capsys, "export", "tiny", "--form", "fused", "--fused-as", "contrib", "-o", str(out))[0] == 0
     ops = {(n.domain, n.op_type) for n in onnx.load(str(out)).graph.node}
     assert ("com.microsoft", "SkipLayerNormalization") in ops
+
+
+def test_compare_with_no_arguments_prints_the_table():
+    """The README's main job, exactly as typed (its time is recorded in
+    docs/PERFORMANCE.md, not asserted here)."""
+    proc = subprocess.run([sys.executable, "-m", "blockc.cli", "compare"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for needle in ("gpt2-block (float32), batch 1, seq 128", "ort-cpu", "fused", "standard", "decomposed",
+                   "vs standard", "max |err|", "fused against the rest"):
+        assert needle in proc.stdout
