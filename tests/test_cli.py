@@ -168,3 +168,16 @@ def test_compare_with_no_arguments_prints_the_table():
     for needle in ("gpt2-block (float32), batch 1, seq 128", "ort-cpu", "fused", "standard", "decomposed",
                    "vs standard", "max |err|", "fused against the rest"):
         assert needle in proc.stdout
+
+
+def test_run_on_the_gpu_or_say_why_not(capsys):
+    """--backend cuda runs the generated CUDA on a GPU where there is one, and
+    otherwise says so plainly, pointing at the emulated backend."""
+    from blockc.runtime.cuda_runner import cuda_available
+    code, out, err = run(capsys, "run", "tiny", "--set", "layers=1", "--backend", "cuda", "--check")
+    if cuda_available()[0]:
+        assert code == 0, err
+        worst = max(float(line.split()[-1]) for line in out.splitlines()[2:] if line.strip())
+        assert worst < 1e-3
+    else:
+        assert code == 2 and "needs a GPU" in err and "cuda-emu" in err and "Traceback" not in err
