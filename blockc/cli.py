@@ -313,7 +313,7 @@ def cmd_compare(args) -> int:
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
         peers=_name_list(args.peers), batches=_int_list("--batch", args.batch), seqs=_int_list("--seq", args.seq),
         dims=dims, threads=args.threads, warmup=args.warmup, min_repeats=args.repeats, min_time_s=args.min_time,
-        rounds=args.rounds,
+        rounds=args.rounds, sessions=args.sessions,
         fused_as=args.fused_as, peak_gbps=args.peak_gbps, seed=args.seed, weights=args.weights,
         kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
     # Everything a user can get wrong fails here, before any measuring.
@@ -519,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-time", type=float, default=0.5, help="and at least this many seconds timed (default 0.5)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds: every contestant runs in each, "
                    "so drift on a busy machine is shared, and ratios are paired round by round (default 3)")
+    p.add_argument("--sessions", type=int, default=1, help="sessions per contestant, timed and pooled: where each "
+                   "session's weights land in memory moves its speed by a few percent (default 1)")
     p.add_argument("--fused-as", choices=("auto", "function", "contrib", "onnx23"), default="auto",
                    help="how fused ops are written in ONNX for the ort backends (default auto)")
     p.add_argument("--peak-gbps", type=float, help="the device's peak memory bandwidth in GB/s, for a CPU "

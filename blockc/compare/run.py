@@ -44,6 +44,7 @@ class CompareOptions:
     min_repeats: int = 10
     min_time_s: float = 0.5
     rounds: int = 3                   # interleaved timing rounds (runtime.timing.measure_interleaved)
+    sessions: int = 1                 # sessions per contestant, pooled (placement noise)
     fused_as: str = "auto"
     peak_gbps: float | None = None
     seed: int = 0
@@ -81,8 +82,9 @@ def plan_comparison(o: CompareOptions) -> Plan:
     for name, values in (("--batch", o.batches), ("--seq", o.seqs)):
         if not values or any(v <= 0 for v in values):
             raise BlockcError(f"{name} needs positive integers, got {', '.join(map(str, values)) or 'none'}")
-    if o.threads < 1 or o.min_repeats < 1 or o.rounds < 1 or o.warmup < 0 or o.min_time_s < 0:
-        raise BlockcError("--threads, --repeats and --rounds must be at least 1, --warmup and --min-time at least 0")
+    if min(o.threads, o.min_repeats, o.rounds, o.sessions) < 1 or o.warmup < 0 or o.min_time_s < 0:
+        raise BlockcError("--threads, --repeats, --rounds and --sessions must be at least 1, --warmup and "
+                          "--min-time at least 0")
     if o.peak_gbps is not None and not o.peak_gbps > 0:
         raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
 
@@ -128,13 +130,13 @@ Progress = Callable[[str], None]   # called with a description as each measureme
 
 def planned_steps(plan: Plan) -> int:
     """How many progress steps ``run_comparison`` reports (for a progress bar):
-    one per contestant prepared, one per interleaved round of the host-timed
-    ones, one per contestant that times itself on a device."""
-    rounds = plan.options.rounds
+    one per session prepared, one per interleaved round of the host-timed
+    ones, one per session that times itself on a device."""
+    rounds, sessions = plan.options.rounds, plan.options.sessions
 
     def steps(contestants: list[Backend]) -> int:
         device = sum(b.clock != "time.perf_counter" for b in contestants)
-        return len(contestants) + device + (rounds if len(contestants) > device else 0)
+        return sessions * (len(contestants) + device) + (rounds if len(contestants) > device else 0)
 
     per_shape = [b for b, ok, _ in plan.backends if ok for _ in b.variants for f in FORMS if b.supports(f)]
     per_shape += [p for p, ok, _ in plan.peers if ok for _ in p.variants]
@@ -170,7 +172,7 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": o.command, "machine": describe_machine(gpu=gpu, peak_gbps=o.peak_gbps), "versions": versions(),
         "timing": {"warmup": o.warmup, "min_repeats": o.min_repeats, "min_time_s": o.min_time_s,
-                   "rounds": o.rounds, "threads": o.threads,
+                   "rounds": o.rounds, "sessions": o.sessions, "threads": o.threads,
                    "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {"time.perf_counter"}))},
         "shapes": plan.shapes,
         "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
@@ -228,41 +230,69 @@ def _measure_shape(plan: Plan, weights, shape, peak, progress) -> tuple[list[dic
 
 
 def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progress, where: str) -> dict:
-    """Prepare each contestant and check its outputs against the oracle, then
-    time them in interleaved rounds; failures land in their rows.
+    """Prepare each contestant (``o.sessions`` times) and check its outputs
+    against the oracle, then time them in interleaved rounds; failures land
+    in their rows.
+
+    Several sessions per contestant, pooled, average out where each one's
+    weights and packed GEMM panels land in memory: two ONNX Runtime sessions
+    of the same graph differ persistently by up to ~4% on this project's VM.
 
     Contestants are timed together while memory lasts: each ONNX Runtime
     session keeps an arena as large as its biggest run (a 2-layer GPT-2 at
     batch 8, seq 512 holds ~2 GB of logits and probabilities), and ten of
     them at once do not fit in 24 GiB. When less than ``_memory_floor``
-    remains, the contestants prepared so far are timed as one group and
-    closed before the next are prepared. Returns ``{row key: Interleaved}``
-    for the rows that ran, each tagged with its group (``.group``).
+    remains, the sessions prepared so far are timed as one group and closed
+    before the next are prepared. Returns ``{row key: Interleaved}`` for the
+    rows that ran, each tagged with its group (``.group``).
     """
-    times: dict = {}
+    from ..runtime.timing import Interleaved
+    measured: dict = {}            # "row key#session" -> Interleaved
     group: dict = {}
     groups, biggest = 0, 0
+    rows = {row_key(row): row for row, _ in contestants}
     for row, prepare in contestants:
-        progress(f"preparing {row_key(row)} {where}")
-        before = _available_memory()
-        runnable = None
-        try:
-            runnable = prepare()
-            row["kernels"] = runnable.kernels
-            row["max_abs_error"] = _max_error(runnable.run(feeds), oracle)
-            group[row_key(row)] = (row, runnable)
-        except (BlockcError, MemoryError) as e:
-            row["status"], row["error"] = "error", str(e) or "out of memory"
-            if runnable is not None:
-                runnable.close()
-        after = _available_memory()
-        if before is not None and after is not None:
-            biggest = max(biggest, before - after)
-            if after < _memory_floor(biggest) and group:
-                _time_group(group, groups, feeds, o, peak, progress, where, times)
-                group, groups = {}, groups + 1
+        for i in range(o.sessions):
+            if row["status"] != "ok":
+                break
+            progress(f"preparing {row_key(row)} {where}")
+            before = _available_memory()
+            runnable = None
+            try:
+                runnable = prepare()
+                row["kernels"] = runnable.kernels
+                err = _max_error(runnable.run(feeds), oracle)
+                row["max_abs_error"] = max(err, row["max_abs_error"] or 0.0)
+                group[f"{row_key(row)}#{i}"] = runnable
+            except (BlockcError, MemoryError) as e:
+                row["status"], row["error"] = "error", str(e) or "out of memory"
+                if runnable is not None:
+                    runnable.close()
+            after = _available_memory()
+            if before is not None and after is not None:
+                biggest = max(biggest, before - after)
+                if after < _memory_floor(biggest) and group:
+                    measured.update(_time_group(group, groups, rows, feeds, o, progress, where))
+                    group, groups = {}, groups + 1
     if group:
-        _time_group(group, groups, feeds, o, peak, progress, where, times)
+        measured.update(_time_group(group, groups, rows, feeds, o, progress, where))
+
+    times = {}
+    for key, row in rows.items():
+        parts = [t for k, t in measured.items() if k.rsplit("#", 1)[0] == key]
+        if row["status"] != "ok" or not parts:
+            continue
+        pooled = Interleaved([x for t in parts for x in t.samples],
+                             [float(np.median(r)) for r in zip(*(t.round_medians for t in parts))],
+                             group=parts[0].group if len({t.group for t in parts}) == 1 else -1 - len(times))
+        times[key] = pooled
+        lat = pooled.timing
+        row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
+                             "repeats": lat.repeats, "round_medians": [x * 1e3 for x in pooled.round_medians]}
+        if row["bytes_modelled"] is not None and lat.median_s > 0:
+            row["bandwidth_gbps"] = row["bytes_modelled"] / lat.median_s / 1e9
+            if peak:
+                row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
     return times
 
 
@@ -283,13 +313,17 @@ def _memory_floor(biggest: int) -> int:
     return max(2 * biggest, 2 << 30)
 
 
-def _time_group(group: dict, group_id: int, feeds, o: CompareOptions, peak, progress, where: str,
-                times: dict) -> None:
-    """Time one group's contestants interleaved, fill their rows, close them."""
+def _time_group(group: dict, group_id: int, rows: dict, feeds, o: CompareOptions, progress,
+                where: str) -> dict:
+    """Time one group's sessions interleaved and close them; a session that
+    fails marks its row. Returns ``{"row key#session": Interleaved}``."""
     from ..runtime.timing import Interleaved, measure_interleaved
+
+    def row_of(k: str) -> dict:
+        return rows[k.rsplit("#", 1)[0]]
+    measured: dict = {}
     try:
-        on_host = {k: (lambda r=r: r.run(feeds)) for k, (_, r) in group.items() if r.timed_run is None}
-        measured: dict = {}
+        on_host = {k: (lambda r=r: r.run(feeds)) for k, r in group.items() if r.timed_run is None}
         try:
             measured.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup,
                                                 min_repeats=o.min_repeats, min_time_s=o.min_time_s,
@@ -297,30 +331,20 @@ def _time_group(group: dict, group_id: int, feeds, o: CompareOptions, peak, prog
                                                                             f"{where}")))
         except BlockcError as e:  # a runtime that ran once but fails later: every host row says so
             for k in on_host:
-                group[k][0].update(status="error", error=f"failed while timing: {e}")
-        for k, (row, r) in group.items():
+                row_of(k).update(status="error", error=f"failed while timing: {e}")
+        for k, r in group.items():
             if r.timed_run is not None:  # a device clock: the runtime times itself
-                progress(f"timing {k} {where}")
+                progress(f"timing {k.rsplit('#', 1)[0]} {where}")
                 try:
                     samples = r.timed_run(feeds, o.warmup, o.min_time_s, o.min_repeats)
-                    measured[k] = Interleaved(samples, [float(np.median(samples))])
+                    measured[k] = Interleaved(samples, [float(np.median(samples))] * o.rounds)
                 except BlockcError as e:
-                    row.update(status="error", error=f"failed while timing: {e}")
-        for k, t in measured.items():
-            row = group[k][0]
-            if row["status"] != "ok":
-                continue
+                    row_of(k).update(status="error", error=f"failed while timing: {e}")
+        for t in measured.values():
             t.group = group_id
-            times[k] = t
-            lat = t.timing
-            row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
-                                 "repeats": lat.repeats, "round_medians": [x * 1e3 for x in t.round_medians]}
-            if row["bytes_modelled"] is not None and lat.median_s > 0:
-                row["bandwidth_gbps"] = row["bytes_modelled"] / lat.median_s / 1e9
-                if peak:
-                    row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
+        return measured
     finally:
-        for _, r in group.values():
+        for r in group.values():
             r.close()
 
 

@@ -168,3 +168,15 @@ def test_a_failing_row_prints_its_whole_reason(capsys):
     out = capsys.readouterr().out
     assert "error, see below" in out and "ort-cpu/basic/standard: error -- onnxruntime said no:" in out
     assert "x" * 150 in out.replace("\n", "")   # the whole reason, however the console folds it
+
+
+def test_sessions_are_pooled():
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=(),
+                                          seqs=(8,), threads=1, kernels=False, sessions=2, rounds=2, **QUICK))
+    steps = []
+    report = run_comparison(plan, steps.append)
+    assert len(steps) == planned_steps(plan)
+    assert report["timing"]["sessions"] == 2
+    for r in report["results"]:
+        assert r["latency_ms"]["repeats"] >= 2 * 2 and len(r["latency_ms"]["round_medians"]) == 2
+    assert all(r["paired"] for r in report["ratios"])
