@@ -122,6 +122,9 @@ def plan_comparison(o: CompareOptions) -> Plan:
 
     backends = [(b, *b.availability()) for b in (make_backend(n, o.fused_as) for n in o.backends)]
     peers = [(p, *p.availability()) for p in (make_peer(n, model) for n in o.peers)]
+    if not any(ok for _, ok, _ in backends + peers):
+        reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
+        raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")
     return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs)
 
 

@@ -180,3 +180,12 @@ def test_sessions_are_pooled():
     for r in report["results"]:
         assert r["latency_ms"]["repeats"] >= 2 * 2 and len(r["latency_ms"]["round_medians"]) == 2
     assert all(r["paired"] for r in report["ratios"])
+
+
+def test_nothing_available_is_an_error_not_an_empty_table(capsys):
+    from blockc.runtime.cuda_runner import cuda_available
+    if cuda_available()[0]:
+        pytest.skip("a GPU is here: ort-cuda can run")
+    assert main(["compare", "tiny", "--backends", "ort-cuda,cuda", "--peers", "none", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to compare" in err and "ort-cuda:" in err and "cuda:" in err
