@@ -98,13 +98,20 @@ def _weights(args, model):
     return init_weights(model, seed=args.seed)
 
 
-def _bindings(args, model, graph, defaults=None) -> dict[str, int]:
-    bindings = dict(defaults or {"batch": 2, "seq": 16})
-    for item in args.dim or []:
+def _parse_dims(items: list[str] | None) -> dict[str, int]:
+    """``["seq=128"]`` -> ``{"seq": 128}``; sizes are checked by their users."""
+    dims = {}
+    for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not value.strip().lstrip("-").isdigit():
             raise BlockcError(f"malformed --dim {item!r}: expected NAME=INT, e.g. --dim seq=128")
-        bindings[key.strip()] = int(value)
+        dims[key.strip()] = int(value)
+    return dims
+
+
+def _bindings(args, model, graph, defaults=None) -> dict[str, int]:
+    bindings = dict(defaults or {"batch": 2, "seq": 16})
+    bindings.update(_parse_dims(args.dim))
     symbols = graph.symbols()
     unknown = [k for k in bindings if k not in symbols and k not in ("batch", "seq")]
     if unknown:
@@ -303,16 +310,10 @@ def cmd_compare(args) -> int:
 
     from .compare import CompareOptions, plan_comparison
     from .compare.table import print_report
-    dims = {}
-    for item in args.dim or []:
-        key, eq, value = item.partition("=")
-        if not eq or not value.strip().isdigit():
-            raise BlockcError(f"malformed --dim {item!r}: expected NAME=INT")
-        dims[key.strip()] = int(value)
     options = CompareOptions(
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
         peers=_name_list(args.peers), batches=_int_list("--batch", args.batch), seqs=_int_list("--seq", args.seq),
-        dims=dims, threads=args.threads, warmup=args.warmup, min_repeats=args.repeats, min_time_s=args.min_time,
+        dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats, min_time_s=args.min_time,
         rounds=args.rounds, sessions=args.sessions,
         fused_as=args.fused_as, peak_gbps=args.peak_gbps, seed=args.seed, weights=args.weights,
         kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
@@ -341,9 +342,10 @@ def _with_progress(plan, show: bool) -> dict:
     from .compare import planned_steps, run_comparison
     if not show:
         return run_comparison(plan)
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True, console=_stderr_console()) as bar:
+                  transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("preparing", total=planned_steps(plan))
         started = [False]
 
@@ -357,13 +359,7 @@ def _with_progress(plan, show: bool) -> dict:
     return report
 
 
-def _stderr_console():
-    from rich.console import Console
-    return Console(stderr=True)
-
-
 def _check_writable(path: str) -> None:
-    import os
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(directory):
         raise BlockcError(f"cannot write {path}: the folder {directory} does not exist")

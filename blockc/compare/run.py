@@ -62,6 +62,7 @@ class Plan:
     backends: list[tuple[Backend, bool, str]]    # (backend, available, reason)
     peers: list[tuple[Backend, bool, str]]
     kernel_graphs: list[Graph]           # where the fused kernels timed alone come from
+    weights: dict | None = None          # --weights, loaded and checked once; None: seeded init at run time
 
 
 def plan_comparison(o: CompareOptions) -> Plan:
@@ -85,6 +86,8 @@ def plan_comparison(o: CompareOptions) -> Plan:
     if min(o.threads, o.min_repeats, o.rounds, o.sessions) < 1 or o.warmup < 0 or o.min_time_s < 0:
         raise BlockcError("--threads, --repeats, --rounds and --sessions must be at least 1, --warmup and "
                           "--min-time at least 0")
+    if any(v <= 0 for v in o.dims.values()):
+        raise BlockcError(f"--dim sizes must be positive, got {o.dims}")
     if o.peak_gbps is not None and not o.peak_gbps > 0:
         raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
 
@@ -116,16 +119,18 @@ def plan_comparison(o: CompareOptions) -> Plan:
         verify(g)
     # The attention fusion swallows the masked softmax; its kernel is timed from this graph.
     kernel_graphs = [graphs["fused"], optimize(traced, disable=["fuse_attention"]).graph] if o.kernels else []
+    weights = None
     if o.weights:
         from ..frontends.weights import check_weights, load_weights
-        check_weights(model, load_weights(o.weights))
+        weights = dict(load_weights(o.weights))
+        check_weights(model, weights)
 
     backends = [(b, *b.availability()) for b in (make_backend(n, o.fused_as) for n in o.backends)]
     peers = [(p, *p.availability()) for p in (make_peer(n, model) for n in o.peers)]
     if not any(ok for _, ok, _ in backends + peers):
         reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
         raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")
-    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs)
+    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs, weights)
 
 
 Progress = Callable[[str], None]   # called with a description as each measurement starts
@@ -162,11 +167,8 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
     from ..frontends import init_weights
     from .machine import describe_machine, gpu_name, versions
     o = plan.options
-    if o.weights:
-        from ..frontends.weights import load_weights
-        weights = dict(load_weights(o.weights))
-    else:
-        weights = dict(init_weights(plan.model, seed=o.seed))  # materialised once: every run reads them
+    # materialised once: every run reads them
+    weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
 
     gpu = gpu_name()[0] if any(ok and b.name in ("ort-cuda", "cuda") for b, ok, _ in plan.backends) else None
     report = {
@@ -285,9 +287,10 @@ def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progr
         parts = [t for k, t in measured.items() if k.rsplit("#", 1)[0] == key]
         if row["status"] != "ok" or not parts:
             continue
+        groups = {t.group for t in parts}
         pooled = Interleaved([x for t in parts for x in t.samples],
                              [float(np.median(r)) for r in zip(*(t.round_medians for t in parts))],
-                             group=parts[0].group if len({t.group for t in parts}) == 1 else -1 - len(times))
+                             group=groups.pop() if len(groups) == 1 else None)  # None: split, pairs with none
         times[key] = pooled
         lat = pooled.timing
         row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
@@ -386,7 +389,7 @@ def _speedup(times: dict, base: str, other: str) -> tuple[float, bool]:
     of their medians."""
     from ..runtime.timing import paired_speedup
     a, b = times[base], times[other]
-    if getattr(a, "group", 0) == getattr(b, "group", 0):
+    if a.group is not None and a.group == b.group:
         return paired_speedup(a, b), True
     return a.timing.median_s / b.timing.median_s, False
 

@@ -68,6 +68,17 @@ def format_dense(a: np.ndarray) -> str:
     return f"dense<{dtype.short}[{shape}]: [{', '.join(items)}]>"
 
 
+def result_numbers(g) -> dict[int, int]:
+    """``id(node) -> N``: the node's first result prints as ``%N`` (its others
+    follow it). The one numbering rule, shared by the printer, the fusion
+    report's node labels and error messages that name a node."""
+    numbers, counter = {}, 0
+    for n in g.nodes:
+        numbers[id(n)] = counter
+        counter += len(n.outputs)
+    return numbers
+
+
 def print_graph(g) -> str:
     names: dict[int, str] = {}
     used = set()
@@ -84,12 +95,11 @@ def print_graph(g) -> str:
     lines.append(f"graph {quote_if_needed(g.name)}({header}) {{")
     for name, v in g.params.items():
         lines.append(f"  param {names[id(v)]}: {v.type}")
-    counter = 0
+    numbers = result_numbers(g)
     for n in g.nodes:
         results = []
-        for o in n.outputs:
-            names[id(o)] = f"%{counter}"
-            counter += 1
+        for i, o in enumerate(n.outputs):
+            names[id(o)] = f"%{numbers[id(n)] + i}"
             results.append(f"{names[id(o)]}:{o.type}")
         text = f"  {', '.join(results)} = {n.op}"
         if n.inputs:

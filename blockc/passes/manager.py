@@ -45,11 +45,11 @@ def pass_names() -> list[str]:
 def label_origins(graph: Graph) -> Graph:
     """A copy whose nodes are labelled with their printed names (``%12``), so
     reports can say which original nodes went into which fused op."""
+    from ..ir.printer import result_numbers
     g = graph.copy()
-    counter = 0
+    numbers = result_numbers(g)
     for n in g.nodes:
-        n.origin = (f"%{counter}",)
-        counter += len(n.outputs)
+        n.origin = (f"%{numbers[id(n)]}",)
     return g
 
 

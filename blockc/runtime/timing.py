@@ -43,7 +43,7 @@ class Interleaved:
 
     samples: list[float]
     round_medians: list[float]
-    group: int = 0      # contestants timed together share a group; only they pair round by round
+    group: int | None = 0   # contestants timed together share a group; only they pair round by round
 
     @property
     def timing(self) -> Timing:

@@ -51,11 +51,9 @@ def _torch():
 
 def node_labels(graph: Graph) -> dict[int, str]:
     """``id(node) -> "%7"`` (or ``"%7,%8"``): the names ``blockc show`` prints."""
-    labels, counter = {}, 0
-    for n in graph.nodes:
-        labels[id(n)] = ",".join(f"%{counter + i}" for i in range(len(n.outputs)))
-        counter += len(n.outputs)
-    return labels
+    from ..ir.printer import result_numbers
+    numbers = result_numbers(graph)
+    return {id(n): ",".join(f"%{numbers[id(n)] + i}" for i in range(len(n.outputs))) for n in graph.nodes}
 
 
 def check_supported(graph: Graph) -> None:
