@@ -1,0 +1,56 @@
+"""The timing helpers benchmarks and `blockc compare` rest on: counts,
+pairing, and the ratio interval."""
+import math
+
+import pytest
+
+from blockc.runtime.timing import Interleaved, measure, measure_interleaved, paired_speedup, ratio_interval
+
+
+def test_measure_repeats_until_count_and_time():
+    calls = []
+    t = measure(lambda: calls.append(1), warmup=2, min_repeats=7, min_time_s=0.0)
+    assert t.repeats == 7 and len(calls) == 9          # warm-up runs are not timed
+    assert t.min_s <= t.median_s <= t.max_s
+
+
+def test_interleaved_rounds_alternate_contestants():
+    order = []
+    out = measure_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                              rounds=3, warmup=1, min_repeats=6, min_time_s=0.0)
+    assert [len(x.round_medians) for x in out.values()] == [3, 3]
+    # after one warm-up each, contestants take turns by rounds: a-slice, b-slice, a-slice ...
+    slices = [k for i, k in enumerate(order[2:]) if i == 0 or order[2:][i - 1] != k]
+    assert slices == ["a", "b"] * 3
+
+
+def test_paired_speedup_is_median_of_round_ratios():
+    base = Interleaved([], [2.0, 4.0, 3.0])
+    other = Interleaved([], [1.0, 4.0, 1.0])
+    assert paired_speedup(base, other) == 2.0          # ratios 2, 1, 3
+
+
+def test_ratio_interval_brackets_the_geometric_mean():
+    ratios = [0.98, 1.01, 1.03, 0.99, 1.02, 1.00, 1.04, 0.97]
+    iv = ratio_interval(ratios)
+    assert iv.ratio == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+    assert iv.low < iv.ratio < iv.high and iv.n == 8
+    assert iv.verdict == "no difference resolved"
+    assert ratio_interval([1.05, 1.06, 1.07, 1.05, 1.06]).verdict == "faster"
+    assert ratio_interval([0.9, 0.92, 0.91, 0.9, 0.93]).verdict == "slower"
+    assert ratio_interval([0.9, 0.92]).verdict == "too few repetitions"
+
+
+def test_ratio_interval_narrows_with_more_repetitions():
+    few = ratio_interval([0.97, 1.03] * 3)
+    many = ratio_interval([0.97, 1.03] * 30)
+    assert many.high - many.low < few.high - few.low
+
+
+def test_ratio_interval_edge_cases():
+    one = ratio_interval([1.2])
+    assert (one.ratio, one.low, one.high) == pytest.approx((1.2, 1.2, 1.2))
+    with pytest.raises(ValueError):
+        ratio_interval([])
+    with pytest.raises(ValueError):
+        ratio_interval([1.0, 0.0])
