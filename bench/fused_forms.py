@@ -73,6 +73,15 @@ def attention(batch: int, heads: int, seq: int, head: int):
     return "attention", f"[{batch},{heads},{seq},{head}] causal", g, {"batch": batch, "seq": seq}
 
 
+def qkv_attention(batch: int, seq: int, hidden: int, heads: int):
+    g = Graph("qkv_attention")
+    x = g.add_input("x", _t("batch", "seq", hidden))
+    w, b = g.add_param("w", _t(hidden, 3 * hidden)), g.add_param("b", _t(3 * hidden))
+    g.set_outputs([("y", g.op("qkv_attention", x, w, b, heads=heads, sizes=[hidden] * 3,
+                              scale=1 / math.sqrt(hidden // heads), causal=True))])
+    return "qkv_attention", f"[{batch},{seq},{hidden}] {heads} heads causal", g, {"batch": batch, "seq": seq}
+
+
 def masked_softmax(batch: int, heads: int, seq: int, head: int):
     g = Graph("masked_softmax")
     s = g.add_input("scores", _t("batch", heads, "seq", "seq"))
@@ -93,6 +102,8 @@ def cases():
         yield add_norm(op, 4, 128, 768)
         yield add_norm(op, 8, 512, 768)
     yield attention(4, 12, 128, 64)
+    yield qkv_attention(4, 128, 768, 12)
+    yield qkv_attention(8, 128, 768, 12)
     yield masked_softmax(4, 12, 128, 64)
     for act in ("gelu", "gelu_tanh", "relu"):
         yield matmul_bias_act(act, 4, 128, 768, 3072)
@@ -133,7 +144,11 @@ def session(model, provider: str, threads: int):
 
 def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_time: float) -> dict:
     rng = np.random.default_rng(0)
-    weights = {n: rng.standard_normal(v.type.concrete_shape({})).astype(np.float32) for n, v in graph.params.items()}
+    # Weights scaled like a trained layer's (1/sqrt(fan-in)): with unit weights a
+    # 768-wide projection gives attention scores in the hundreds, a softmax
+    # that is one-hot, and forms that differ by float32 rounding alone.
+    weights = {n: (rng.standard_normal(v.type.concrete_shape({})) / np.sqrt(v.shape[0] if v.type.rank == 2 else 1))
+               .astype(np.float32) for n, v in graph.params.items()}
     feeds = {v.name: rng.standard_normal(v.type.concrete_shape(sizes)).astype(np.float32) for v in graph.inputs}
     sessions, declined, reference = {}, {}, None
     for form in FORMS:

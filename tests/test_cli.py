@@ -1,5 +1,6 @@
 """The command line: every command, its --help, and clean errors for bad input."""
 import os
+import re
 import subprocess
 import sys
 
@@ -107,7 +108,10 @@ def test_fusions_disable_and_reasons(capsys):
     code, out, _ = run(capsys, "fusions", "tiny", "--disable", "fuse_attention", "--verbose")
     assert code == 0
     assert "rejected masked_softmax" in out and "a plain softmax: no scale or mask to fuse" in out
-    assert "attention" not in out.split("fusion")[1].split("\n\n")[0]
+    table = out.split("fusion")[1].split("\n\n")[0]
+    assert not re.search(r"^\s+attention\s", table, re.M)
+    # and nothing builds on the attention op it would have made
+    assert re.search(r"^\s+qkv_attention\s+0\s", table, re.M)
 
 
 def test_print_after_and_unknown_pass(capsys):

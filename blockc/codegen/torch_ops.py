@@ -153,25 +153,31 @@ def _masked_softmax(b, node, xs):
 
 def _attention(b, node, xs):
     q, k, v = xs[:3]
-    masks = xs[3:]
     tq, tk, tv = (x.type for x in node.inputs[:3])
     rows, cols = tq.shape[-2], tk.shape[-2]
-    attrs = node.attrs
     if tq.rank != 4 or not tq.shape[:-2] == tk.shape[:-2] == tv.shape[:-2]:
         # Broadcast batch dims: spell it out rather than lean on the SDPA kernels.
         scores = b.call(torch.matmul, q, b.call(torch.transpose, k, -2, -1))
-        probs = b.call(torch.softmax, _masked_scores(b, node, scores, masks, rows, cols), -1)
+        probs = b.call(torch.softmax, _masked_scores(b, node, scores, xs[3:], rows, cols), -1)
         return b.call(torch.matmul, probs, v)
-    # scaled_dot_product_attention masks with -inf and aligns is_causal to the
-    # top left; blockc fills with `fill` and aligns the causal mask to the
-    # bottom right (KV caches). An additive bias holding `fill` keeps blockc's
-    # meaning, fully masked rows included (they average v, they are not NaN).
-    fill = _fill(node, tq.dtype)
+    return _sdpa(b, node, q, k, v, xs[3:], rows, cols)
+
+
+def _sdpa(b, node, q, k, v, masks, rows, cols):
+    """scaled_dot_product_attention with blockc's masking.
+
+    SDPA masks with -inf and aligns is_causal to the top left; blockc fills
+    with `fill` and aligns the causal mask to the bottom right (KV caches).
+    An additive bias holding `fill` keeps blockc's meaning, fully masked rows
+    included (they average v, they are not NaN)."""
+    attrs = node.attrs
+    dtype = node.outputs[0].dtype
+    fill = _fill(node, dtype)
     bias, is_causal = None, False
     if attrs["mask"] == "additive":
         bias = masks[0]
     elif attrs["mask"] == "bool":
-        zeros = b.call(torch.zeros_like, masks[0], dtype=TORCH_DTYPES[tq.dtype])
+        zeros = b.call(torch.zeros_like, masks[0], dtype=TORCH_DTYPES[dtype])
         bias = b.method("masked_fill", zeros, b.call(torch.logical_not, masks[0]), fill)
     if attrs["causal"]:
         if bias is None and rows == cols:
@@ -179,12 +185,25 @@ def _attention(b, node, xs):
         else:
             allowed = _causal(b, rows, cols)
             if bias is None:
-                zeros = b.call(torch.zeros_like, allowed, dtype=TORCH_DTYPES[tq.dtype])
+                zeros = b.call(torch.zeros_like, allowed, dtype=TORCH_DTYPES[dtype])
                 bias = b.method("masked_fill", zeros, b.call(torch.logical_not, allowed), fill)
             else:
                 bias = b.call(torch.where, allowed, bias, fill)
     return b.call(F.scaled_dot_product_attention, q, k, v, attn_mask=bias, is_causal=is_causal,
                   scale=attrs["scale"])
+
+
+def _qkv_attention(b, node, xs):
+    x, w, bias = xs[:3]
+    heads, sizes = node.attrs["heads"], list(node.attrs["sizes"])
+    y = b.call(F.linear, x, b.method("t", w), bias)          # w is [in, out]; linear takes [out, in]
+    parts = b.call(torch.split, y, sizes, dim=-1)
+    q, k, v = (b.method("transpose", b.method("unflatten", b.call(operator.getitem, parts, i), -1,
+                                              (heads, size // heads)), 1, 2)
+               for i, size in enumerate(sizes))
+    seq = node.inputs[0].shape[1]
+    out = _sdpa(b, node, q, k, v, xs[3:], seq, seq)
+    return b.method("flatten", b.method("transpose", out, 1, 2), -2)
 
 
 def _add_norm(norm):
@@ -232,6 +251,7 @@ LOWERINGS = {
     "causal_mask": lambda b, node, xs: _causal(b, node.attrs["rows"], node.attrs["cols"]),
     "masked_softmax": _masked_softmax,
     "attention": _attention,
+    "qkv_attention": _qkv_attention,
     "add_layernorm": _add_norm(_layernorm),
     "add_rmsnorm": _add_norm(_rmsnorm),
     "matmul_bias_act": _matmul_bias_act,

@@ -13,7 +13,7 @@ from ..ir.dims import Sym
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
 from ._rules import broadcast_shapes, elementwise, fmt, same_dtype
-from .registry import BOOL, FLOAT, STR, define
+from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define
 
 MASK_KINDS = ("none", "additive", "bool")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -130,6 +130,70 @@ def _(b, node, ins):
     return [b.op("matmul", b.op("masked_softmax", scores, *ins[3:], **node.attrs), v)]
 
 
+# ---- qkv_attention --------------------------------------------------------------------
+qkv_attention = define(
+    "qkv_attention", ("x", "w", "bias", "*mask"),
+    attrs={"heads": (INT, REQUIRED), "sizes": (DIMS, REQUIRED), **_MASK_ATTRS},
+    doc="multi-head self-attention through one packed projection: q, k, v = split(x @ w + bias, sizes), "
+        "each cut into `heads` heads, attention per head, the heads joined again")
+
+
+def _qkv_heads(attrs) -> tuple[int, int, int]:
+    """(heads, q/k head size, v head size)."""
+    h, (dq, _, dv) = attrs["heads"], attrs["sizes"]
+    return h, dq // h, dv // h
+
+
+@qkv_attention.infer
+def _(types, attrs):
+    x, w, bias = types[:3]
+    dtype = same_dtype("qkv_attention", [x, w, bias], floats=True)
+    sizes, heads = list(attrs["sizes"]), attrs["heads"]
+    if len(sizes) != 3 or not all(isinstance(d, int) and d > 0 for d in sizes) or sizes[0] != sizes[1]:
+        raise ShapeError(f"qkv_attention: sizes must be three fixed widths [q, k, v] with q = k, got {sizes}")
+    if heads <= 0 or any(d % heads for d in sizes):
+        raise ShapeError(f"qkv_attention: {heads} heads do not divide the widths {sizes}")
+    if x.rank != 3:
+        raise ShapeError(f"qkv_attention: x must be [batch, seq, hidden], got {x}")
+    if w.rank != 2 or w.shape != (x.shape[-1], sum(sizes)) or bias.shape != (sum(sizes),):
+        raise ShapeError(f"qkv_attention: w {fmt(w.shape)} and bias {fmt(bias.shape)} must be "
+                         f"[{x.shape[-1]}, {sum(sizes)}] and [{sum(sizes)}] for x {fmt(x.shape)}")
+    batch, seq = x.shape[:2]
+    _mask_rule("qkv_attention", TensorType(dtype, (batch, heads, seq, seq)), types[3:], attrs)
+    return TensorType(dtype, (batch, seq, sizes[2]))
+
+
+@qkv_attention.numpy
+def _(xs, attrs, env):
+    x, w, bias = xs[:3]
+    h, d, dv = _qkv_heads(attrs)
+    dq = attrs["sizes"][0]
+    y = x @ w + bias
+    batch, seq = x.shape[:2]
+
+    def heads(part, size):   # [b, s, h*size] -> [b, h, s, size]
+        return part.reshape(batch, seq, h, size).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(y[..., :dq], d), heads(y[..., dq:2 * dq], d), heads(y[..., 2 * dq:], dv)
+    out = _softmax_last(_numpy_mask(q @ np.swapaxes(k, -1, -2), xs[3:], attrs, env)) @ v
+    return out.transpose(0, 2, 1, 3).reshape(batch, seq, h * dv)
+
+
+@qkv_attention.decompose
+def _(b, node, ins):
+    # Into attention, not further: a backend with an attention kernel but no
+    # projection-and-attention kernel still gets the fused core.
+    h, d, dv = _qkv_heads(node.attrs)
+    sizes = list(node.attrs["sizes"])
+    y = b.op("add", b.op("matmul", ins[0], ins[1]), ins[2])
+    parts = b.node("split", y, axis=-1, sizes=sizes).outputs
+    q, k, v = (b.op("transpose", b.op("reshape", p, shape=[0, 0, h, size]), perm=[0, 2, 1, 3])
+               for p, size in zip(parts, (d, d, dv)))
+    attrs = {k_: node.attrs[k_] for k_ in _MASK_ATTRS}
+    out = b.op("attention", q, k, v, *ins[3:], **attrs)
+    return [b.op("reshape", b.op("transpose", out, perm=[0, 2, 1, 3]), shape=[0, 0, h * dv])]
+
+
 # ---- add_layernorm / add_rmsnorm -------------------------------------------------
 def _add_norm_infer(name, types, attrs, n_params):
     x, r, params = types[0], types[1], types[2:]
@@ -224,4 +288,4 @@ def _(b, node, ins):
     return [b.op("gelu", y, approximate="tanh" if act == "gelu_tanh" else "none")]
 
 
-FUSED_OPS = ("masked_softmax", "attention", "add_layernorm", "add_rmsnorm", "matmul_bias_act")
+FUSED_OPS = ("masked_softmax", "attention", "qkv_attention", "add_layernorm", "add_rmsnorm", "matmul_bias_act")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.dtypes import DType
-from .fused import add_layernorm, add_rmsnorm, attention, masked_softmax, matmul_bias_act
+from .fused import add_layernorm, add_rmsnorm, attention, masked_softmax, matmul_bias_act, qkv_attention
 from .nn import emit_causal_mask
 from .registry import NotApplicable
 
@@ -134,10 +134,10 @@ def _check_fill(node, op_type: str, dtype: DType, bias: bool) -> None:
         raise NotApplicable(f"a {dtype.name} mask bias cannot hold {MASK_BIAS:g}")
 
 
-def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len) -> str:
-    """The node's mask, causal mask and fill as one additive bias of shape
-    [batch or 1, heads or 1, q_len, k_len] (both runtime ops want the last two
-    dims exact)."""
+def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: bool | None = None) -> str:
+    """The node's mask, causal mask (``causal``: None for the node's own
+    flag) and fill as one additive bias of shape [batch or 1, heads or 1,
+    q_len, k_len] (the runtime ops want the last two dims exact)."""
     keep = add = None
     mask_shape = ()
     if node.attrs["mask"] != "none":
@@ -146,9 +146,9 @@ def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len) -> str:
             keep = ins[3]
         else:
             add = ins[3]
-    if node.attrs["causal"]:
-        causal = emit_causal_mask(e, q_len, k_len)
-        keep = causal if keep is None else e.emit("And", [keep, causal])
+    if node.attrs["causal"] if causal is None else causal:
+        tril = emit_causal_mask(e, q_len, k_len)
+        keep = tril if keep is None else e.emit("And", [keep, tril])
     big = e.const(np.array(MASK_BIAS, dtype.numpy))
     if keep is None:
         bias = add
@@ -211,4 +211,66 @@ def _(e, node, ins):
         inputs.append(_mask_bias(e, node, ins, dtype, batch, heads, q_len, k_len))
     elif node.attrs["causal"]:
         attrs["is_causal"] = 1  # aligned to past_key, of which there is none: right for a square q/k
+    return [e.emit("Attention", inputs, **attrs)]
+
+
+# ---- qkv_attention -------------------------------------------------------------------
+def _qkv_common(node, op_type: str):
+    """(dtype, heads, head size, v head size) once the node's masking and fill
+    are ones ``op_type`` reproduces exactly; declines anything else."""
+    dtype = _dtype(node, op_type)
+    heads, (dq, _, dv) = node.attrs["heads"], node.attrs["sizes"]
+    _check_fill(node, op_type, dtype, bias=_needs_bias(node, square=True))
+    return dtype, heads, dq // heads, dv // heads
+
+
+@qkv_attention.onnx_form("contrib")
+def _(e, node, ins):
+    # com.microsoft.Attention: inputs input, weights, bias, mask_index, past,
+    # attention_bias; the projection, the heads and the causal mask all inside.
+    dtype, heads, head, v_head = _qkv_common(node, "Attention")
+    if node.attrs["scale"] == 0.0:
+        raise NotApplicable("com.microsoft.Attention reads scale=0 as 'unset' (1/sqrt(head_size))")
+    x = node.inputs[0]
+    batch, seq = x.shape[:2]
+    attrs = dict(num_heads=heads, scale=node.attrs["scale"], mask_filter_value=MASK_BIAS)
+    if head != v_head:
+        attrs["qkv_hidden_sizes"] = list(node.attrs["sizes"])
+    inputs = list(ins[:3])
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    if mask is not None and node.attrs["mask"] == "bool" and tuple(mask.shape) == (batch, 1, 1, seq) \
+            and not node.attrs["causal"]:
+        flat = e.emit("Reshape", [ins[3], e.const(np.array([0, -1], np.int64))])   # key padding, [batch, seq]
+        inputs.append(e.emit("Cast", [flat], to=int(DType.int32.onnx_code)))
+    elif mask is not None:
+        # Anything else, causal part included, as one attention_bias: with
+        # mask_index *and* unidirectional, ONNX Runtime masks a fully padded
+        # row unevenly (the causal part differently from the padding) where
+        # the fused op averages it uniformly.
+        inputs += ["", "", _mask_bias(e, node, ins, dtype, batch, heads, seq, seq)]
+    elif node.attrs["causal"]:
+        attrs["unidirectional"] = 1   # q and k are the same sequence here: square, top-left aligned
+    return [e.emit("Attention", inputs, domain=MS, **attrs)]
+
+
+@qkv_attention.onnx_form("onnx23")
+def _(e, node, ins):
+    # The projection as MatMul + Add + Split, then opset-23 Attention on 3-D
+    # [batch, seq, heads*head] q, k, v (q_num_heads/kv_num_heads), whose output
+    # is 3-D too: no head split or join is written at all.
+    if e.opset < 23:
+        raise NotApplicable(f"Attention needs opset 23, exporting at opset {e.opset}")
+    dtype, heads, _, _ = _qkv_common(node, "Attention")
+    scale = node.attrs["scale"]
+    if scale <= 0.0:
+        raise NotApplicable(f"Attention scales q and k by sqrt(scale): scale={scale:g} has no real square root")
+    batch, seq = node.inputs[0].shape[:2]
+    y = e.emit("Add", [e.emit("MatMul", ins[:2]), ins[2]])
+    q, k, v = e.emit("Split", [y, e.const(np.array(node.attrs["sizes"], np.int64))], n=3, axis=-1)
+    attrs = dict(scale=scale, q_num_heads=heads, kv_num_heads=heads)
+    inputs = [q, k, v]
+    if _needs_bias(node, square=True):
+        inputs.append(_mask_bias(e, node, ins, dtype, batch, heads, seq, seq))
+    elif node.attrs["causal"]:
+        attrs["is_causal"] = 1
     return [e.emit("Attention", inputs, **attrs)]

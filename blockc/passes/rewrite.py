@@ -234,8 +234,8 @@ class Site:
     anchor_op: str
     fused: bool
     reason: str = ""
-    nodes: list = field(default_factory=list)   # origin labels consumed
-    ops: list = field(default_factory=list)     # their ops
+    nodes: list = field(default_factory=list)   # the original nodes' labels, each once
+    ops: list = field(default_factory=list)     # the ops of the nodes the rewrite replaced
     result: str = ""                             # the op that replaced them
     pass_name: str = ""                          # set by the pass manager
     depth: int = 0     # how many nodes the best attempt matched: 0 = not even close
@@ -419,7 +419,9 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site, positions: _Positio
     for n in reversed(in_order):
         g.remove_node(n)
     site.fused, site.depth = True, len(m.consumed)
-    site.nodes = [_label(n) for n in in_order]
+    # The original nodes, each once: a fusion built on another's result (fuse_qkv's
+    # merged projection, say) consumes nodes that each stand for several.
+    site.nodes = list(origin) if origin else [_label(n) for n in in_order]
     site.ops = [n.op for n in in_order]
     site.result = "+".join(n.op for n in new_nodes if n.op != "constant") or "(bypass)"
     return consumed

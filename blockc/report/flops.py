@@ -45,6 +45,13 @@ def node_flops(node: Node, bindings: Mapping[str, int]) -> int:
         scores = _numel(q[:-1], bindings) * evaluate(k[-2], bindings)
         return 2 * scores * evaluate(q[-1], bindings) + 2 * scores * evaluate(out.shape[-1], bindings) \
             + PER_ELEMENT["masked_softmax"] * scores
+    if node.op == "qkv_attention":  # the packed projection and its bias, then the core per head
+        x = node.inputs[0].shape
+        heads, (dq, _, dv) = node.attrs["heads"], node.attrs["sizes"]
+        tokens = _numel(x[:-1], bindings)
+        scores = tokens * heads * evaluate(x[-2], bindings)
+        return 2 * tokens * (evaluate(x[-1], bindings) + 1) * (2 * dq + dv) \
+            + 2 * scores * (dq // heads) + 2 * scores * (dv // heads) + PER_ELEMENT["masked_softmax"] * scores
     return PER_ELEMENT.get(node.op, 1) * _numel(out.shape, bindings)
 
 

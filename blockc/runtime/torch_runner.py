@@ -56,6 +56,17 @@ def node_labels(graph: Graph) -> dict[int, str]:
     return {id(n): ",".join(f"%{numbers[id(n)] + i}" for i in range(len(n.outputs))) for n in graph.nodes}
 
 
+def lowerable(graph: Graph) -> Graph:
+    """``graph`` with every op the PyTorch table lacks but that has a
+    decomposition (``qkv_attention``: into ``attention``, which the table
+    has) rewritten into it, so those ops run too."""
+    from ..codegen.torch_ops import LOWERINGS
+    from ..ops import registry
+    from ..passes.decompose import decompose
+    ops = {n.op for n in graph.nodes if n.op not in LOWERINGS and registry.get(n.op).decompose_fn}
+    return decompose(graph, ops=ops).graph if ops else graph
+
+
 def check_supported(graph: Graph) -> None:
     """Raise a ``BlockcError`` naming every op the PyTorch table lacks, with its
     first node, before anything is built or run."""
@@ -160,6 +171,7 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
     import torch.fx as fx
 
     from ..codegen.torch_ops import LOWERINGS, to_torch
+    graph = lowerable(graph)
     check_supported(graph)
     missing = [name for name in graph.params if name not in weights]
     if missing:

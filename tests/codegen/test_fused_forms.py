@@ -59,6 +59,10 @@ def assert_close(got: dict, want: dict, what: str, tol: float = 2e-5) -> None:
         np.testing.assert_allclose(got[k], want[k], rtol=5 * tol, atol=tol, err_msg=f"{what} {k}")
 
 
+def forms_of(decisions: list, op: str) -> int:
+    return sum(d["op"] == op for d in decisions)
+
+
 def check_decisions(decisions: list, graph: Graph) -> None:
     """One decision per fused node, in order, with its origin; a reason for
     every form, and for every fallback a reason that says so."""
@@ -114,7 +118,9 @@ def test_builtin_model_in_every_form(model_case, form):
     elif form == "contrib":
         assert set(forms) == {"contrib"}, decisions  # every fused op of these models has a contrib op
         assert found[(MS, "SkipLayerNormalization")] == sum(d["op"] == "add_layernorm" for d in decisions)
-        assert found[(MS, "MultiHeadAttention")] == 2
+        # attention from the packed projection is com.microsoft.Attention, a bare core MultiHeadAttention
+        assert found[(MS, "Attention")] == forms_of(decisions, "qkv_attention") == 2
+        assert found[(MS, "MultiHeadAttention")] == forms_of(decisions, "attention") == 0
         assert found[(MS, "BiasGelu" if name == "bert-base" else "FastGelu")] == 2
         assert not model.functions
     elif form == "onnx23":
@@ -125,7 +131,7 @@ def test_builtin_model_in_every_form(model_case, form):
         assert causal == ([0, 0] if name == "bert-base" else [1, 1])  # bert: its padding mask is a bias input
         assert all(len(n.input) == (4 if name == "bert-base" else 3) for n in attention)
         for d in decisions:
-            if d["op"] != "attention":
+            if d["op"] not in ("attention", "qkv_attention"):
                 assert d["form"] == "function" and "ONNX has no fused" in d["reason"]
     else:
         table = load_table()["providers"]["cpu"]["kinds"]
@@ -148,9 +154,9 @@ def test_function_bodies_read_dims_from_their_own_inputs(model_case):
                 assert n.input[0] in f.input, f.name
     if name == "gpt2":  # one function per kind and attribute set, named after them
         assert sorted(f.name for f in model.functions) == [
-            "AddLayerNorm", "AddLayerNorm_with_sum", "Attention_causal", "MatMulBiasAct_gelu_tanh"]
-        causal = next(f for f in model.functions if f.name == "Attention_causal")
-        assert list(causal.input) == ["q", "k", "v"] and "Shape" in {n.op_type for n in causal.node}
+            "AddLayerNorm", "AddLayerNorm_with_sum", "MatMulBiasAct_gelu_tanh", "QkvAttention_causal"]
+        causal = next(f for f in model.functions if f.name == "QkvAttention_causal")
+        assert list(causal.input) == ["x", "w", "bias"] and "Shape" in {n.op_type for n in causal.node}
 
 
 # ---- small graphs: what the models do not cover ----------------------------------------
@@ -254,6 +260,54 @@ def test_bert_padding_mask_becomes_key_padding_mask():
     model, _ = run_small(g, "contrib", [{"batch": 3, "seq": 4}])
     mha = next(n for n in model.graph.node if n.op_type == "MultiHeadAttention")
     assert len(mha.input) == 5 and mha.input[4]  # key_padding_mask, no attention_bias
+
+
+def qkv_attentions(fill: float = float(np.finfo(np.float32).min)) -> Graph:
+    """Attention through the packed projection: every masking its runtime
+    ops take differently, and a v wider than q and k."""
+    g = Graph("qkv")
+    x = g.add_input("x", T(F32, "batch", "seq", 6))
+    keep = g.add_input("keep", T(BOOL, "batch", 1, 1, "seq"))
+    bias = g.add_input("bias", T(F32, "seq", "seq"))
+    w, b = g.add_param("w", T(F32, 6, 24)), g.add_param("b", T(F32, 24))
+    w2, b2 = g.add_param("w2", T(F32, 6, 32)), g.add_param("b2", T(F32, 32))
+    common = dict(heads=2, sizes=[8, 8, 8], scale=0.3)
+    g.set_outputs([("causal", g.op("qkv_attention", x, w, b, causal=True, **common)),
+                   ("padding", g.op("qkv_attention", x, w, b, keep, mask="bool", fill=fill, **common)),
+                   ("padding_causal", g.op("qkv_attention", x, w, b, keep, mask="bool", causal=True, fill=fill,
+                                           **common)),
+                   ("bias_causal", g.op("qkv_attention", x, w, b, bias, mask="additive", causal=True, fill=fill,
+                                        **common)),
+                   ("wide_v", g.op("qkv_attention", x, w2, b2, causal=True, heads=2, sizes=[8, 8, 16],
+                                   scale=0.3))])
+    return g
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_qkv_attention_masks_and_widths(form):
+    model, decisions = run_small(qkv_attentions(), form, [{"batch": 2, "seq": 3}, {"batch": 1, "seq": 5}])
+    if form in ("contrib", "onnx23"):
+        assert [d["form"] for d in decisions] == [form] * 5
+        op = (MS, "Attention") if form == "contrib" else ("", "Attention")
+        nodes = [n for n in model.graph.node if (n.domain, n.op_type) == op]
+        assert len(nodes) == 5
+        flags = [{a.name: a.i for a in n.attribute}.get("unidirectional" if form == "contrib" else "is_causal", 0)
+                 for n in nodes]
+        if form == "contrib":
+            # padding alone goes in as mask_index; with a causal mask, and any other mask, as one bias
+            assert flags == [1, 0, 0, 0, 1]
+            assert [len(n.input) for n in nodes] == [3, 4, 6, 6, 3]
+            assert [a.ints for a in nodes[4].attribute if a.name == "qkv_hidden_sizes"] == [[8, 8, 16]]
+        else:
+            assert flags == [1, 0, 0, 0, 1] and [len(n.input) for n in nodes] == [3, 4, 4, 4, 3]
+            assert not any(n.op_type == "Transpose" for n in model.graph.node)   # 3-D q, k, v: no head moves
+
+
+@pytest.mark.parametrize("form", ["contrib", "onnx23"])
+def test_qkv_attention_fill_an_added_bias_cannot_express_falls_back(form):
+    _, decisions = run_small(qkv_attentions(fill=-1e4), form, [{"batch": 2, "seq": 3}])
+    assert [d["form"] for d in decisions] == [form, "function", "function", "function", form]
+    assert all("fill=-10000" in d["reason"] for d in decisions[1:4])
 
 
 # ---- choosing the form and the opset -------------------------------------------------------

@@ -210,6 +210,18 @@ def fused_attention(op):
     return g
 
 
+@case("qkv_attention")
+def fused_qkv_attention(op):
+    g = Graph(op)
+    x = g.add_input("x", T(F32, "batch", "seq", 6))
+    keep = g.add_input("keep", T(BOOL, "batch", 1, 1, "seq"))
+    w, b = g.add_param("w", T(F32, 6, 20)), g.add_param("b", T(F32, 20))
+    common = dict(heads=2, sizes=[4, 4, 12], scale=0.5)
+    g.set_outputs([("causal", g.op(op, x, w, b, causal=True, **common)),
+                   ("padding", g.op(op, x, w, b, keep, mask="bool", **common))])
+    return g
+
+
 @case("add_layernorm", "add_rmsnorm", "matmul_bias_act")
 def fused_block(op):
     g = Graph(op)

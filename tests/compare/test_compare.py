@@ -87,7 +87,7 @@ def test_ratios_pair_fused_with_standard_and_the_peer(report):
 
 def test_fused_kernels_are_timed_alone(report):
     ops = {k["op"] for k in report["kernels"] if k["status"] == "ok"}
-    assert {"add_layernorm", "masked_softmax", "attention"} <= ops
+    assert {"add_layernorm", "masked_softmax", "qkv_attention"} <= ops
     for k in report["kernels"]:
         assert k["bytes_modelled"] > 0 and k["flops_modelled"] > 0 and k["median_ms"] > 0
         assert k["max_abs_error"] < 1e-4

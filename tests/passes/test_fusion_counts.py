@@ -26,8 +26,11 @@ def test_gpt2_four_layers(form):
     assert counts["qkv"] == 4
     assert counts["attention"] == 4
     assert counts["bias_activation"] == 4
-    attention = [n for n in r.graph.nodes if n.op == "attention"]
-    assert [(n.attrs["mask"], n.attrs["causal"]) for n in attention] == [("none", True)] * 4
+    # ... and each attention core, with its packed projection, becomes one qkv_attention
+    assert counts["qkv_attention"] == 4
+    attention = [n for n in r.graph.nodes if n.op == "qkv_attention"]
+    assert [(n.attrs["mask"], n.attrs["causal"], n.attrs["heads"]) for n in attention] == [("none", True, 12)] * 4
+    assert "attention" not in r.graph.op_counts() and "split" not in r.graph.op_counts()
     ops = r.graph.op_counts()
     assert ops["add_layernorm"] == 9 and "layernorm" not in ops and "gelu" not in ops
     # the only softmax left is the LM head's output probabilities
@@ -48,8 +51,9 @@ def test_bert_base_two_layers(form):
     only_softmax = optimize(g, disable=["fuse_attention"]).graph
     masked = [n for n in only_softmax.nodes if n.op == "masked_softmax"]
     assert [(n.attrs["mask"], n.attrs["causal"]) for n in masked] == [("bool", False)] * 2
-    attention = [n for n in r.graph.nodes if n.op == "attention"]
+    attention = [n for n in r.graph.nodes if n.op == "qkv_attention"]
     assert [(n.attrs["mask"], n.attrs["causal"]) for n in attention] == [("bool", False)] * 2
+    assert counts["qkv_attention"] == 2
     assert "layernorm" not in r.graph.op_counts() and "softmax" not in r.graph.op_counts()
 
 

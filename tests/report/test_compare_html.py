@@ -227,8 +227,9 @@ def test_plots_on_their_own(block_graphs):
     assert plots.roofline_omission(dict(report, kernels=[])).startswith("No fused kernels")
     assert plots.latency_chart_png(dict(report, results=[])) is None
     absorbed = plots.absorbed_nodes(*block_graphs)
-    assert set(absorbed.values()) == {"attention", "add_layernorm", "matmul_bias_act"}
-    assert {block_graphs[0].nodes[i].op for i, op in absorbed.items() if op == "attention"} >= {"softmax", "where"}
+    assert set(absorbed.values()) == {"qkv_attention", "add_layernorm", "matmul_bias_act"}
+    assert {block_graphs[0].nodes[i].op for i, op in absorbed.items() if op == "qkv_attention"} >= {
+        "softmax", "where", "transpose", "matmul"}
     for png in (plots.graph_png(block_graphs[1], HOSTILE), plots.before_after_png(*block_graphs)):
         assert png.startswith(PNG_SIGNATURE)
 

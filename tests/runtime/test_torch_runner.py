@@ -141,7 +141,9 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %53:f32[batch,seq,48] = matmul_bias_act %50, @w, @b {activation="gelu_tanh"}
   %54:f32[batch,past,2,8] = reshape %past {shape=[0,0,2,8]}
   %55:f32[48,16] = transpose @w {perm=[1,0]}
-  return a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %56:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=2, sizes=[16,16,16], scale=0.35, causal=true}
+  %57:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=4, sizes=[16,16,16]}
+  return qa=%56, qb=%57, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 
@@ -219,11 +221,22 @@ def test_a_failed_compile_is_a_blockc_error_saying_why():
 def test_a_missing_op_names_the_op_and_the_node(monkeypatch):
     model = build_model("tiny", {"layers": "1"})
     graph = blockc.trace(model)
-    gelu_line = next(line for line in str(graph).splitlines() if "= gelu " in line)
-    label = gelu_line.split(":")[0].strip()  # "%27"
-    monkeypatch.delitem(torch_ops.LOWERINGS, "gelu")
-    with pytest.raises(BlockcError, match=rf"no lowering for op 'gelu' \(node {label} = gelu"):
+    matmul_line = next(line for line in str(graph).splitlines() if "= matmul " in line)
+    label = matmul_line.split(":")[0].strip()  # "%5"
+    monkeypatch.delitem(torch_ops.LOWERINGS, "matmul")   # no decomposition to fall back on
+    with pytest.raises(BlockcError, match=rf"no lowering for op 'matmul' \(node {label} = matmul"):
         TorchSession(graph, blockc.init_weights(model, seed=0))
+
+
+def test_an_op_missing_from_the_table_runs_as_its_decomposition(monkeypatch):
+    model = build_model("tiny", {"layers": "1"})
+    graph, weights = blockc.trace(model), dict(blockc.init_weights(model, seed=0))
+    feeds = {s.name: s.sample({"batch": 2, "seq": 4}, np.random.default_rng(0)) for s in model.inputs()}
+    monkeypatch.delitem(torch_ops.LOWERINGS, "gelu")
+    got = TorchSession(graph, weights).run(feeds)
+    want = blockc.run_reference(graph, weights, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
 
 
 def test_threads_apply_to_the_run_and_are_restored():

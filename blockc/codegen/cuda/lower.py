@@ -33,7 +33,7 @@ GEMM = {"matmul", "matmul_bias_act"}
 COPY = {"transpose", "slice", "split", "concat", "gather"}
 ALIAS = {"reshape"}
 # Fused ops with no kernel of their own yet: lowered to ops that have one.
-DECOMPOSED_FIRST = ("attention",)
+DECOMPOSED_FIRST = ("qkv_attention", "attention")
 SUPPORTED = ELEMENTWISE | ROW_NORM | SOFTMAX | GEMM | COPY | ALIAS
 DTYPES = {DType.float32, DType.float16, DType.bfloat16, DType.int64, DType.int32, DType.bool}
 
