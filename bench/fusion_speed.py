@@ -31,7 +31,8 @@ import blockc  # noqa: E402  (the checkout's blockc, installed or not)
 from blockc.passes.pipeline import FUSIONS  # noqa: E402
 from blockc.runtime.ort_runner import OrtSession  # noqa: E402
 from blockc.compare.machine import cpu_name  # noqa: E402
-from blockc.runtime.timing import measure_interleaved, paired_speedup, ratio_interval  # noqa: E402
+from blockc.runtime.timing import measure_in_blocks, paired_speedup, ratio_interval  # noqa: E402
+from rich.console import Console  # noqa: E402
 from rich.progress import track  # noqa: E402
 
 
@@ -71,38 +72,30 @@ def main() -> int:
 
     # Each repetition ("block") creates one fresh session per variant, times
     # them in interleaved rounds and takes each variant's ratio to the unfused
-    # session of that block; then the sessions go. Why fresh sessions: two
-    # sessions of the *same* graph run persistently up to ~4% apart here
-    # (where the weights and packed GEMM panels land in memory), more than
-    # most fusions change, so rounds of one session are not independent
-    # repetitions and only new sessions average that out. The interval is
-    # over blocks (runtime.timing.ratio_interval). A second unfused session
-    # per block (the A/A control) shows the method on a pair known to be equal.
+    # session of that block; then the sessions go (runtime.timing.
+    # measure_in_blocks: two sessions of the *same* graph run persistently up
+    # to ~4% apart here, more than most fusions change, so only new sessions
+    # average that out). A second unfused session per block (the A/A control)
+    # shows the method on a pair known to be equal.
     variants.append(("unfused again (A/A control)", graph, "auto"))
-    protos = {}
     errors = {}
     for name, g, form in variants:
-        s = OrtSession(g, weights, optimization="basic", threads=args.threads, fused_as=form)
-        out = s.run(feeds)
+        with OrtSession(g, weights, optimization="basic", threads=args.threads, fused_as=form) as s:
+            out = s.run(feeds)
         errors[name] = max(float(np.max(np.abs(out[k].astype(np.float64) - oracle[k]))) for k in oracle)
-        s.close()
-        protos[name] = (g, form)
-    ratios: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-    samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-    order = np.random.default_rng(1)
-    for _ in track(range(args.blocks), description="blocks of fresh sessions", transient=True):
-        names = [n for n, _, _ in variants]
-        order.shuffle(names)          # no variant always gets the first (or last) memory
-        sessions = {n: OrtSession(protos[n][0], weights, optimization="basic", threads=args.threads,
-                                  fused_as=protos[n][1]) for n in names}
-        raw = measure_interleaved({n: (lambda s=s: s.run(feeds)) for n, s in sessions.items()},
-                                  rounds=args.rounds, warmup=3, min_repeats=2 * args.rounds,
-                                  min_time_s=args.min_time)
-        for s in sessions.values():
-            s.close()
-        for n in names:
-            ratios[n].append(paired_speedup(raw["unfused (standard)"], raw[n]))
-            samples[n].extend(raw[n].samples)
+
+    def maker(g, form):
+        def make():
+            s = OrtSession(g, weights, optimization="basic", threads=args.threads, fused_as=form)
+            return (lambda: s.run(feeds)), s.close
+        return make
+
+    bar = lambda it: track(it, description="blocks of fresh sessions", transient=True,  # noqa: E731
+                           console=Console(stderr=True))
+    blocks = measure_in_blocks({name: maker(g, form) for name, g, form in variants}, blocks=args.blocks,
+                               rounds=args.rounds, min_time_s=args.min_time, progress=bar)
+    ratios = {n: [paired_speedup(b["unfused (standard)"], b[n]) for b in blocks] for n, _, _ in variants}
+    samples = {n: [x for b in blocks for x in b[n].samples] for n, _, _ in variants}
     intervals = {n: ratio_interval(r) for n, r in ratios.items()}
     nodes = {name: len(g.nodes) for name, g, _ in variants}
 

@@ -50,7 +50,8 @@ def node_flops(node: Node, bindings: Mapping[str, int]) -> int:
         heads, (dq, _, dv) = node.attrs["heads"], node.attrs["sizes"]
         tokens = _numel(x[:-1], bindings)
         scores = tokens * heads * evaluate(x[-2], bindings)
-        return 2 * tokens * (evaluate(x[-1], bindings) + 1) * (2 * dq + dv) \
+        width = 2 * dq + dv
+        return 2 * tokens * evaluate(x[-1], bindings) * width + tokens * width \
             + 2 * scores * (dq // heads) + 2 * scores * (dv // heads) + PER_ELEMENT["masked_softmax"] * scores
     return PER_ELEMENT.get(node.op, 1) * _numel(out.shape, bindings)
 

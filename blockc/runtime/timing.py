@@ -141,3 +141,38 @@ def ratio_interval(ratios: list[float], *, confidence: float = 0.95, resamples: 
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(means, [tail, 100 - tail])
     return RatioInterval(float(np.exp(logs.mean())), float(np.exp(lo)), float(np.exp(hi)), len(logs))
+
+
+def measure_in_blocks(makers: dict[str, Callable[[], tuple[Callable[[], object], Callable[[], None]]]], *,
+                      blocks: int, rounds: int = 2, warmup: int = 3, min_time_s: float = 0.4, seed: int = 1,
+                      progress: Callable = iter) -> list[dict[str, Interleaved]]:
+    """Time contestants in ``blocks`` independent repetitions.
+
+    ``makers[name]()`` prepares a fresh contestant and returns ``(run,
+    close)``. Each block prepares every contestant anew, in an order shuffled
+    by ``seed`` (so no one always gets the first, or the last, memory), times
+    them with ``measure_interleaved`` (``min_time_s`` per contestant over the
+    block's ``rounds``) and closes them. One dict per block; a ratio per
+    block is ``paired_speedup(block[a], block[b])``, and ``ratio_interval``
+    over the blocks says how sure it is. This is the design for differences
+    of a few per cent on a machine where the same graph in two sessions runs
+    persistently apart: the session is the unit that repeats.
+    ``progress`` wraps the block range (a progress bar, say).
+    """
+    import numpy as np
+
+    order = np.random.default_rng(seed)
+    out = []
+    for _ in progress(range(blocks)):
+        names = list(makers)
+        order.shuffle(names)
+        ready = {}
+        try:
+            for n in names:
+                ready[n] = makers[n]()
+            out.append(measure_interleaved({n: run for n, (run, _) in ready.items()}, rounds=rounds,
+                                           warmup=warmup, min_repeats=2 * rounds, min_time_s=min_time_s))
+        finally:
+            for _, close in ready.values():
+                close()
+    return out

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from blockc.runtime.timing import Interleaved, measure, measure_interleaved, paired_speedup, ratio_interval
+from blockc.runtime.timing import (Interleaved, measure, measure_in_blocks, measure_interleaved, paired_speedup,
+                                   ratio_interval)
 
 
 def test_measure_repeats_until_count_and_time():
@@ -54,3 +55,36 @@ def test_ratio_interval_edge_cases():
         ratio_interval([])
     with pytest.raises(ValueError):
         ratio_interval([1.0, 0.0])
+
+
+def test_blocks_prepare_fresh_contestants_and_close_them():
+    made, closed = [], []
+
+    def maker(name):
+        def make():
+            made.append(name)
+            return (lambda: None), (lambda: closed.append(name))
+        return make
+
+    blocks = measure_in_blocks({n: maker(n) for n in "abc"}, blocks=4, rounds=2, warmup=0, min_time_s=0.0)
+    assert len(blocks) == 4 and all(set(b) == set("abc") for b in blocks)
+    assert all(len(b[n].round_medians) == 2 for b in blocks for n in "abc")
+    assert sorted(made) == sorted(closed) == sorted("abc" * 4)
+    orders = {tuple(made[i:i + 3]) for i in range(0, 12, 3)}
+    assert len(orders) > 1                                  # creation order is shuffled between blocks
+
+
+def test_blocks_close_what_was_made_when_a_maker_fails():
+    made, closed = [], []
+
+    def ok():
+        made.append("ok")
+        return (lambda: None), (lambda: closed.append("ok"))
+
+    def bad():
+        raise RuntimeError("no session")
+
+    for seed in range(4):   # "ok" is made before "bad" in some orders and not in others
+        with pytest.raises(RuntimeError):
+            measure_in_blocks({"ok": ok, "bad": bad}, blocks=3, seed=seed)
+    assert made and closed == made                          # everything prepared was closed
