@@ -21,6 +21,11 @@ BODY = """
           %8:f64[batch,2,seq,4] = transpose %7 {perm=[0,2,1,3]}
           %9:f64[batch,seq,2,4] = reshape %4 {shape=[0,0,2,4]}
           %10:f64[batch,2,seq,4] = transpose %9 {perm=[0,2,1,3]}"""
+# The head join back to [batch, seq, 8] that the fused op also takes in.
+JOIN = """\
+          %12:f64[batch,seq,2,4] = transpose %11 {perm=[0,2,1,3]}
+          %13:f64[batch,seq,8] = reshape %12 {shape=[0,0,8]}
+"""
 
 
 def test_golden_causal():
@@ -28,9 +33,7 @@ def test_golden_causal():
     check_golden(fuse_qkv_attention, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
           %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
-          %12:f64[batch,seq,2,4] = transpose %11 {perm=[0,2,1,3]}
-          %13:f64[batch,seq,8] = reshape %12 {shape=[0,0,8]}
-          return y=%13
+""" + JOIN + """          return y=%13
         }
     """, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {
@@ -49,9 +52,7 @@ def test_golden_padding_mask_rides_along():
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24], %m: bool[batch,1,1,seq]) {""" + BODY.replace(
         "add %0, %b", "add %b, %0") + """
           %11:f64[batch,2,seq,4] = attention %6, %8, %10, %m {scale=0.5, mask="bool", causal=false, fill=-1000000000.0}
-          %12:f64[batch,seq,2,4] = transpose %11 {perm=[0,2,1,3]}
-          %13:f64[batch,seq,8] = reshape %12 {shape=[0,0,8]}
-          return y=%13
+""" + JOIN + """          return y=%13
         }
     """, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24], %m: bool[batch,1,1,seq]) {
@@ -74,9 +75,7 @@ def test_heads_used_elsewhere_block_the_fusion():
     site = _rejected("""
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
           %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
-          %12:f64[batch,seq,2,4] = transpose %11 {perm=[0,2,1,3]}
-          %13:f64[batch,seq,8] = reshape %12 {shape=[0,0,8]}
-          return y=%13, k=%8
+""" + JOIN + """          return y=%13, k=%8
         }
     """)
     assert site.reason == "the transpose result (%8) is used elsewhere and the fused op does not return it"
@@ -87,9 +86,7 @@ def test_q_and_k_from_the_wrong_parts_do_not_fuse():
     site = _rejected("""
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
           %11:f64[batch,2,seq,4] = attention %8, %6, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
-          %12:f64[batch,seq,2,4] = transpose %11 {perm=[0,2,1,3]}
-          %13:f64[batch,seq,8] = reshape %12 {shape=[0,0,8]}
-          return y=%13
+""" + JOIN + """          return y=%13
         }
     """)
     assert site.reason == "expected output 0 of split"
@@ -100,9 +97,7 @@ def test_a_projection_without_bias_does_not_fuse():
         graph g(%x: f64[batch,seq,8], %w: f64[8,24]) {""" + BODY.replace(
         "      %1:f64[batch,seq,24] = add %0, %b\n", "").replace("split %1", "split %0") + """
           %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
-          %12:f64[batch,seq,2,4] = transpose %11 {perm=[0,2,1,3]}
-          %13:f64[batch,seq,8] = reshape %12 {shape=[0,0,8]}
-          return y=%13
+""" + JOIN + """          return y=%13
         }
     """)
     assert site.reason == "expected add, found a matmul result"
