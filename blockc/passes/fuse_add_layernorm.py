@@ -57,5 +57,5 @@ RULES = [
 ]
 
 
-def fuse_add_layernorm(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def fuse_add_layernorm(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

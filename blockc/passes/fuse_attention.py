@@ -65,5 +65,5 @@ def _rewrite(b, m):
 RULES = [Rule("attention core", PATTERN, _rewrite, _check, "attention")]
 
 
-def fuse_attention(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def fuse_attention(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

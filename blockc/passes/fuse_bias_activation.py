@@ -38,5 +38,5 @@ RULES = [Rule("matmul+bias+activation", PATTERN,
                                          activation=_activation(m["root"]))}, _check, "bias_activation")]
 
 
-def fuse_bias_activation(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def fuse_bias_activation(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

@@ -98,5 +98,5 @@ RULES = [Rule("scale+mask+softmax", Op("softmax", masked_scores(Var("x")), name=
               "masked_softmax")]
 
 
-def fuse_masked_softmax(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def fuse_masked_softmax(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

@@ -48,8 +48,9 @@ def _projection(n: Node, returned: set):
     return w, None, None
 
 
-def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
+def fuse_qkv(graph: Graph) -> PassResult:
     g = graph.copy()
+    sites: list[Site] = []
     groups: dict[int, list[Node]] = {}
     returned = {id(v) for _, v in g.outputs}
     # Places in the node list, taken once: nodes added later go before an
@@ -70,8 +71,7 @@ def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
         elif len({p[0].dtype for p in projections}) != 1:
             site.reason = "the weights have different dtypes"
         if site.reason:
-            if sites is not None:
-                sites.append(site)
+            sites.append(site)
             continue
         x = members[0].inputs[0]
         last = max((p[1] or n for n, p in zip(members, projections)), key=order.__getitem__)
@@ -94,9 +94,8 @@ def fuse_qkv(graph: Graph, sites: list | None = None) -> PassResult:
         for n in reversed(consumed):
             g.remove_node(n)
         site.fused, site.result = True, "concat+matmul" + ("+add" if all(with_bias) else "") + "+split"
-        if sites is not None:
-            sites.append(site)
+        sites.append(site)
         changed = True
     if changed:
         g.sort()
-    return PassResult(g, changed)
+    return PassResult(g, changed, sites)

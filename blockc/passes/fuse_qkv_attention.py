@@ -93,5 +93,5 @@ def _rewrite(b, m):
 RULES = [Rule("projection + attention", PATTERN, _rewrite, _check, "qkv_attention")]
 
 
-def fuse_qkv_attention(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def fuse_qkv_attention(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

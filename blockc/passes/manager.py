@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,11 +34,8 @@ class OptimizeResult:
 
 
 def pass_names() -> list[str]:
-    seen = []
-    for p in default_pipeline():
-        if p.__name__ not in seen:
-            seen.append(p.__name__)
-    return seen
+    """Each pass's name once, in pipeline order: what ``disable`` and ``print_after`` accept."""
+    return list(dict.fromkeys(p.__name__ for p in default_pipeline()))
 
 
 def label_origins(graph: Graph) -> Graph:
@@ -105,8 +101,7 @@ def _run_pipeline(graph: Graph, disable: list, print_after: list, print_after_al
             continue
         before = len(g.nodes)
         t0 = time.perf_counter()
-        sites: list[Site] = []
-        r = p(g, sites) if "sites" in inspect.signature(p).parameters else p(g)
+        r = p(g)
         seconds = time.perf_counter() - t0
         if check and r.graph is not verified:
             try:
@@ -115,9 +110,9 @@ def _run_pipeline(graph: Graph, disable: list, print_after: list, print_after_al
                 raise BlockcError(f"the graph is invalid after pass {name}: {e}") from None
             verified = r.graph
         g = r.graph
-        for s in sites:
+        for s in r.sites:
             s.pass_name = name
-        result.sites += sites
+        result.sites += r.sites
         result.stats.append(PassStat(name, seconds, r.changed, before, len(g.nodes)))
         if print_after_all or name in print_after:
             out.write(f"// ----- after {name} ({'changed' if r.changed else 'no change'}) -----\n{g}")

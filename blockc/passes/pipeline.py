@@ -1,4 +1,9 @@
-"""The optimization pipeline, in order. Each entry is one pass in one file."""
+"""The optimization pipeline, in order: the one place passes are named.
+
+Each entry is one pass in one file. The pipeline is written in named stages,
+and the lists other modules need (``FUSIONS``, ``RECOMPOSITIONS``) are read
+from them, so adding a pass is one line here.
+"""
 from __future__ import annotations
 
 from .constant_fold import constant_fold
@@ -15,20 +20,22 @@ from .recompose_norms import recompose_norms
 from .recompose_softmax import recompose_softmax
 from .simplify_reshapes import simplify_reshapes
 
+STAGES = {
+    "canonicalise": (dce, cse, constant_fold, simplify_reshapes),
+    # raise decomposed math (ours, or an exporter's) back to standard ops
+    "recompose": (recompose_softmax, recompose_norms, recompose_gelu),
+    "fuse": (fuse_qkv, fuse_masked_softmax, fuse_attention, fuse_qkv_attention, fuse_add_layernorm,
+             fuse_bias_activation),
+    # tidy up what the fusions left
+    "tidy": (cse, dce),
+}
+
 
 def default_pipeline() -> list:
-    return [
-        # canonicalise
-        dce, cse, constant_fold, simplify_reshapes,
-        # raise decomposed math (ours, or an exporter's) back to standard ops
-        recompose_softmax, recompose_norms, recompose_gelu,
-        # fuse
-        fuse_qkv, fuse_masked_softmax, fuse_attention, fuse_qkv_attention, fuse_add_layernorm,
-        fuse_bias_activation,
-        # tidy up what the fusions left
-        cse, dce,
-    ]
+    """Every pass, in the order the pass manager runs them (a pass may recur)."""
+    return [p for passes in STAGES.values() for p in passes]
 
 
-FUSIONS = ("fuse_qkv", "fuse_masked_softmax", "fuse_attention", "fuse_qkv_attention", "fuse_add_layernorm",
-           "fuse_bias_activation")
+# The passes whose sites the fusion report shows, as fusions and as recompositions.
+FUSIONS = tuple(p.__name__ for p in STAGES["fuse"])
+RECOMPOSITIONS = tuple(p.__name__ for p in STAGES["recompose"])

@@ -66,5 +66,5 @@ RULES = [
 ]
 
 
-def recompose_gelu(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def recompose_gelu(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

@@ -90,5 +90,5 @@ RULES = [
 ]
 
 
-def recompose_norms(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def recompose_norms(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

@@ -51,5 +51,5 @@ RULES = [Rule("exp/sum -> softmax", Op("div", EXP, SUM, name="root"), _rewrite, 
               _rewrite, _check, "softmax")]
 
 
-def recompose_softmax(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def recompose_softmax(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

@@ -6,12 +6,18 @@ A pattern reads like the model code it replaces::
     Op("layernorm", Op("add", Var("x"), Var("residual"), name="sum", commutative=True),
        Var("gamma"), Var("beta"), name="root")
 
-``match`` tries every way the pattern can fit (operand orders, ``Or``
+The matcher tries every way the pattern can fit (operand orders, ``Or``
 alternatives) and, when none does, says why -- the reason from the attempt
-that got furthest. A ``check`` may veto a structural match with a reason. The
-engine never removes an intermediate value that is still used outside the
-match unless the rewrite returns a replacement for it (a fused op that also
-returns the sum, say); otherwise the site is rejected with that reason.
+that got furthest. A ``check`` may veto a structural match with a reason, and
+so may the rewrite itself: it returns ``Decline(reason)`` instead of its
+replacements (``None`` declines too, with a generic reason). The engine never
+removes an intermediate value that is still used outside the match unless the
+rewrite returns a replacement for it (a fused op that also returns the sum,
+say); otherwise the site is rejected with that reason. Every reason ends up
+on the site's ``Site.reason``: what ``blockc fusions --verbose`` shows.
+
+A rule's pattern is checked when the rule is built: an op name no op is
+declared under (a misspelling would otherwise never match) is an error.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import numpy as np
 from ..errors import BlockcError
 from ..ir.builder import Builder
 from ..ir.graph import Graph, Node, Value
+from ..ops import registry
 from .base import PassResult
 
 
@@ -101,16 +108,22 @@ def optional(wrap: Callable[[Pattern], Pattern], inner: Pattern) -> Or:
 
 # ---- matching -------------------------------------------------------------------
 class Match(dict):
-    """Bindings: pattern names to Values, Nodes (``name`` of an Op) and arrays (Const)."""
+    """Bindings: pattern names to Values, Nodes (``name`` of an Op) and arrays (Const).
+
+    ``consumed`` lists the nodes the rewrite replaces, ``root`` is the anchor
+    node, and ``escaping`` (filled in just before the rewrite runs) maps the
+    name of each consumed Op whose value is still used outside the match to
+    that value: the rewrite must return a replacement for each."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.consumed: list[Node] = []
         self.root: Node | None = None
+        self.escaping: dict[str, Value] = {}
 
     def fork(self) -> "Match":
         m = Match(self)
-        m.consumed, m.root = list(self.consumed), self.root
+        m.consumed, m.root, m.escaping = list(self.consumed), self.root, dict(self.escaping)
         return m
 
     def value(self, name: str) -> Value:
@@ -159,6 +172,7 @@ def _match(p: Pattern, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
             fail.note(depth, f"{p.name} must be a single value, found shape {list(arr.shape)}")
             return
         if p.name in m and not np.array_equal(m[p.name], arr):
+            fail.note(depth, f"{p.name} must be the same constant in both places")
             return
         m2 = m.fork()
         m2[p.name] = arr
@@ -201,6 +215,14 @@ def _match(p: Pattern, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
         yield from _match_inputs(order, node.inputs, m, fail)
 
 
+def matches(pattern: Pattern, value: Value) -> tuple[list[Match], str]:
+    """Every way ``pattern`` fits ``value``, in the order the engine tries
+    them, and the reason from the attempt that got furthest (what a site
+    reports when the list is empty)."""
+    fail = _Failure()
+    return list(_match(pattern, value, Match(), fail)), fail.reason
+
+
 def _match_inputs(pats, values, m, fail) -> Iterator[Match]:
     if not pats:
         yield m
@@ -210,18 +232,58 @@ def _match_inputs(pats, values, m, fail) -> Iterator[Match]:
 
 
 # ---- rules and the engine -------------------------------------------------------------
+@dataclass(frozen=True)
+class Decline:
+    """What a rewrite returns, instead of its replacements, to leave a match
+    alone; ``reason`` becomes the site's reason. For what only the rewrite
+    finds out (a ``check`` is the place for what the match alone shows)::
+
+        def rewrite(b, m):
+            scale = fold_scale(m)
+            if scale is None:
+                return Decline("the scale is not a constant")
+            return {"root": b.op("masked_softmax", m["x"], scale=scale)}
+
+    The nodes it built before declining are removed."""
+
+    reason: str
+
+
 @dataclass
 class Rule:
     """``pattern`` rooted at a node; ``check(match)`` returns None or a reason;
     ``rewrite(builder, match)`` returns ``{name: new value}`` for the root
     (``"root"``, or a list for several outputs) and for any matched Op name
-    whose value is still used elsewhere (listed in ``match.escaping``)."""
+    whose value is still used elsewhere (listed in ``match.escaping``).
+
+    The rewrite may refuse the match instead: it returns ``Decline(reason)``,
+    or ``None`` ("the <name> rewrite declined the match"). A ``BlockcError``
+    from the builder (the fused op's shape rule said no) declines with its
+    message. Any other match of the pattern at the same anchor is then tried.
+
+    Building a rule checks that every op its pattern names is declared."""
 
     name: str
     pattern: Op
-    rewrite: Callable[[Builder, Match], Mapping[str, Any]]
+    rewrite: Callable[[Builder, Match], Mapping[str, Any] | Decline | None]
     check: Callable[[Match], str | None] = lambda m: None
     kind: str = ""  # the fusion kind reported (defaults to name)
+
+    def __post_init__(self):
+        unknown = sorted(set(_op_names(self.pattern)) - set(registry.OPS))
+        if unknown:
+            raise BlockcError(f"rule {self.name!r}: its pattern names undeclared "
+                              f"op{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+
+
+def _op_names(p: Pattern) -> Iterator[str]:
+    if isinstance(p, Op):
+        yield from p.op
+        for q in p.inputs:
+            yield from _op_names(q)
+    elif isinstance(p, Or):
+        for q in p.options:
+            yield from _op_names(q)
 
 
 @dataclass
@@ -245,8 +307,10 @@ def _label(node: Node) -> str:
     return node.origin[0] if node.origin else f"<{node.op}>"
 
 
-def apply_rules(graph: Graph, rules: list[Rule], sites: list[Site] | None = None) -> PassResult:
-    """Apply ``rules`` to a copy of ``graph`` at every anchor, in node order.
+def apply_rules(graph: Graph, rules: list[Rule]) -> PassResult:
+    """Apply ``rules`` to a copy of ``graph`` at every anchor, in node order;
+    the result's ``sites`` are every anchor a rule's root op was found at,
+    fused or with the reason it was not.
 
     When no match passes its check, nothing would change, and the result is
     ``graph`` itself: most rules find nothing in most models (the recompose
@@ -255,17 +319,16 @@ def apply_rules(graph: Graph, rules: list[Rule], sites: list[Site] | None = None
     """
     looked: list[Site] = []
     if not _sweep(graph, rules, looked, None):
-        if sites is not None:
-            sites += looked
-        return PassResult(graph, False)
+        return PassResult(graph, False, looked)
     g = graph.copy()
+    sites: list[Site] = []
     changed = _sweep(g, rules, sites, _Positions(g))
     if changed:
         g.sort()
-    return PassResult(g, changed)
+    return PassResult(g, changed, sites)
 
 
-def _sweep(g: Graph, rules: list[Rule], sites: list[Site] | None, positions: "_Positions | None") -> bool:
+def _sweep(g: Graph, rules: list[Rule], sites: list[Site], positions: "_Positions | None") -> bool:
     """Try the rules at every anchor; whether any rewrite was made. Without
     ``positions`` only look: stop at the first match that passes its check,
     which is then reported as a change to come."""
@@ -297,8 +360,7 @@ def _sweep(g: Graph, rules: list[Rule], sites: list[Site] | None, positions: "_P
             else:
                 removed |= outcome
                 changed = True
-            if sites is not None:
-                sites.append(site)
+            sites.append(site)
             if outcome is not None:
                 break
     return changed
@@ -384,12 +446,14 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site, positions: _Positio
     try:
         repl = rule.rewrite(b, m)
     except BlockcError as e:  # the fused op's own shape rule said no
-        repl, error = None, str(e)
-    new_nodes = b.created
+        repl = Decline(str(e))
     if repl is None:
+        repl = Decline(f"the {rule.name} rewrite declined the match")
+    new_nodes = b.created
+    if isinstance(repl, Decline):
         for n in reversed(new_nodes):
             g.remove_node(n)
-        site.reason = error
+        site.reason = repl.reason
         return None
     missing = [k for k in escaping if k not in repl]
     if missing:

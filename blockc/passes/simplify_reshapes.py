@@ -53,5 +53,5 @@ RULES = [
 ]
 
 
-def simplify_reshapes(graph: Graph, sites=None) -> PassResult:
-    return apply_rules(graph, RULES, sites)
+def simplify_reshapes(graph: Graph) -> PassResult:
+    return apply_rules(graph, RULES)

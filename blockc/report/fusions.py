@@ -12,7 +12,7 @@ from typing import Mapping
 
 from ..ir.graph import Graph
 from ..passes.manager import OptimizeResult
-from ..passes.pipeline import FUSIONS
+from ..passes.pipeline import FUSIONS, RECOMPOSITIONS
 from .traffic import human_bytes, total_bytes
 
 SCHEMA = "blockc.fusion-report/1"
@@ -22,7 +22,7 @@ def build_report(model_name: str, graph: Graph, result: OptimizeResult, bindings
                  settings: Mapping[str, str] | None = None, form: str = "standard",
                  onnx_forms: list | None = None) -> dict:
     """The report as plain data (what ``--json`` writes)."""
-    fusion_sites = [s for s in result.sites if s.pass_name in FUSIONS or s.pass_name.startswith("recompose")]
+    fusion_sites = [s for s in result.sites if s.pass_name in FUSIONS + RECOMPOSITIONS]
     counts: dict[str, dict] = {}
     for s in fusion_sites:
         c = counts.setdefault(s.kind, {"category": "fusion" if s.pass_name in FUSIONS else "recompose",

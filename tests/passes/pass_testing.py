@@ -2,7 +2,6 @@
 against the float64 reference interpreter."""
 from __future__ import annotations
 
-import inspect
 import textwrap
 
 import numpy as np
@@ -22,21 +21,18 @@ def ir(text: str) -> str:
     return textwrap.dedent(text).strip("\n") + "\n"
 
 
-def run_pass(fn, graph: Graph | str, sites: list | None = None) -> PassResult:
-    """``fn(graph)``, or ``fn(graph, sites)`` for passes that report sites; the result verifies."""
+def run_pass(fn, graph: Graph | str) -> PassResult:
+    """``fn(graph)``, given a graph or its IR text; the result verifies and the input is left as it was."""
     if isinstance(graph, str):
         graph = parse_graph(ir(graph))
     before = str(graph)
-    takes_sites = "sites" in inspect.signature(fn).parameters
-    if sites is not None and not takes_sites:
-        raise TypeError(f"{fn.__name__} reports no sites")
-    result = fn(graph, sites) if takes_sites else fn(graph)
+    result = fn(graph)
     verify(result.graph)
     assert str(graph) == before, f"{fn.__name__} changed its input graph"
     return result
 
 
-def check_golden(fn, before: str, after: str, *, sites: list | None = None, numbers: bool = True,
+def check_golden(fn, before: str, after: str, *, numbers: bool = True,
                  dims: dict | None = None, rtol: float = 1e-9) -> PassResult:
     """Run ``fn`` on the IR ``before``; its output must print as ``after``,
     ``changed`` must say whether it did, and (when it changed) the numbers of
@@ -44,7 +40,7 @@ def check_golden(fn, before: str, after: str, *, sites: list | None = None, numb
     before, after = ir(before), ir(after)
     g = parse_graph(before)
     assert str(g) == before, "the test's input text is not in printed form"
-    result = run_pass(fn, g, sites)
+    result = run_pass(fn, g)
     assert str(result.graph) == after
     assert result.changed == (after != before)
     if result.changed and numbers:

@@ -21,16 +21,15 @@ POST_NORM = """
 
 @pytest.mark.parametrize("a, b", [("%x", "%r"), ("%r", "%x")])
 def test_golden_post_norm_either_operand_order(a, b):
-    sites = []
-    check_golden(fuse_add_layernorm, POST_NORM.format(a=a, b=b), f"""
+    r = check_golden(fuse_add_layernorm, POST_NORM.format(a=a, b=b), f"""
         graph g(%x: f64[2,3,4], %r: f64[2,3,4]) {{
           param @g: f64[4]
           param @b: f64[4]
           %0:f64[2,3,4] = add_layernorm {a}, {b}, @g, @b {{eps=1e-05, with_sum=false}}
           return y=%0
         }}
-    """, sites=sites)
-    (site,) = sites
+    """)
+    (site,) = r.sites
     assert site.fused and site.kind == "add_layernorm" and site.ops == ["add", "layernorm"]
 
 
@@ -109,8 +108,7 @@ def test_golden_broadcast_residual_becomes_the_residual(a, b):
 
 
 def test_golden_rmsnorm_pre_and_post_norm():
-    sites = []
-    check_golden(fuse_add_layernorm, """
+    r = check_golden(fuse_add_layernorm, """
         graph g(%x: f64[2,3,4], %r: f64[2,3,4]) {
           param @g1: f64[4]
           param @g2: f64[4]
@@ -128,16 +126,15 @@ def test_golden_rmsnorm_pre_and_post_norm():
           %2:f64[2,3,4] = add_rmsnorm %0, %1, @g2 {eps=0.001, with_sum=false}
           return y=%2
         }
-    """, sites=sites)
-    assert [(s.kind, s.fused) for s in sites] == [("add_rmsnorm", True), ("add_rmsnorm", True)]
+    """)
+    assert [(s.kind, s.fused) for s in r.sites] == [("add_rmsnorm", True), ("add_rmsnorm", True)]
 
 
 def _rejected(text):
     g = label_origins(parse_graph(ir(text)))
-    sites = []
-    r = run_pass(fuse_add_layernorm, g, sites)
+    r = run_pass(fuse_add_layernorm, g)
     assert not r.changed and str(r.graph) == str(g)
-    (site,) = sites
+    (site,) = r.sites
     assert not site.fused
     return site.reason
 

@@ -14,8 +14,7 @@ from pass_testing import assert_same_numbers, check_golden, fused, ir, nodes_of,
 def test_golden_after_masked_softmax_with_merged_transpose():
     # Kᵀ = transpose(k, [0,2,3,1]) (the head split and the swap in one): the
     # fused op reads K = transpose(k, [0,2,1,3]).
-    sites = []
-    check_golden(fuse_attention, """
+    r = check_golden(fuse_attention, """
         graph g(%q: f64[2,3,5,4], %k: f64[2,5,3,4], %v: f64[2,3,5,4], %m: bool[2,1,1,5]) {
           %0:f64[2,3,4,5] = transpose %k {perm=[0,2,3,1]}
           %1:f64[2,3,5,5] = matmul %q, %0
@@ -29,8 +28,8 @@ def test_golden_after_masked_softmax_with_merged_transpose():
           %1:f64[2,3,5,4] = attention %q, %0, %v, %m {scale=0.5, mask="bool", causal=true, fill=-1000000000.0}
           return y=%1
         }
-    """, sites=sites)
-    (site,) = fused(sites)
+    """)
+    (site,) = fused(r.sites)
     assert site.kind == "attention" and site.ops == ["transpose", "matmul", "masked_softmax", "matmul"]
     assert site.result == "transpose+attention"
 
@@ -106,9 +105,8 @@ def test_in_a_traced_block_with_and_without_masked_softmax_fusion(causal, masked
 
 def _sites(text):
     g = label_origins(parse_graph(ir(text)))
-    sites = []
-    r = run_pass(fuse_attention, g, sites)
-    return g, r, sites
+    r = run_pass(fuse_attention, g)
+    return g, r, r.sites
 
 
 def test_probabilities_used_elsewhere_block_the_fusion():

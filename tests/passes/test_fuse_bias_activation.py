@@ -10,8 +10,7 @@ from pass_testing import check_golden, ir, run_pass
 
 
 def test_golden_docstring_example():
-    sites = []
-    check_golden(fuse_bias_activation, """
+    r = check_golden(fuse_bias_activation, """
         graph g(%x: f64[b,s,64]) {
           param @ffn.fc1.weight: f64[64,256]
           param @ffn.fc1.bias: f64[256]
@@ -27,8 +26,8 @@ def test_golden_docstring_example():
           %0:f64[b,s,256] = matmul_bias_act %x, @ffn.fc1.weight, @ffn.fc1.bias {activation="gelu_tanh"}
           return y=%0
         }
-    """, sites=sites)
-    (site,) = sites
+    """)
+    (site,) = r.sites
     assert site.fused and site.kind == "bias_activation" and site.ops == ["matmul", "add", "gelu"]
     assert site.result == "matmul_bias_act"
 
@@ -61,11 +60,10 @@ def test_golden_each_activation_and_bias_side(act, attrs, activation, add):
 
 def _rejected(text):
     g = label_origins(parse_graph(ir(text)))
-    sites = []
-    r = run_pass(fuse_bias_activation, g, sites)
+    r = run_pass(fuse_bias_activation, g)
     assert not r.changed
     assert str(r.graph) == str(g)
-    return [s.reason for s in sites if not s.fused]
+    return [s.reason for s in r.sites if not s.fused]
 
 
 def test_a_biased_product_used_by_another_node_is_not_fused():

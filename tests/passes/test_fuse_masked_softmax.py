@@ -13,8 +13,7 @@ F32_MIN = float(np.finfo(np.float32).min)
 
 
 def test_golden_docstring_example():
-    sites = []
-    check_golden(fuse_masked_softmax, """
+    r = check_golden(fuse_masked_softmax, """
         graph g(%q: f32[b,h,s,16], %kt: f32[b,h,16,s]) {
           %0:f32[b,h,s,s] = matmul %q, %kt
           %1:f32[] = constant {value=dense<f32[]: [0.125]>}
@@ -34,8 +33,8 @@ def test_golden_docstring_example():
           %4:f32[b,h,s,s] = masked_softmax %0 {scale=0.125, mask="none", causal=true, fill=-3.4028234663852886e+38}
           return y=%4
         }
-    """, sites=sites)
-    (site,) = sites
+    """)
+    (site,) = r.sites
     assert site.fused and site.kind == "masked_softmax" and site.ops == ["mul", "where", "softmax"]
 
 
@@ -103,10 +102,9 @@ def variant_graph(lines, softmax_axis=-1):
 def test_variant_fuses_with_the_right_attributes(name):
     lines, attrs, mask = VARIANTS[name]
     g = variant_graph(lines)
-    sites = []
-    r = run_pass(fuse_masked_softmax, g, sites)
+    r = run_pass(fuse_masked_softmax, g)
     assert r.changed
-    (site,) = sites
+    (site,) = r.sites
     assert site.fused and site.kind == "masked_softmax" and site.result == "masked_softmax"
     assert sorted(site.ops) == sorted(["softmax"] + [line.split()[2] for line in lines])
     (node,) = nodes_of(r.graph, "masked_softmax")
@@ -120,11 +118,10 @@ def test_variant_fuses_with_the_right_attributes(name):
 
 def _rejected(lines, softmax_axis=-1):
     g = label_origins(variant_graph(lines, softmax_axis))
-    sites = []
-    r = run_pass(fuse_masked_softmax, g, sites)
+    r = run_pass(fuse_masked_softmax, g)
     assert not r.changed
     assert str(r.graph) == str(g)
-    (site,) = sites
+    (site,) = r.sites
     assert not site.fused and site.kind == "masked_softmax"
     return site.reason
 
@@ -141,8 +138,7 @@ def test_softmax_over_another_axis_does_not_fuse(axis):
 def test_causal_and_boolean_masks_with_different_fills_fuse_only_the_causal_one():
     # One fused op has one fill: the boolean where (fill -1e4) stays outside.
     g = variant_graph(["%u = where %b, %s, %c4", "%p = where %c3, %u, %c2"])
-    sites = []
-    r = run_pass(fuse_masked_softmax, g, sites)
+    r = run_pass(fuse_masked_softmax, g)
     (node,) = nodes_of(r.graph, "masked_softmax")
     assert node.attrs == dict(scale=1.0, mask="none", causal=True, fill=-1e9)
     assert node.inputs[0].producer.op == "where" and node.inputs[0].producer.inputs[0].name == "b"
@@ -183,11 +179,10 @@ def test_scores_broadcast_up_by_a_mask_do_not_fuse():
           return y=%4
         }
     """)))
-    sites = []
-    r = run_pass(fuse_masked_softmax, g, sites)
+    r = run_pass(fuse_masked_softmax, g)
     assert not r.changed
     assert str(r.graph) == str(g)
-    (site,) = sites
+    (site,) = r.sites
     assert site.reason == "the fused op gives f64[2,3,1,5], the softmax it replaces gives f64[2,3,5,5]"
 
 
@@ -201,10 +196,9 @@ def test_a_scalar_of_higher_rank_does_not_change_the_result_shape():
           return y=%2
         }
     """)))
-    sites = []
-    r = run_pass(fuse_masked_softmax, g, sites)
+    r = run_pass(fuse_masked_softmax, g)
     assert not r.changed
-    assert sites[0].reason == "the fused op gives f64[4,4], the softmax it replaces gives f64[1,4,4]"
+    assert r.sites[0].reason == "the fused op gives f64[4,4], the softmax it replaces gives f64[1,4,4]"
 
 
 def test_a_masked_intermediate_used_elsewhere_blocks_the_fusion():
@@ -217,8 +211,7 @@ def test_a_masked_intermediate_used_elsewhere_blocks_the_fusion():
           return y=%3, masked=%2
         }
     """)))
-    sites = []
-    r = run_pass(fuse_masked_softmax, g, sites)
+    r = run_pass(fuse_masked_softmax, g)
     assert not r.changed and str(r.graph) == str(g)
-    (site,) = sites
+    (site,) = r.sites
     assert site.reason == "the add result (%2) is used elsewhere and the fused op does not return it"

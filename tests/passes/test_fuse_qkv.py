@@ -10,8 +10,7 @@ def test_golden_with_biases():
     # Different widths; a bias added on either side; a user of Q that comes
     # before the last projection (the fused nodes go before the last one, then
     # the graph is sorted).
-    sites = []
-    check_golden(fuse_qkv, """
+    r = check_golden(fuse_qkv, """
         graph g(%x: f64[batch,seq,8]) {
           param @wq: f64[8,8]
           param @bq: f64[8]
@@ -44,16 +43,15 @@ def test_golden_with_biases():
           %7:f64[batch,seq,8] = tanh %4
           return q=%7, k=%5, v=%6
         }
-    """, sites=sites)
-    (site,) = sites
+    """)
+    (site,) = r.sites
     assert site.fused and site.kind == "qkv"
     assert site.ops == ["matmul", "add", "matmul", "add", "matmul", "add"]
     assert site.result == "concat+matmul+add+split"
 
 
 def test_golden_without_biases():
-    sites = []
-    check_golden(fuse_qkv, """
+    r = check_golden(fuse_qkv, """
         graph g(%x: f64[3,8]) {
           param @wq: f64[8,8]
           param @wk: f64[8,8]
@@ -77,12 +75,11 @@ def test_golden_without_biases():
           %6:f64[3,8] = add %5, %4
           return y=%6
         }
-    """, sites=sites)
-    assert [s.result for s in fused(sites)] == ["concat+matmul+split"]
+    """)
+    assert [s.result for s in fused(r.sites)] == ["concat+matmul+split"]
 
 
 def test_two_groups_fuse_separately_and_a_lone_projection_is_no_site():
-    sites = []
     g = parse_graph(ir("""
         graph g(%x: f64[3,8], %y: f64[3,8]) {
           param @w1: f64[8,8]
@@ -96,19 +93,18 @@ def test_two_groups_fuse_separately_and_a_lone_projection_is_no_site():
           return a=%1, b=%2, c=%3, d=%4
         }
     """))
-    r = run_pass(fuse_qkv, g, sites)
-    assert [s.fused for s in sites] == [True, True]
+    r = run_pass(fuse_qkv, g)
+    assert [s.fused for s in r.sites] == [True, True]
     assert r.graph.op_counts() == {"concat": 2, "matmul": 3, "split": 2}
     assert_same_numbers(g, r.graph)
 
 
 def _rejected(text):
     g = label_origins(parse_graph(ir(text)))
-    sites = []
-    r = run_pass(fuse_qkv, g, sites)
+    r = run_pass(fuse_qkv, g)
     assert not r.changed
     assert str(r.graph) == str(g)
-    (site,) = sites
+    (site,) = r.sites
     assert not site.fused and site.kind == "qkv" and site.anchor == "%0"
     return site.reason
 

@@ -29,8 +29,7 @@ JOIN = """\
 
 
 def test_golden_causal():
-    sites = []
-    check_golden(fuse_qkv_attention, """
+    r = check_golden(fuse_qkv_attention, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
           %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
 """ + JOIN + """          return y=%13
@@ -40,8 +39,8 @@ def test_golden_causal():
           %0:f64[batch,seq,8] = qkv_attention %x, %w, %b {heads=2, sizes=[8,8,8], scale=0.5, mask="none", causal=true, fill=-1000000000.0}
           return y=%0
         }
-    """, sites=sites)
-    (site,) = fused(sites)
+    """)
+    (site,) = fused(r.sites)
     assert site.kind == "qkv_attention" and site.result == "qkv_attention"
     assert site.ops == ["matmul", "add", "split"] + ["reshape", "transpose"] * 3 + ["attention", "transpose", "reshape"]
 
@@ -64,10 +63,9 @@ def test_golden_padding_mask_rides_along():
 
 def _rejected(text):
     g = label_origins(parse_graph(ir(text)))
-    sites = []
-    r = run_pass(fuse_qkv_attention, g, sites)
+    r = run_pass(fuse_qkv_attention, g)
     assert not r.changed and str(r.graph) == str(g)
-    (site,) = [s for s in sites if s.depth > 1]
+    (site,) = [s for s in r.sites if s.depth > 1]
     return site
 
 

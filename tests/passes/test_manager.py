@@ -1,5 +1,6 @@
-"""The pass manager pauses Python's cyclic garbage collector while the
-pipeline runs (see ``_collector_paused``) and always gives it back as it was."""
+"""The pass manager: every pass is called as ``p(graph)`` and reports its
+sites in its result; Python's cyclic garbage collector is paused while the
+pipeline runs (see ``_collector_paused``) and always given back as it was."""
 import gc
 
 import pytest
@@ -7,6 +8,20 @@ import pytest
 import blockc
 from blockc.errors import BlockcError
 from blockc.passes import manager
+from blockc.passes.base import PassResult
+from blockc.passes.pipeline import FUSIONS, RECOMPOSITIONS, default_pipeline
+
+
+def test_every_pass_takes_the_graph_alone_and_returns_its_sites():
+    g = manager.label_origins(blockc.trace(blockc.build_model("tiny")))
+    fusion_sites = []
+    for p in default_pipeline():
+        r = p(g)
+        assert isinstance(r, PassResult) and isinstance(r.sites, list), p.__name__
+        if p.__name__ in FUSIONS + RECOMPOSITIONS:
+            fusion_sites += r.sites
+        g = r.graph
+    assert any(s.fused for s in fusion_sites)
 
 
 @pytest.fixture

@@ -28,9 +28,8 @@ def test_golden_decomposed_form():
           return y=%4
         }
     """)
-    sites = []
-    check_golden(recompose_softmax, str(decomposed), SOFTMAX, sites=sites)
-    (site,) = fused(sites)
+    r = check_golden(recompose_softmax, str(decomposed), SOFTMAX)
+    (site,) = fused(r.sites)
     assert site.kind == "softmax" and site.ops == ["reduce_max", "sub", "exp", "reduce_sum", "div"]
 
 
@@ -116,9 +115,8 @@ def test_rejections_say_why():
         }
     """)
     g = label_origins(parse_graph(text))
-    sites = []
-    r = run_pass(recompose_softmax, g, sites)
+    r = run_pass(recompose_softmax, g)
     assert not r.changed and str(r.graph) == text
-    reasons = {s.anchor: s.reason for s in sites}
+    reasons = {s.anchor: s.reason for s in r.sites}
     assert reasons["%2"] == "the sum is not over one axis with keepdims"
     assert reasons["%5"] == "the exp result (%3) is used elsewhere and the fused op does not return it"
