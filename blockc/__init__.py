@@ -6,7 +6,7 @@ it on ONNX Runtime.
 """
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .errors import BlockcError  # noqa: F401
-from .forms import FORMS, to_form  # noqa: F401
+from .passes.forms import FORMS, to_form  # noqa: F401
 from .frontends import (Model, Module, ModuleList, Parameter, build_model, init_weights,  # noqa: F401
                         symbol, trace)
 from .ir.graph import Graph  # noqa: F401
@@ -15,5 +15,4 @@ from .ir.printer import print_graph  # noqa: F401
 from .ir.verify import verify  # noqa: F401
 from .passes.manager import optimize  # noqa: F401
 from .runtime.reference import run_reference  # noqa: F401
-
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401

@@ -1,6 +1,6 @@
 """How the exporter writes the fused ops: the ONNX forms, and the choice.
 
-``export_onnx(..., fused_as=FORM)`` writes every fused node (``FUSED_OPS``)
+``export_onnx(..., fused_as=FORM)`` writes every fused node (``fused_ops()``)
 in one of these forms:
 
 * ``function`` -- an ONNX local function per op kind and attribute set
@@ -46,7 +46,7 @@ from ..ir.graph import Graph, Node
 from ..ir.printer import format_attr
 from ..ir.types import TensorType
 from ..ops import registry
-from ..ops.fused import FUSED_OPS
+from ..ops.registry import fused_ops
 from ..ops.registry import NotApplicable
 from .onnx_emitter import FunctionEmitter, OnnxEmitter, lower_composites, lower_nodes, name_outputs
 
@@ -102,7 +102,7 @@ def pick_opset(graph: Graph, fused_as: str, provider: str, default: int, table: 
     it for some node of ``graph``; else ``default``."""
     if fused_as == "auto":
         table = load_table() if table is None else table
-        forms = {auto_form(table, provider, n)[0] for n in graph.nodes if n.op in FUSED_OPS}
+        forms = {auto_form(table, provider, n)[0] for n in graph.nodes if n.op in fused_ops()}
     else:
         forms = {fused_as}
     return max([default] + [FORM_MIN_OPSET.get(f, 0) for f in forms])
@@ -134,7 +134,7 @@ class FusedLowering:
         self.decisions: list[dict] = []
 
     def __call__(self, e: OnnxEmitter, node: Node, ins: list[str], index: int) -> list[str]:
-        if node.op not in FUSED_OPS:
+        if node.op not in fused_ops():
             raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering")
         if self.fused_as == "auto":
             requested, reason = auto_form(self.table, self.provider, node)

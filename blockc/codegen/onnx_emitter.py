@@ -25,11 +25,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import BlockcError
-from ..ir.dims import Dim, Sym
+from ..ir.dims import Dim, Sym, is_plain_symbol
 from ..ir.graph import Graph
 from ..ops import registry
-from ..passes.decompose import decompose
-from ..runtime.bindings import is_plain_symbol
+from ..passes.legalize import legalize
 
 
 class OnnxEmitter:
@@ -195,22 +194,16 @@ class FunctionEmitter(OnnxEmitter):
 
 # -- driving the lowerings over a graph ------------------------------------------------
 def lower_composites(graph: Graph, keep: Iterable[str] = ()) -> Graph:
-    """Decompose the ops that have no ONNX lowering, except those in ``keep``
-    (lowered by other means); error on those that have neither."""
+    """``graph`` legalized for ONNX: the ops without an ONNX lowering
+    decomposed, except those in ``keep`` (lowered by other means); an error
+    names the first op that has neither."""
     keep = set(keep)
-    for _ in range(8):  # a decomposition may use ops that decompose in turn
-        missing = {}
-        for index, node in enumerate(graph.nodes):
-            opdef = registry.get(node.op)
-            if opdef.onnx_fn is None and node.op not in keep:
-                if opdef.decompose_fn is None:
-                    raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering "
-                                      "and no decomposition")
-                missing.setdefault(node.op, index)
-        if not missing:
-            return graph
-        graph = decompose(graph, ops=list(missing)).graph
-    raise BlockcError(f"ONNX export: decompositions of {', '.join(missing)} do not terminate")
+    graph = legalize(graph, lambda opdef: opdef.onnx_fn is not None or opdef.name in keep).graph
+    for index, node in enumerate(graph.nodes):
+        opdef = registry.get(node.op)
+        if opdef.onnx_fn is None and node.op not in keep:
+            raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering and no decomposition")
+    return graph
 
 
 def lower_nodes(e: OnnxEmitter, graph: Graph, names: dict, lower: Callable | None = None) -> None:

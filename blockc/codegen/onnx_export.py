@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from ..errors import BlockcError, WeightsError
 from ..ir.graph import Graph
 from ..ir.types import TensorType
-from ..ops.fused import FUSED_OPS
+from ..ops.registry import fused_ops
 from .fused_forms import FusedLowering, check_form, pick_opset
 from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
 from .onnx_weights_file import check_location, external_initializers, plan_layout
@@ -99,7 +99,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
                           f"(supported: {', '.join(map(str, OPSET_IR_VERSION))})")
     check_form(fused_as, provider, opset)
     _check_names(graph)
-    graph = lower_composites(graph, keep=FUSED_OPS)
+    graph = lower_composites(graph, keep=fused_ops())
     if opset is None:
         opset = pick_opset(graph, fused_as, provider, DEFAULT_OPSET)
 

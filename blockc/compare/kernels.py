@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir.dims import evaluate
 from ..ir.graph import Graph, Node
-from ..ops.fused import FUSED_OPS
+from ..ops.registry import fused_ops
 from ..report.flops import node_flops
 from ..report.traffic import node_traffic
 
@@ -26,7 +26,7 @@ def first_fused_nodes(graphs: list[Graph]) -> list[tuple[str, Node]]:
     seen: dict[str, tuple[str, Node]] = {}
     for graph in graphs:
         for i, n in enumerate(graph.nodes):
-            if n.op in FUSED_OPS and n.op not in seen:
+            if n.op in fused_ops() and n.op not in seen:
                 seen[n.op] = ("+".join(n.origin) if n.origin else f"#{i}", n)
     return list(seen.values())
 

@@ -14,6 +14,8 @@ import platform
 import shutil
 import subprocess
 
+from ..version import __version__
+
 # GB/s (10^9 bytes per second), the data-sheet figures. Matched by substring of
 # the name nvidia-smi reports, most specific first.
 GPU_PEAK_GBPS = (
@@ -104,7 +106,6 @@ def describe_machine(*, gpu: str | None, peak_gbps: float | None) -> dict:
 
 
 def versions() -> dict:
-    from .. import __version__
     ort = version_of("onnxruntime-gpu") or version_of("onnxruntime")
     return {"blockc": __version__, "numpy": version_of("numpy"), "onnxruntime": ort,
             "torch": version_of("torch")}

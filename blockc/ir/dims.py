@@ -131,6 +131,12 @@ def _simplify(s: Sym) -> Dim:
     return s
 
 
+def is_plain_symbol(d) -> bool:
+    """Whether ``d`` is one symbol alone (``seq``, not ``seq+1`` or ``2*seq``)."""
+    return isinstance(d, Sym) and len(d.terms) == 1 and next(iter(d.terms.values())) == 1 \
+        and len(next(iter(d.terms))) == 1
+
+
 def is_dim(x) -> bool:
     return isinstance(x, Sym) or (isinstance(x, int) and not isinstance(x, bool))
 

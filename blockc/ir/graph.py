@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ShapeError, at_user_line
+from . import opdef as registry
 from .types import TensorType
 
 
@@ -145,7 +146,6 @@ class Graph:
     def make_node(self, op: str, inputs: Sequence[Value], attrs: Mapping[str, Any] | None = None,
                   *, loc: str | None = None) -> Node:
         """A node whose output types come from the op registry (not yet placed)."""
-        from ..ops import registry
         opdef = registry.get(op)
         attrs = opdef.normalize_attrs(attrs or {})
         opdef.check_arity(len(inputs))

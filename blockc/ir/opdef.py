@@ -1,17 +1,31 @@
-"""The one op registry.
+"""The one op registry: the ``OpDef`` class and the table of every declared op.
 
-Each op is declared once, in one place, with everything blockc knows about it:
+Each op is declared once (in ``blockc/ops/``), with everything blockc knows
+about it, attached to its ``OpDef`` by decorators or keywords:
 
 * ``attrs``     -- attribute names, kinds and defaults;
 * ``infer``     -- the shape/dtype rule, over symbolic dims;
-* ``numpy``     -- its meaning, run by the reference interpreter;
+* ``numpy``     -- its meaning, run by the reference interpreter (and by
+  constant folding and load-time evaluation, through ``ops.evaluate``);
+* ``decompose`` -- (composite and fused ops) the same math in more primitive
+  ops: what ``legalize`` uses on a target that cannot lower the op itself;
 * ``onnx``      -- how it lowers to standard ONNX nodes;
-* ``decompose`` -- (optional) the same math in more primitive ops;
-* ``onnx_form`` -- (fused ops) other ONNX forms by name (``contrib``,
+* ``onnx_form`` -- (fused ops) other ONNX encodings by name (``contrib``,
   ``onnx23``): lowerings to single runtime ops that may decline a node by
-  raising ``NotApplicable`` with the reason.
+  raising ``NotApplicable`` with the reason;
+* ``torch``     -- the PyTorch call a PyTorch user would write for it;
+* ``cuda``      -- which CUDA kernel family computes it (``elementwise`` with
+  its C expression, ``row_norm``, ``softmax``, ``gemm``, ``copy``, ``alias``,
+  ``inline``), or nothing: the CUDA backend then legalizes it by decomposition;
+* ``flops``     -- floating-point operations per output element (or a rule);
+* ``fused``     -- whether the fusion passes make it: reports draw it, ONNX
+  export writes it in a fused-op encoding, ``blockc compare`` times it alone.
 
-Adding an op touches its declaration here (``blockc/ops/*.py``) plus tests.
+Every list of ops elsewhere (fused ops, a target's supported set, the FLOP
+table, report colours) is derived from this table, never typed again.
+
+The table lives in ``ir`` because a graph needs it to type a node it makes;
+``ir`` itself declares no op. Importing ``blockc.ops`` fills it.
 """
 from __future__ import annotations
 
@@ -21,7 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, ShapeError
-from ..ir.dims import Sym, is_dim
+from .dims import Sym, is_dim
 
 # Attribute kinds. Lists of dims double as lists of ints (ints are dims).
 INT, FLOAT, STR, BOOL, DIM, DIMS, TENSOR = "int", "float", "str", "bool", "dim", "dims", "tensor"
@@ -46,6 +60,12 @@ class OpDef:
     onnx_fn: Callable | None = None
     decompose_fn: Callable | None = None
     onnx_forms: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
+    torch_fn: Callable | None = None       # fn(b, node, xs): see blockc/runtime/torch_runner.py
+    cuda: str | None = None                # a CUDA_KERNELS family; None: legalized by decomposition
+    cuda_expr: str | Callable | None = None  # elementwise: "({0} + {1})" or fn(attrs, args, out_dtype)
+    flops: int | Callable = 1              # per element of the first output, or fn(node, bindings)
+    fused: bool = False                    # made by the fusion passes
+    colour: str | None = None              # a fused op's colour in report pictures (else a spare one)
 
     # -- decorators used by the op modules --------------------------------
     def infer(self, fn):
@@ -62,6 +82,10 @@ class OpDef:
 
     def decompose(self, fn):
         self.decompose_fn = fn
+        return fn
+
+    def torch(self, fn):
+        self.torch_fn = fn
         return fn
 
     def onnx_form(self, form: str):
@@ -146,16 +170,33 @@ def _coerce(op: str, key: str, kind: str, v):
     raise AssertionError(kind)
 
 
+# The CUDA backend's kernel families (blockc/codegen/cuda/kernels/): what an
+# op's ``cuda`` names. ``inline`` ops make no kernel: their value is written
+# into the elementwise kernels that read it (a scalar constant, the causal mask).
+CUDA_KERNELS = ("elementwise", "row_norm", "softmax", "gemm", "copy", "alias", "inline")
+
 OPS: dict[str, OpDef] = {}
 
 
-def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "") -> OpDef:
+def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str | None = None,
+           cuda_expr: str | Callable | None = None, flops: int | Callable = 1, fused: bool = False,
+           colour: str | None = None) -> OpDef:
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
-    op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc)
+    if cuda is not None and cuda not in CUDA_KERNELS:
+        raise AssertionError(f"op {name}: unknown CUDA kernel family {cuda!r} (families: {', '.join(CUDA_KERNELS)})")
+    if (cuda == "elementwise") != (cuda_expr is not None):
+        raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
+    op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,
+               flops=flops, fused=fused, colour=colour)
     OPS[name] = op
     return op
+
+
+def fused_ops() -> tuple[str, ...]:
+    """The fused ops' names, in declaration order."""
+    return tuple(name for name, op in OPS.items() if op.fused)
 
 
 def get(name: str) -> OpDef:

@@ -6,11 +6,11 @@ Run after every pass in tests (like JAX's ``check_jaxpr`` or torch.fx's
 from __future__ import annotations
 
 from ..errors import BlockcError, VerifyError
+from . import opdef as registry
 from .graph import Graph
 
 
 def verify(g: Graph) -> None:
-    from ..ops import registry
 
     defined: set[int] = set()
     for v in g.inputs:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..ir.dims import Dim
+from math import prod
+
+from ..ir.dims import Dim, evaluate
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
 
@@ -49,3 +51,14 @@ def norm_axis(op: str, axis: int, rank: int) -> int:
 def elementwise(op: str, types, *, floats: bool = False) -> TensorType:
     dtype = same_dtype(op, types, floats=floats)
     return TensorType(dtype, broadcast_shapes(op, *(t.shape for t in types)))
+
+
+def numel(shape, bindings) -> int:
+    """The number of elements of ``shape`` with its symbols bound."""
+    return prod(evaluate(d, bindings) for d in shape)
+
+
+def matmul_flops(node, bindings) -> int:
+    """2·M·N·K for a (batched) product of the node's first two inputs."""
+    k = evaluate(node.inputs[0].shape[-1], bindings)
+    return 2 * k * numel(node.outputs[0].shape, bindings)

@@ -11,49 +11,55 @@ from ._rules import broadcast_shapes, elementwise, same_dtype
 from .registry import REQUIRED, STR, TENSOR, define
 
 # ---- binary arithmetic ----------------------------------------------------
+# name: (numpy, ONNX op, torch function, C expression)
 _BINARY = {
-    "add": (np.add, "Add"),
-    "sub": (np.subtract, "Sub"),
-    "mul": (np.multiply, "Mul"),
-    "div": (np.divide, "Div"),
-    "pow": (np.power, "Pow"),
+    "add": (np.add, "Add", "add", "({0} + {1})"),
+    "sub": (np.subtract, "Sub", "sub", "({0} - {1})"),
+    "mul": (np.multiply, "Mul", "mul", "({0} * {1})"),
+    "div": (np.divide, "Div", "div", "({0} / {1})"),
+    "pow": (np.power, "Pow", "pow", "powf({0}, {1})"),
 }
 
 
-def _declare_binary(name, fn, onnx_type):
-    op = define(name, ("a", "b"), doc=f"elementwise {name} with numpy broadcasting")
+def _declare_binary(name, fn, onnx_type, torch_name, c_expr):
+    op = define(name, ("a", "b"), doc=f"elementwise {name} with numpy broadcasting",
+                cuda="elementwise", cuda_expr=c_expr)
     op.infer(lambda types, attrs: elementwise(name, types))
     op.numpy(lambda xs, attrs, env: fn(xs[0], xs[1]))
     op.onnx(lambda e, node, ins: [e.emit(onnx_type, ins)])
+    op.torch(lambda b, node, xs: b.call(getattr(b.torch, torch_name), *xs))
 
 
-for _name, (_fn, _onnx) in _BINARY.items():
-    _declare_binary(_name, _fn, _onnx)
+for _name, _rules in _BINARY.items():
+    _declare_binary(_name, *_rules)
 
 # ---- unary math -------------------------------------------------------------
+# name: (numpy, ONNX op, floats only, torch function, C expression)
 _UNARY = {
-    "neg": (np.negative, "Neg", False),
-    "exp": (np.exp, "Exp", True),
-    "sqrt": (np.sqrt, "Sqrt", True),
-    "reciprocal": (np.reciprocal, "Reciprocal", True),
-    "tanh": (np.tanh, "Tanh", True),
-    "erf": (scipy.special.erf, "Erf", True),
-    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "Relu", False),
+    "neg": (np.negative, "Neg", False, "neg", "(-{0})"),
+    "exp": (np.exp, "Exp", True, "exp", "expf({0})"),
+    "sqrt": (np.sqrt, "Sqrt", True, "sqrt", "sqrtf({0})"),
+    "reciprocal": (np.reciprocal, "Reciprocal", True, "reciprocal", "(1.0f / {0})"),
+    "tanh": (np.tanh, "Tanh", True, "tanh", "tanhf({0})"),
+    "erf": (scipy.special.erf, "Erf", True, "erf", "erff({0})"),
+    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "Relu", False, "relu", "fmaxf({0}, 0.0f)"),
 }
 
 
-def _declare_unary(name, fn, onnx_type, floats):
-    op = define(name, ("x",), doc=f"elementwise {name}")
+def _declare_unary(name, fn, onnx_type, floats, torch_name, c_expr):
+    op = define(name, ("x",), doc=f"elementwise {name}", cuda="elementwise", cuda_expr=c_expr)
     op.infer(lambda types, attrs: elementwise(name, types, floats=floats))
     op.numpy(lambda xs, attrs, env: fn(xs[0]))
     op.onnx(lambda e, node, ins: [e.emit(onnx_type, ins)])
+    op.torch(lambda b, node, xs: b.call(getattr(b.torch, torch_name), *xs))
 
 
-for _name, (_fn, _onnx, _floats) in _UNARY.items():
-    _declare_unary(_name, _fn, _onnx, _floats)
+for _name, _rules in _UNARY.items():
+    _declare_unary(_name, *_rules)
 
 # ---- where ------------------------------------------------------------------
-where = define("where", ("cond", "x", "y"), doc="cond ? x : y, broadcasting all three")
+where = define("where", ("cond", "x", "y"), doc="cond ? x : y, broadcasting all three",
+               cuda="elementwise", cuda_expr="({0} ? {1} : {2})")
 
 
 @where.infer
@@ -67,9 +73,19 @@ def _(types, attrs):
 
 where.numpy(lambda xs, attrs, env: np.where(*xs))
 where.onnx(lambda e, node, ins: [e.emit("Where", ins)])
+where.torch(lambda b, node, xs: b.call(b.torch.where, *xs))
 
 # ---- cast -----------------------------------------------------------------
-cast = define("cast", ("x",), attrs={"to": (STR, REQUIRED)}, doc="convert the element type")
+def _cast_c(attrs, args, out_dtype) -> str:
+    # Arithmetic is float (or bool, or long long): loads and stores convert to the storage type.
+    target = DType.parse(attrs["to"])
+    if target == DType.bool:
+        return f"({args[0]} != 0)"
+    return f"((float)({args[0]}))" if target.is_float else f"((long long)({args[0]}))"
+
+
+cast = define("cast", ("x",), attrs={"to": (STR, REQUIRED)}, doc="convert the element type",
+              cuda="elementwise", cuda_expr=_cast_c, flops=0)
 
 
 @cast.infer
@@ -82,9 +98,11 @@ def _(types, attrs):
 
 cast.numpy(lambda xs, attrs, env: xs[0].astype(env.numpy_dtype(DType.parse(attrs["to"]))))
 cast.onnx(lambda e, node, ins: [e.emit("Cast", ins, to=DType.parse(node.attrs["to"]).onnx_code)])
+cast.torch(lambda b, node, xs: b.method("to", xs[0], b.dtype(DType.parse(node.attrs["to"]))))
 
 # ---- constant -------------------------------------------------------------
-constant = define("constant", (), attrs={"value": (TENSOR, REQUIRED)}, doc="a literal tensor")
+constant = define("constant", (), attrs={"value": (TENSOR, REQUIRED)}, doc="a literal tensor",
+                  cuda="inline", flops=0)
 
 
 @constant.infer
@@ -99,3 +117,4 @@ def _(types, attrs):
 
 constant.numpy(lambda xs, attrs, env: attrs["value"].astype(env.numpy_dtype(DType.from_numpy(attrs["value"].dtype))))
 constant.onnx(lambda e, node, ins: [e.const(node.attrs["value"])])
+constant.torch(lambda b, node, xs: b.tensor(node.attrs["value"], DType.from_numpy(node.attrs["value"].dtype)))

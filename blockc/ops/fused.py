@@ -1,22 +1,30 @@
 """Fused ops made by the fusion passes.
 
 Each one's ``decompose`` rule is its exact meaning in standard ops: it is
-what the ``function`` ONNX form emits as the function body, and what the
-numbers of a fused graph are checked against.
+what the ``function`` ONNX encoding emits as the function body, what a
+target without a kernel for the op runs (``passes.legalize``), and what the
+numbers of a fused graph are checked against. Masks mean what
+``ops/masking.py`` says, on every target.
 """
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
 from ..errors import ShapeError
-from ..ir.dims import Sym
+from ..ir.dims import evaluate
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
-from ._rules import broadcast_shapes, elementwise, fmt, same_dtype
-from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define
+from ._rules import broadcast_shapes, elementwise, fmt, matmul_flops, numel, same_dtype
+from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, fill_for
+from .nn import torch_causal_mask, torch_layernorm, torch_rmsnorm
+from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define, get
 
 MASK_KINDS = ("none", "additive", "bool")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+# matmul_bias_act's activations, each as the op (and attributes) it applies
+ACTIVATIONS = {"relu": ("relu", {}), "gelu": ("gelu", {"approximate": "none"}),
+               "gelu_tanh": ("gelu", {"approximate": "tanh"})}
 
 
 def _mask_rule(op: str, scores: TensorType, masks: list[TensorType], attrs) -> None:
@@ -38,31 +46,23 @@ def _mask_rule(op: str, scores: TensorType, masks: list[TensorType], attrs) -> N
 
 def _apply_mask(b, s, masks, attrs):
     """The standard-op form of scale, mask and causal mask on scores ``s``."""
-    if attrs["scale"] != 1.0:
-        s = b.op("mul", s, b.const(attrs["scale"], s.dtype))
-    fill = None
-    if attrs["mask"] == "additive":
-        s = b.op("add", s, masks[0])
-    elif attrs["mask"] == "bool":
-        fill = b.const(attrs["fill"], s.dtype)
-        s = b.op("where", masks[0], s, fill)
-    if attrs["causal"]:
-        fill = fill or b.const(attrs["fill"], s.dtype)
-        s = b.op("where", b.op("causal_mask", rows=s.shape[-2], cols=s.shape[-1]), s, fill)
-    return s
+    rows, cols = s.shape[-2:] if s.type.rank >= 2 else (None, None)
+    return apply_masks(s, masks, attrs, mul=lambda x, k: b.op("mul", x, b.const(k, x.dtype)),
+                       add=lambda x, m: b.op("add", x, m), where=lambda c, x, f: b.op("where", c, x, f),
+                       fill=b.const(attrs["fill"], s.dtype), causal=lambda: b.op("causal_mask", rows=rows, cols=cols))
 
 
 def _numpy_mask(s, masks, attrs, env):
-    s = s * np.asarray(attrs["scale"], s.dtype)
-    fill = np.asarray(attrs["fill"], s.dtype)
-    if attrs["mask"] == "additive":
-        s = s + masks[0]
-    elif attrs["mask"] == "bool":
-        s = np.where(masks[0], s, fill)
-    if attrs["causal"]:
-        rows, cols = s.shape[-2], s.shape[-1]
-        s = np.where(np.tril(np.ones((rows, cols), bool), k=cols - rows), s, fill)
-    return s
+    return apply_masks(s, masks, attrs, mul=lambda x, k: x * np.asarray(k, x.dtype), add=np.add, where=np.where,
+                       fill=np.asarray(attrs["fill"], s.dtype), causal=lambda: causal_mask_array(*s.shape[-2:]))
+
+
+def torch_masked_scores(b, node, s, masks, rows, cols):
+    """scale, then the additive / boolean mask, then the causal mask, on scores ``s``."""
+    fill = fill_for(node.attrs["fill"], node.outputs[0].dtype.lowest)
+    return apply_masks(s, masks, node.attrs, mul=lambda x, k: b.call(b.torch.mul, x, k),
+                       add=lambda x, m: b.call(b.torch.add, x, m), where=lambda c, x, f: b.call(b.torch.where, c, x, f),
+                       fill=fill, causal=lambda: torch_causal_mask(b, rows, cols))
 
 
 def _softmax_last(s):
@@ -71,11 +71,13 @@ def _softmax_last(s):
 
 
 _MASK_ATTRS = {"scale": (FLOAT, 1.0), "mask": (STR, "none"), "causal": (BOOL, False),
-               "fill": (FLOAT, float(np.finfo(np.float32).min))}
+               "fill": (FLOAT, DEFAULT_FILL)}
+MASKED_SOFTMAX_FLOPS = 6  # per score: scale, mask, max, subtract, exp, sum, divide
 
 # ---- masked_softmax ------------------------------------------------------------
 masked_softmax = define("masked_softmax", ("x", "*mask"), attrs=dict(_MASK_ATTRS),
-                        doc="softmax(mask(x * scale)) over the last axis; the causal mask from indices")
+                        doc="softmax(mask(x * scale)) over the last axis; the causal mask from indices",
+                        fused=True, colour="#E45756", cuda="softmax", flops=MASKED_SOFTMAX_FLOPS)
 
 
 @masked_softmax.infer
@@ -95,9 +97,24 @@ def _(b, node, ins):
     return [b.op("softmax", _apply_mask(b, ins[0], ins[1:], node.attrs), axis=-1)]
 
 
+@masked_softmax.torch
+def _(b, node, xs):
+    shape = node.inputs[0].shape
+    return b.call(b.torch.softmax, torch_masked_scores(b, node, xs[0], xs[1:], shape[-2], shape[-1]), -1)
+
+
 # ---- attention ------------------------------------------------------------------------
+def _attention_flops(node, bindings) -> int:
+    # QKᵀ and PV, plus the masked softmax on the scores
+    q, k = node.inputs[0].shape, node.inputs[1].shape
+    scores = numel(q[:-1], bindings) * evaluate(k[-2], bindings)
+    return scores * (2 * evaluate(q[-1], bindings) + 2 * evaluate(node.outputs[0].shape[-1], bindings)
+                     + MASKED_SOFTMAX_FLOPS)
+
+
 attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(_MASK_ATTRS),
-                   doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]")
+                   doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]",
+                   fused=True, colour="#F58518", flops=_attention_flops)
 
 
 @attention.infer
@@ -130,12 +147,68 @@ def _(b, node, ins):
     return [b.op("matmul", b.op("masked_softmax", scores, *ins[3:], **node.attrs), v)]
 
 
+@attention.torch
+def _(b, node, xs):
+    q, k, v = xs[:3]
+    tq, tk, tv = (x.type for x in node.inputs[:3])
+    rows, cols = tq.shape[-2], tk.shape[-2]
+    if tq.rank != 4 or not tq.shape[:-2] == tk.shape[:-2] == tv.shape[:-2]:
+        # Broadcast batch dims: spell it out rather than lean on the SDPA kernels.
+        scores = b.call(b.torch.matmul, q, b.call(b.torch.transpose, k, -2, -1))
+        probs = b.call(b.torch.softmax, torch_masked_scores(b, node, scores, xs[3:], rows, cols), -1)
+        return b.call(b.torch.matmul, probs, v)
+    return _sdpa(b, node, q, k, v, xs[3:], rows, cols)
+
+
+def _sdpa(b, node, q, k, v, masks, rows, cols):
+    """scaled_dot_product_attention with blockc's masking.
+
+    SDPA masks with -inf and aligns is_causal to the top left; blockc fills
+    with `fill` and aligns the causal mask to the bottom right (KV caches).
+    An additive bias holding `fill` keeps blockc's meaning, fully masked rows
+    included (they average v, they are not NaN)."""
+    attrs = node.attrs
+    dtype = node.outputs[0].dtype
+    fill = fill_for(attrs["fill"], dtype.lowest)
+    torch = b.torch
+
+    def as_bias(allowed):
+        zeros = b.call(torch.zeros_like, allowed, dtype=b.dtype(dtype))
+        return b.method("masked_fill", zeros, b.call(torch.logical_not, allowed), fill)
+
+    bias, is_causal = None, False
+    if attrs["mask"] == "additive":
+        bias = masks[0]
+    elif attrs["mask"] == "bool":
+        bias = as_bias(masks[0])
+    if attrs["causal"]:
+        if bias is None and rows == cols:
+            is_causal = True   # top left and bottom right agree on a square mask
+        else:
+            allowed = torch_causal_mask(b, rows, cols)
+            bias = as_bias(allowed) if bias is None else b.call(torch.where, allowed, bias, fill)
+    return b.call(b.F.scaled_dot_product_attention, q, k, v, attn_mask=bias, is_causal=is_causal,
+                  scale=attrs["scale"])
+
+
 # ---- qkv_attention --------------------------------------------------------------------
+def _qkv_attention_flops(node, bindings) -> int:
+    # the packed projection and its bias, then the core per head
+    x = node.inputs[0].shape
+    heads, (dq, _, dv) = node.attrs["heads"], node.attrs["sizes"]
+    tokens = numel(x[:-1], bindings)
+    scores = tokens * heads * evaluate(x[-2], bindings)
+    width = 2 * dq + dv
+    return 2 * tokens * evaluate(x[-1], bindings) * width + tokens * width \
+        + scores * (2 * (dq // heads) + 2 * (dv // heads) + MASKED_SOFTMAX_FLOPS)
+
+
 qkv_attention = define(
     "qkv_attention", ("x", "w", "bias", "*mask"),
     attrs={"heads": (INT, REQUIRED), "sizes": (DIMS, REQUIRED), **_MASK_ATTRS},
     doc="multi-head self-attention through one packed projection: q, k, v = split(x @ w + bias, sizes), "
-        "each cut into `heads` heads, attention per head, the heads joined again")
+        "each cut into `heads` heads, attention per head, the heads joined again",
+    fused=True, flops=_qkv_attention_flops)
 
 
 def _qkv_heads(attrs) -> tuple[int, int, int]:
@@ -194,6 +267,20 @@ def _(b, node, ins):
     return [b.op("reshape", b.op("transpose", out, perm=[0, 2, 1, 3]), shape=[0, 0, h * dv])]
 
 
+@qkv_attention.torch
+def _(b, node, xs):
+    x, w, bias = xs[:3]
+    heads, sizes = node.attrs["heads"], list(node.attrs["sizes"])
+    y = b.call(b.F.linear, x, b.method("t", w), bias)          # w is [in, out]; linear takes [out, in]
+    parts = b.call(b.torch.split, y, sizes, dim=-1)
+    q, k, v = (b.method("transpose", b.method("unflatten", b.call(operator.getitem, parts, i), -1,
+                                              (heads, size // heads)), 1, 2)
+               for i, size in enumerate(sizes))
+    seq = node.inputs[0].shape[1]
+    out = _sdpa(b, node, q, k, v, xs[3:], seq, seq)
+    return b.method("flatten", b.method("transpose", out, 1, 2), -2)
+
+
 # ---- add_layernorm / add_rmsnorm -------------------------------------------------
 def _add_norm_infer(name, types, attrs, n_params):
     x, r, params = types[0], types[1], types[2:]
@@ -209,7 +296,8 @@ def _add_norm_infer(name, types, attrs, n_params):
 add_layernorm = define("add_layernorm", ("x", "residual", "gamma", "beta"),
                        outputs=lambda attrs, n: 2 if attrs["with_sum"] else 1,
                        attrs={"eps": (FLOAT, 1e-5), "with_sum": (BOOL, False)},
-                       doc="layernorm(x + residual); with_sum also returns x + residual (pre-norm stacks need it)")
+                       doc="layernorm(x + residual); with_sum also returns x + residual (pre-norm stacks need it)",
+                       fused=True, colour="#B279A2", cuda="row_norm", flops=8)
 add_layernorm.infer(lambda types, attrs: _add_norm_infer("add_layernorm", types, attrs, 2))
 
 
@@ -233,7 +321,8 @@ def _(b, node, ins):
 add_rmsnorm = define("add_rmsnorm", ("x", "residual", "gamma"),
                      outputs=lambda attrs, n: 2 if attrs["with_sum"] else 1,
                      attrs={"eps": (FLOAT, 1e-6), "with_sum": (BOOL, False)},
-                     doc="rmsnorm(x + residual); with_sum also returns x + residual")
+                     doc="rmsnorm(x + residual); with_sum also returns x + residual",
+                     fused=True, colour="#9D755D", cuda="row_norm", flops=5)
 add_rmsnorm.infer(lambda types, attrs: _add_norm_infer("add_rmsnorm", types, attrs, 1))
 
 
@@ -252,14 +341,29 @@ def _(b, node, ins):
     return [y, s] if node.attrs["with_sum"] else [y]
 
 
+def _add_norm_torch(norm):
+    def lower(b, node, xs):
+        total = b.call(b.torch.add, xs[0], xs[1])
+        y = norm(b, node, [total] + list(xs[2:]))
+        return [y, total] if node.attrs["with_sum"] else [y]
+    return lower
+
+
+add_layernorm.torch(_add_norm_torch(torch_layernorm))
+add_rmsnorm.torch(_add_norm_torch(torch_rmsnorm))
+
+
 # ---- matmul_bias_act -----------------------------------------------------------------
 matmul_bias_act = define("matmul_bias_act", ("x", "w", "bias"), attrs={"activation": (STR, "relu")},
-                         doc="act(x @ w + bias) with act in relu, gelu, gelu_tanh")
+                         doc="act(x @ w + bias) with act in relu, gelu, gelu_tanh",
+                         fused=True, colour="#EECA3B", cuda="gemm",
+                         # the GEMM plus bias and activation per element
+                         flops=lambda node, bindings: matmul_flops(node, bindings)
+                         + 2 * numel(node.outputs[0].shape, bindings))
 
 
 @matmul_bias_act.infer
 def _(types, attrs):
-    from .registry import get
     if attrs["activation"] not in ACTIVATIONS:
         raise ShapeError(f"matmul_bias_act: activation must be one of {', '.join(ACTIVATIONS)}")
     y = get("matmul").infer_fn(types[:2], {})
@@ -271,21 +375,26 @@ def _(types, attrs):
 
 @matmul_bias_act.numpy
 def _(xs, attrs, env):
-    from .registry import get
     y = xs[0] @ xs[1] + xs[2]
-    act = attrs["activation"]
-    if act == "relu":
-        return np.maximum(y, np.zeros((), y.dtype))
-    return get("gelu").numpy_fn([y], {"approximate": "tanh" if act == "gelu_tanh" else "none"}, env)
+    op, op_attrs = ACTIVATIONS[attrs["activation"]]
+    return get(op).numpy_fn([y], op_attrs, env)
 
 
 @matmul_bias_act.decompose
 def _(b, node, ins):
     y = b.op("add", b.op("matmul", ins[0], ins[1]), ins[2])
-    act = node.attrs["activation"]
-    if act == "relu":
-        return [b.op("relu", y)]
-    return [b.op("gelu", y, approximate="tanh" if act == "gelu_tanh" else "none")]
+    op, op_attrs = ACTIVATIONS[node.attrs["activation"]]
+    return [b.op(op, y, **op_attrs)]
 
 
-FUSED_OPS = ("masked_softmax", "attention", "qkv_attention", "add_layernorm", "add_rmsnorm", "matmul_bias_act")
+@matmul_bias_act.torch
+def _(b, node, xs):
+    x, w, bias = xs
+    if node.inputs[1].type.rank == 2:
+        # blockc's weights are [in, out]: F.linear takes [out, in], so w.t()
+        # (a view; linear's addmm reads it back untransposed and adds the bias).
+        y = b.call(b.F.linear, x, b.method("t", w), bias)
+    else:
+        y = b.call(b.torch.add, b.call(b.torch.matmul, x, w), bias)
+    op, op_attrs = ACTIVATIONS[node.attrs["activation"]]
+    return b.call(getattr(b.F, op), y, **op_attrs)   # F.relu, F.gelu

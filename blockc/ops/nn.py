@@ -11,10 +11,12 @@ from ..errors import ShapeError
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
 from ._rules import elementwise, fmt, norm_axis
+from .masking import causal_mask_array, causal_offset
 from .registry import DIM, FLOAT, INT, REQUIRED, STR, define
 
 # ---- softmax -----------------------------------------------------------------
-softmax = define("softmax", ("x",), attrs={"axis": (INT, -1)}, doc="exp(x - max) / sum(exp(x - max)) along axis")
+softmax = define("softmax", ("x",), attrs={"axis": (INT, -1)}, doc="exp(x - max) / sum(exp(x - max)) along axis",
+                 cuda="softmax", flops=5)
 
 
 @softmax.infer
@@ -31,6 +33,7 @@ def _(xs, attrs, env):
 
 
 softmax.onnx(lambda e, node, ins: [e.emit("Softmax", ins, axis=node.attrs["axis"])])
+softmax.torch(lambda b, node, xs: b.call(b.torch.softmax, xs[0], node.attrs["axis"]))
 
 
 @softmax.decompose
@@ -43,7 +46,9 @@ def _(b, node, ins):
 
 # ---- gelu --------------------------------------------------------------------
 gelu = define("gelu", ("x",), attrs={"approximate": (STR, "none")},
-              doc="x * Phi(x); approximate='tanh' is GPT-2's form")
+              doc="x * Phi(x); approximate='tanh' is GPT-2's form", cuda="elementwise", flops=8,
+              cuda_expr=lambda attrs, args, dtype: (f"blockc_gelu_tanh({args[0]})" if attrs["approximate"] == "tanh"
+                                                    else f"blockc_gelu_erf({args[0]})"))
 
 
 @gelu.infer
@@ -67,6 +72,7 @@ def _(xs, attrs, env):
 
 
 gelu.onnx(lambda e, node, ins: [e.emit("Gelu", ins, approximate=node.attrs["approximate"])])
+gelu.torch(lambda b, node, xs: b.call(b.F.gelu, xs[0], approximate=node.attrs["approximate"]))
 
 
 @gelu.decompose
@@ -95,7 +101,7 @@ def _norm_infer(name, types):
 
 
 layernorm = define("layernorm", ("x", "gamma", "beta"), attrs={"eps": (FLOAT, 1e-5)},
-                   doc="gamma * (x - mean) / sqrt(var + eps) + beta over the last axis")
+                   doc="gamma * (x - mean) / sqrt(var + eps) + beta over the last axis", cuda="row_norm", flops=7)
 layernorm.infer(lambda types, attrs: _norm_infer("layernorm", types))
 
 
@@ -111,6 +117,14 @@ def _(xs, attrs, env):
 layernorm.onnx(lambda e, node, ins: [e.emit("LayerNormalization", ins, axis=-1, epsilon=node.attrs["eps"])])
 
 
+def torch_layernorm(b, node, xs):
+    x, gamma, beta = xs
+    return b.call(b.F.layer_norm, x, (b.dim(node.inputs[0].shape[-1]),), gamma, beta, node.attrs["eps"])
+
+
+layernorm.torch(torch_layernorm)
+
+
 @layernorm.decompose
 def _(b, node, ins):
     x, gamma, beta = ins
@@ -122,7 +136,7 @@ def _(b, node, ins):
 
 
 rmsnorm = define("rmsnorm", ("x", "gamma"), attrs={"eps": (FLOAT, 1e-6)},
-                 doc="gamma * x / sqrt(mean(x^2) + eps) over the last axis")
+                 doc="gamma * x / sqrt(mean(x^2) + eps) over the last axis", cuda="row_norm", flops=4)
 rmsnorm.infer(lambda types, attrs: _norm_infer("rmsnorm", types))
 
 
@@ -131,6 +145,14 @@ def _(xs, attrs, env):
     x, g = xs
     ms = (x * x).mean(axis=-1, keepdims=True)
     return x / np.sqrt(ms + np.array(attrs["eps"], x.dtype)) * g
+
+
+def torch_rmsnorm(b, node, xs):
+    x, gamma = xs
+    return b.call(b.F.rms_norm, x, (b.dim(node.inputs[0].shape[-1]),), gamma, node.attrs["eps"])
+
+
+rmsnorm.torch(torch_rmsnorm)
 
 
 # No onnx rule below opset 23: the exporter lowers rmsnorm through this.
@@ -144,7 +166,8 @@ def _(b, node, ins):
 
 # ---- causal mask -----------------------------------------------------------------
 causal_mask = define("causal_mask", (), attrs={"rows": (DIM, REQUIRED), "cols": (DIM, REQUIRED)},
-                     doc="bool[rows,cols], true where key j may be seen by query i: j <= i + (cols - rows)")
+                     doc="bool[rows,cols], true where key j may be seen by query i: j <= i + (cols - rows)",
+                     cuda="inline", flops=0)
 
 
 @causal_mask.infer
@@ -154,20 +177,27 @@ def _(types, attrs):
 
 @causal_mask.numpy
 def _(xs, attrs, env):
-    rows, cols = env.eval_dims([attrs["rows"], attrs["cols"]])
-    return np.tril(np.ones((rows, cols), dtype=bool), k=cols - rows)
+    return causal_mask_array(*env.eval_dims([attrs["rows"], attrs["cols"]]))
 
 
 def emit_causal_mask(e, rows, cols) -> str:
     """The ONNX nodes of ``causal_mask`` for dims ``rows``, ``cols`` (also used
     by the fused attention forms that fold the causal mask into a bias)."""
     # Range/compare rather than Trilu: ONNX Runtime's CPU Trilu has no bool kernel.
-    rows, cols = e.scalar_dim(rows), e.scalar_dim(cols)
+    offset = e.scalar_dim(causal_offset(rows, cols))
     zero, one = e.const(np.array(0, np.int64)), e.const(np.array(1, np.int64))
-    i = e.emit("Unsqueeze", [e.emit("Range", [zero, rows, one]), e.const(np.array([1], np.int64))])
-    j = e.emit("Range", [zero, cols, one])
-    limit = e.emit("Add", [i, e.emit("Sub", [cols, rows])])
-    return e.emit("LessOrEqual", [j, limit])
+    i = e.emit("Unsqueeze", [e.emit("Range", [zero, e.scalar_dim(rows), one]), e.const(np.array([1], np.int64))])
+    j = e.emit("Range", [zero, e.scalar_dim(cols), one])
+    return e.emit("LessOrEqual", [j, e.emit("Add", [i, offset])])
 
 
 causal_mask.onnx(lambda e, node, ins: [emit_causal_mask(e, node.attrs["rows"], node.attrs["cols"])])
+
+
+def torch_causal_mask(b, rows, cols):
+    """bool[rows, cols] in PyTorch: the lower triangle at the causal offset."""
+    ones = b.call(b.torch.ones, b.dim(rows), b.dim(cols), dtype=b.torch.bool)
+    return b.method("tril", ones, b.dim(causal_offset(rows, cols)))
+
+
+causal_mask.torch(lambda b, node, xs: torch_causal_mask(b, node.attrs["rows"], node.attrs["cols"]))

@@ -8,14 +8,15 @@ from ..ir.types import TensorType
 from ._rules import norm_axis
 from .registry import BOOL, DIMS, REQUIRED, define
 
+# name: (numpy, ONNX op, torch function)
 _REDUCE = {
-    "reduce_mean": (np.mean, "ReduceMean"),
-    "reduce_sum": (np.sum, "ReduceSum"),
-    "reduce_max": (np.max, "ReduceMax"),
+    "reduce_mean": (np.mean, "ReduceMean", "mean"),
+    "reduce_sum": (np.sum, "ReduceSum", "sum"),
+    "reduce_max": (np.max, "ReduceMax", "amax"),
 }
 
 
-def _declare(name, fn, onnx_type):
+def _declare(name, fn, onnx_type, torch_name):
     op = define(name, ("x",), attrs={"axes": (DIMS, REQUIRED), "keepdims": (BOOL, True)},
                 doc=f"{name.split('_')[1]} over `axes`")
 
@@ -33,7 +34,9 @@ def _declare(name, fn, onnx_type):
     op.numpy(lambda xs, attrs, env: fn(xs[0], axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"]))
     op.onnx(lambda e, node, ins: [e.emit(onnx_type, [ins[0], e.const(np.array(node.attrs["axes"], np.int64))],
                                          keepdims=int(node.attrs["keepdims"]))])
+    op.torch(lambda b, node, xs: b.call(getattr(b.torch, torch_name), xs[0], dim=tuple(node.attrs["axes"]),
+                                        keepdim=node.attrs["keepdims"]))
 
 
-for _name, (_fn, _onnx) in _REDUCE.items():
-    _declare(_name, _fn, _onnx)
+for _name, _rules in _REDUCE.items():
+    _declare(_name, *_rules)

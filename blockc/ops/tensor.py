@@ -2,17 +2,20 @@
 split, slice, gather."""
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..errors import ShapeError
 from ..ir.dims import Sym, exact_div
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
-from ._rules import broadcast_shapes, fmt, norm_axis, same_dtype
+from ._rules import broadcast_shapes, fmt, matmul_flops, norm_axis, same_dtype
 from .registry import DIM, DIMS, INT, REQUIRED, define
 
 # ---- matmul -----------------------------------------------------------------
-matmul = define("matmul", ("a", "b"), doc="batched matrix product, numpy semantics, rank >= 2")
+matmul = define("matmul", ("a", "b"), doc="batched matrix product, numpy semantics, rank >= 2",
+                cuda="gemm", flops=lambda node, bindings: matmul_flops(node, bindings))
 
 
 @matmul.infer
@@ -30,9 +33,10 @@ def _(types, attrs):
 
 matmul.numpy(lambda xs, attrs, env: np.matmul(xs[0], xs[1]))
 matmul.onnx(lambda e, node, ins: [e.emit("MatMul", ins)])
+matmul.torch(lambda b, node, xs: b.call(b.torch.matmul, *xs))
 
 # ---- transpose -------------------------------------------------------------
-transpose = define("transpose", ("x",), attrs={"perm": (DIMS, REQUIRED)}, doc="permute axes")
+transpose = define("transpose", ("x",), attrs={"perm": (DIMS, REQUIRED)}, doc="permute axes", cuda="copy", flops=0)
 
 
 @transpose.infer
@@ -45,9 +49,10 @@ def _(types, attrs):
 
 transpose.numpy(lambda xs, attrs, env: np.transpose(xs[0], attrs["perm"]))
 transpose.onnx(lambda e, node, ins: [e.emit("Transpose", ins, perm=list(node.attrs["perm"]))])
+transpose.torch(lambda b, node, xs: b.method("permute", xs[0], list(node.attrs["perm"])))
 
 # ---- reshape ---------------------------------------------------------------
-reshape = define("reshape", ("x",), attrs={"shape": (DIMS, REQUIRED)},
+reshape = define("reshape", ("x",), attrs={"shape": (DIMS, REQUIRED)}, cuda="alias", flops=0,
                  doc="reshape; ONNX rules: 0 copies the input dim, -1 is inferred")
 
 
@@ -101,8 +106,18 @@ def _(xs, attrs, env):
 
 reshape.onnx(lambda e, node, ins: [e.emit("Reshape", [ins[0], e.dims(node.attrs["shape"])])])
 
+
+@reshape.torch
+def _(b, node, xs):
+    # ONNX rules: 0 copies the input dim, -1 is inferred; symbolic entries
+    # (batch, seq) are computed from the input sizes.
+    in_shape = node.inputs[0].shape
+    shape = [b.dim(in_shape[i]) if d == 0 else b.dim(d) for i, d in enumerate(node.attrs["shape"])]
+    return b.method("reshape", xs[0], shape)
+
 # ---- concat ------------------------------------------------------------------
-concat = define("concat", ("*xs",), attrs={"axis": (INT, REQUIRED)}, doc="join along an axis")
+concat = define("concat", ("*xs",), attrs={"axis": (INT, REQUIRED)}, doc="join along an axis", cuda="copy",
+                flops=0)
 
 
 @concat.infer
@@ -124,9 +139,10 @@ def _(types, attrs):
 
 concat.numpy(lambda xs, attrs, env: np.concatenate(xs, axis=attrs["axis"]))
 concat.onnx(lambda e, node, ins: [e.emit("Concat", ins, axis=node.attrs["axis"])])
+concat.torch(lambda b, node, xs: b.call(b.torch.cat, list(xs), dim=node.attrs["axis"]))
 
 # ---- split ---------------------------------------------------------------------
-split = define("split", ("x",), outputs=lambda attrs, n: len(attrs["sizes"]),
+split = define("split", ("x",), outputs=lambda attrs, n: len(attrs["sizes"]), cuda="copy", flops=0,
                attrs={"axis": (INT, REQUIRED), "sizes": (DIMS, REQUIRED)}, doc="split into pieces of given sizes")
 
 
@@ -156,8 +172,15 @@ def _(xs, attrs, env):
 split.onnx(lambda e, node, ins: e.emit("Split", [ins[0], e.dims(node.attrs["sizes"])], n=len(node.outputs),
                                        axis=node.attrs["axis"]))
 
+
+@split.torch
+def _(b, node, xs):
+    parts = b.call(b.torch.split, xs[0], [b.dim(s) for s in node.attrs["sizes"]], dim=node.attrs["axis"])
+    return [b.call(operator.getitem, parts, i) for i in range(len(node.outputs))]
+
 # ---- slice -----------------------------------------------------------------------
 slice_ = define("slice", ("x",), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED), "end": (DIM, REQUIRED)},
+                cuda="copy", flops=0,
                 doc="x[start:end] along one axis; start/end may be symbolic (e.g. end=past+seq)")
 
 
@@ -190,8 +213,17 @@ def _(xs, attrs, env):
 slice_.onnx(lambda e, node, ins: [e.emit("Slice", [ins[0], e.dims([node.attrs["start"]]), e.dims([node.attrs["end"]]),
                                                     e.const(np.array([node.attrs["axis"]], np.int64))])])
 
+
+@slice_.torch
+def _(b, node, xs):
+    # narrow, not x[start:end]: it refuses an end past the dim (a sequence
+    # longer than max_positions) where indexing would clamp silently.
+    start, end = node.attrs["start"], node.attrs["end"]
+    return b.call(b.torch.narrow, xs[0], node.attrs["axis"], b.dim(start), b.dim(end - start))
+
 # ---- gather ----------------------------------------------------------------------
-gather = define("gather", ("data", "indices"), attrs={"axis": (INT, 0)}, doc="take rows (embedding lookup)")
+gather = define("gather", ("data", "indices"), attrs={"axis": (INT, 0)}, doc="take rows (embedding lookup)",
+                cuda="copy", flops=0)
 
 
 @gather.infer
@@ -214,3 +246,12 @@ def _(xs, attrs, env):
 
 
 gather.onnx(lambda e, node, ins: [e.emit("Gather", ins, axis=node.attrs["axis"])])
+
+
+@gather.torch
+def _(b, node, xs):
+    data, idx = xs
+    axis = node.attrs["axis"] % node.inputs[0].type.rank
+    if axis == 0 and node.inputs[0].type.rank == 2:
+        return b.call(b.F.embedding, idx, data)
+    return b.call(operator.getitem, data, (slice(None),) * axis + (idx,))

@@ -22,8 +22,7 @@ import numpy as np
 from ..ir.builder import Builder
 from ..ir.dims import Sym
 from ..ir.graph import Graph
-from ..ops import registry
-from ..runtime.reference import Env
+from ..ops.evaluate import Env, evaluate_node
 from .base import PassResult
 
 MAX_ELEMENTS = 1 << 16
@@ -49,17 +48,10 @@ def constant_fold(graph: Graph) -> PassResult:
     for n in list(g.nodes):
         if not _foldable(n):
             continue
-        args = [v.producer.attrs["value"] for v in n.inputs]
-        narrow = [a.dtype for a in args if a.dtype in (np.float16, np.dtype("bfloat16"))]
-        if narrow:
-            args = [a.astype(np.float32) if a.dtype in narrow else a for a in args]
-        with np.errstate(all="ignore"):
-            result = registry.get(n.op).numpy_fn(args, n.attrs, env)
-        results = result if isinstance(result, (list, tuple)) else [result]
+        results = evaluate_node(n, [v.producer.attrs["value"] for v in n.inputs], env)
         b = Builder(g, before=n, loc=n.loc)
         for out, r in zip(n.outputs, results):
-            c = b.op("constant", value=np.asarray(r).astype(out.dtype.numpy).reshape(
-                tuple(int(d) for d in out.shape)))
+            c = b.op("constant", value=np.array(r).reshape(tuple(int(d) for d in out.shape)))
             c.producer.origin = n.origin
             g.replace_all_uses(out, c)
         g.remove_node(n)

@@ -45,6 +45,8 @@ def decompose(graph: Graph, ops: Iterable[str] | None = None) -> PassResult:
             continue
         b = Builder(g, before=node, loc=node.loc)
         results = opdef.decompose_fn(b, node, list(node.inputs))
+        for n in b.created:   # what a node computes is still what the original nodes did
+            n.origin = node.origin
         todo.extendleft(reversed([n for n in b.created if n.op in wanted]))
         for old, new in zip(node.outputs, results):
             g.replace_all_uses(old, new)

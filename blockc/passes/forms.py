@@ -6,9 +6,10 @@
 """
 from __future__ import annotations
 
-from .errors import BlockcError
-from .ir.graph import Graph
-from .passes.decompose import decompose
+from ..errors import BlockcError
+from ..ir.graph import Graph
+from .decompose import decompose
+from .manager import optimize
 
 FORMS = ("standard", "decomposed", "fused")
 
@@ -21,6 +22,5 @@ def to_form(graph: Graph, form: str, **optimize_options) -> Graph:
     if form == "decomposed":
         return decompose(graph).graph
     if form == "fused":
-        from .passes.manager import optimize
         return optimize(graph, **optimize_options).graph
     raise BlockcError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")

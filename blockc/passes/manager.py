@@ -11,6 +11,7 @@ from typing import Iterable, TextIO
 
 from ..errors import BlockcError
 from ..ir.graph import Graph
+from ..ir.printer import result_numbers
 from ..ir.verify import verify
 from .pipeline import default_pipeline
 from .rewrite import Site
@@ -38,14 +39,15 @@ def pass_names() -> list[str]:
     return list(dict.fromkeys(p.__name__ for p in default_pipeline()))
 
 
-def label_origins(graph: Graph) -> Graph:
+def label_origins(graph: Graph, *, keep: bool = False) -> Graph:
     """A copy whose nodes are labelled with their printed names (``%12``), so
-    reports can say which original nodes went into which fused op."""
-    from ..ir.printer import result_numbers
+    reports can say which original nodes went into which fused op. ``keep``:
+    nodes that already have an origin (an optimized graph's) keep it."""
     g = graph.copy()
     numbers = result_numbers(g)
     for n in g.nodes:
-        n.origin = (f"%{numbers[id(n)]}",)
+        if not (keep and n.origin):
+            n.origin = (f"%{numbers[id(n)]}",)
     return g
 
 

@@ -23,14 +23,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch
 
 from ..ir.graph import Graph
-from ..ops.fused import FUSED_OPS
+from ..ops.registry import fused_ops, get
 
 # Colours: plain forms in blues and greys, fused in orange, peers green and hatched.
 FORM_COLOURS = {"decomposed": "#9AA5B1", "standard": "#4C78A8", "fused": "#F58518"}
 PEER_COLOUR, PEER_HATCH = "#54A24B", "//"
 OTHER_FORM_COLOUR = "#B0B0B0"
-FUSED_OP_COLOURS = {"attention": "#F58518", "masked_softmax": "#E45756", "add_layernorm": "#B279A2",
-                    "add_rmsnorm": "#9D755D", "matmul_bias_act": "#EECA3B"}
 _SPARE_COLOURS = ("#72B7B2", "#FF9DA6", "#BAB0AC")
 PLAIN_OP_COLOUR, IO_COLOUR = "#DDE4EC", "#FFFFFF"
 FORM_ORDER = ("decomposed", "standard", "fused")
@@ -240,9 +238,11 @@ def roofline_png(report: Mapping) -> bytes | None:
 
 # -- graphs -------------------------------------------------------------------------------------
 def fused_colour(op: str) -> str:
-    if op in FUSED_OP_COLOURS:
-        return FUSED_OP_COLOURS[op]
-    return _SPARE_COLOURS[sorted(FUSED_OPS).index(op) % len(_SPARE_COLOURS)] if op in FUSED_OPS else PLAIN_OP_COLOUR
+    """A fused op's own colour (its declaration's), else a spare one; a plain op's grey."""
+    fused = fused_ops()
+    if op not in fused:
+        return PLAIN_OP_COLOUR
+    return get(op).colour or _SPARE_COLOURS[sorted(fused).index(op) % len(_SPARE_COLOURS)]
 
 
 def _lighter(colour: str, amount: float = 0.55) -> tuple:
@@ -260,7 +260,7 @@ def absorbed_nodes(before: Graph, after: Graph) -> dict[int, str]:
     not made by ``optimize(before)``.
     """
     from ..passes.manager import label_origins
-    owner = {o: n.op for n in after.nodes if n.op in FUSED_OPS for o in n.origin}
+    owner = {o: n.op for n in after.nodes if n.op in fused_ops() for o in n.origin}
     return {i: owner[n.origin[0]] for i, n in enumerate(label_origins(before).nodes) if n.origin[0] in owner}
 
 
@@ -306,7 +306,7 @@ def _draw_graph(ax, graph: Graph, title: str, absorbed: Mapping[int, str], show_
         if op in ("input", "output", "param"):
             fill, text, edge = IO_COLOUR, data["label"], "#2F6F3E"
             used.add(("io", "input / output"))
-        elif op in FUSED_OPS:
+        elif op in fused_ops():
             fill, text, weight = fused_colour(op), op, "bold"
             used.add((op, f"fused: {op}"))
         elif index is not None and index in absorbed:
@@ -326,7 +326,7 @@ def _draw_graph(ax, graph: Graph, title: str, absorbed: Mapping[int, str], show_
 
 
 def _legend(fig: Figure, used: Iterable[tuple]) -> None:
-    order = ["plain", "io"] + list(FUSED_OPS) + ["absorbed:" + op for op in FUSED_OPS]
+    order = ["plain", "io"] + list(fused_ops()) + ["absorbed:" + op for op in fused_ops()]
     handles = []
     for key, label in sorted(set(used), key=lambda u: order.index(u[0]) if u[0] in order else len(order)):
         if key == "plain":

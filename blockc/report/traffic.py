@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..ir.graph import Graph, Node
+from ..ir.load_time import load_time_nodes
 
 ZERO_COPY = frozenset({"reshape"})
 
@@ -39,16 +40,6 @@ def node_traffic(node: Node, bindings: Mapping[str, int]) -> NodeTraffic:
             read += v.type.nbytes(bindings)
     written = sum(o.type.nbytes(bindings) for o in node.outputs)
     return NodeTraffic(node, read, written)
-
-
-def load_time_nodes(graph: Graph) -> set[int]:
-    """ids of nodes computed from parameters and constants alone."""
-    static: set[int] = set()
-    for n in graph.nodes:
-        if all(v.kind == "param" or (v.producer is not None and id(v.producer) in static) for v in n.inputs) \
-                and all(isinstance(d, int) for o in n.outputs for d in o.shape):
-            static.add(id(n))
-    return static
 
 
 def graph_traffic(graph: Graph, bindings: Mapping[str, int]) -> list[NodeTraffic]:

@@ -57,6 +57,3 @@ def bind_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]
     return bindings
 
 
-def is_plain_symbol(d) -> bool:
-    return isinstance(d, Sym) and len(d.terms) == 1 and next(iter(d.terms.values())) == 1 \
-        and len(next(iter(d.terms))) == 1

@@ -11,27 +11,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BlockcError, WeightsError
-from ..ir.dims import evaluate
-from ..ir.dtypes import DType
+from ..errors import WeightsError
 from ..ir.graph import Graph
-from ..ops import registry
+from ..ops.evaluate import Env, evaluate_node
 from .bindings import bind_inputs
 
-_NARROW_NP = (DType.float16.numpy, DType.bfloat16.numpy)
-
-
-class Env:
-    """What an op's numpy rule may ask of the interpreter."""
-
-    def __init__(self, bindings: Mapping[str, int], float64: bool):
-        self.bindings, self.float64 = dict(bindings), float64
-
-    def numpy_dtype(self, dtype: DType) -> np.dtype:
-        return np.dtype(np.float64) if self.float64 and dtype.is_float else dtype.numpy
-
-    def eval_dims(self, dims) -> list[int]:
-        return [evaluate(d, self.bindings) for d in dims]
+__all__ = ["Env", "run_reference"]
 
 
 def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
@@ -70,22 +55,11 @@ def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
     keep = {id(v) for _, v in graph.outputs}
 
     for i, n in enumerate(graph.nodes):
-        opdef = registry.get(n.op)
-        args = [vals[id(v)] for v in n.inputs]
-        # float16/bfloat16 compute in float32; results round to the storage dtype below.
-        args = [a.astype(np.float32) if a.dtype in _NARROW_NP else a for a in args]
-        with np.errstate(all="ignore"):
-            try:
-                result = opdef.numpy_fn(args, n.attrs, env)
-            except BlockcError:
-                raise
-            except Exception as e:  # a numpy failure is a blockc bug or a bad feed: name the node
-                raise BlockcError(f"reference interpreter failed at {n.op} (node {i}): {e}") from e
-        results = result if isinstance(result, (list, tuple)) else [result]
+        results = evaluate_node(n, [vals[id(v)] for v in n.inputs], env, where=f"node {i}")
         for out, r in zip(n.outputs, results):
-            vals[id(out)] = np.asarray(r).astype(env.numpy_dtype(out.dtype), copy=False)
+            vals[id(out)] = r
             if capture is not None:
-                capture[out] = vals[id(out)]
+                capture[out] = r
         for v in n.inputs:
             if last_use.get(id(v)) == i and id(v) not in keep and v.kind == "node":
                 vals.pop(id(v), None)

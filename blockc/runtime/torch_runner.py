@@ -2,9 +2,10 @@
 
 ``lower_to_torch`` turns a ``Graph`` plus weights into a ``torch.fx.GraphModule``
 built directly with ``torch.fx.Graph``: one placeholder per graph input, the
-weights as parameters of the module, one torch call per IR node (the table in
-``blockc/codegen/torch_ops.py``: ``F.layer_norm``, ``torch.softmax``,
-``F.scaled_dot_product_attention``, ...) and a dict of the graph's outputs.
+weights as parameters of the module, one torch call per IR node (each op's
+``torch`` rule in its declaration: ``F.layer_norm``, ``torch.softmax``,
+``F.scaled_dot_product_attention``, ...; an op without one is legalized by
+decomposition first) and a dict of the graph's outputs.
 Symbolic dims (``batch``, ``seq``) become ``x.size(i)`` of the input that
 carries them, so one module runs at any shape. Nodes computed from weights
 and constants alone (the fused form's concatenated QKV weight, the transposed
@@ -26,8 +27,11 @@ import numpy as np
 
 from ..errors import BlockcError, WeightsError
 from ..ir.graph import Graph, Node
-from ..ops.registry import attr_symbols
-from .bindings import bind_inputs, is_plain_symbol
+from ..ir.opdef import attr_symbols
+from ..ops import registry
+from ..passes.legalize import legalize
+from ..ir.dims import is_plain_symbol
+from .bindings import bind_inputs
 
 
 def torch_available() -> tuple[bool, str]:
@@ -56,24 +60,23 @@ def node_labels(graph: Graph) -> dict[int, str]:
     return {id(n): ",".join(f"%{numbers[id(n)] + i}" for i in range(len(n.outputs))) for n in graph.nodes}
 
 
+def lowers(opdef) -> bool:
+    """Whether the PyTorch backend lowers ``opdef`` itself."""
+    return opdef.torch_fn is not None
+
+
 def lowerable(graph: Graph) -> Graph:
-    """``graph`` with every op the PyTorch table lacks but that has a
-    decomposition (``qkv_attention``: into ``attention``, which the table
-    has) rewritten into it, so those ops run too."""
-    from ..codegen.torch_ops import LOWERINGS
-    from ..ops import registry
-    from ..passes.decompose import decompose
-    ops = {n.op for n in graph.nodes if n.op not in LOWERINGS and registry.get(n.op).decompose_fn}
-    return decompose(graph, ops=ops).graph if ops else graph
+    """``graph`` with every op that has no ``torch`` rule but a decomposition
+    (``qkv_attention`` with none would become ``attention``) decomposed."""
+    return legalize(graph, lowers).graph
 
 
 def check_supported(graph: Graph) -> None:
     """Raise a ``BlockcError`` naming every op the PyTorch table lacks, with its
     first node, before anything is built or run."""
-    from ..codegen.torch_ops import LOWERINGS
     labels, missing = node_labels(graph), {}
     for n in graph.nodes:
-        if n.op not in LOWERINGS and n.op not in missing:
+        if not lowers(registry.get(n.op)) and n.op not in missing:
             missing[n.op] = f"op {n.op!r} (node {labels[id(n)]} = {n.op}" + (f", from {n.loc}" if n.loc else "") + ")"
     if missing:
         raise BlockcError("the PyTorch backend has no lowering for " + "; ".join(missing.values()))
@@ -100,10 +103,33 @@ class _Names:
         return name
 
 
-class _FxEmitter:
+class _Emitter:
+    """What an op's ``torch`` rule is given as ``b``: ``b.call(fn, *args, **kw)``
+    (a torch function), ``b.method(name, x, *args)`` (``x.name(*args)``),
+    ``b.dim(d)`` (an IR dim as an int or the expression computing it from
+    input sizes), ``b.tensor(array, dtype)`` (a constant), ``b.dtype(dtype)``,
+    and the modules ``b.torch`` and ``b.F`` (``torch.nn.functional``), so that
+    the ops themselves never import torch."""
+
+    def __init__(self):
+        import torch
+        import torch.nn.functional as F
+
+        from .torch_tensors import TORCH_DTYPES, to_torch
+        self.torch, self.F, self._dtypes, self._to_torch = torch, F, TORCH_DTYPES, to_torch
+
+    def tensor(self, array, dtype):
+        return self._to_torch(array, dtype, copy=True)
+
+    def dtype(self, dtype):
+        return self._dtypes[dtype]
+
+
+class _FxEmitter(_Emitter):
     """Emits fx nodes; ``dim`` computes symbolic dims from the input sizes."""
 
     def __init__(self, g, symbols: dict):
+        super().__init__()
         self.g, self.symbols, self.origin = g, symbols, ""
         self._dims: dict = {}  # each symbolic dim computed once (past+seq, ...)
 
@@ -141,7 +167,7 @@ class _FxEmitter:
         return total
 
 
-class _EagerEmitter:
+class _EagerEmitter(_Emitter):
     """Runs the same lowerings on tensors: folds weight-only nodes at build time."""
 
     @staticmethod
@@ -170,7 +196,7 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
     torch = _torch()
     import torch.fx as fx
 
-    from ..codegen.torch_ops import LOWERINGS, to_torch
+    from .torch_tensors import to_torch
     graph = lowerable(graph)
     check_supported(graph)
     missing = [name for name in graph.params if name not in weights]
@@ -209,7 +235,7 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
         return env[id(v)]
 
     for n in graph.nodes:
-        lower = LOWERINGS[n.op]
+        lower = registry.get(n.op).torch_fn
         if _foldable(n, static, fold_constants):
             with torch.no_grad():
                 outs = _as_list(lower(fold, n, [static[id(v)][0] for v in n.inputs]))
@@ -274,7 +300,7 @@ class TorchSession:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs for ``feeds`` by the graph's output names, as numpy arrays."""
-        from ..codegen.torch_ops import to_numpy, to_torch
+        from .torch_tensors import to_numpy, to_torch
         torch = self._torch
         bind_inputs(self.graph, feeds)
         args = [to_torch(feeds[v.name], v.dtype, copy=False) for v in self.graph.inputs]

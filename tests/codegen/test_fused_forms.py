@@ -26,7 +26,7 @@ from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
 from blockc.ir.types import TensorType
-from blockc.ops.fused import FUSED_OPS
+from blockc.ops.registry import fused_ops
 from blockc.passes.manager import optimize
 from blockc.runtime.ort_runner import OrtSession
 from blockc.runtime.reference import run_reference
@@ -66,7 +66,7 @@ def forms_of(decisions: list, op: str) -> int:
 def check_decisions(decisions: list, graph: Graph) -> None:
     """One decision per fused node, in order, with its origin; a reason for
     every form, and for every fallback a reason that says so."""
-    fused = [n for n in graph.nodes if n.op in FUSED_OPS]
+    fused = [n for n in graph.nodes if n.op in fused_ops()]
     assert [d["op"] for d in decisions] == [n.op for n in fused]
     assert [d["nodes"] for d in decisions] == [list(n.origin) for n in fused]
     assert [d["kind"] for d in decisions] == [table_key(n) for n in fused]
@@ -111,7 +111,7 @@ def test_builtin_model_in_every_form(model_case, form):
     if form == "function":
         assert set(forms) == {"function"} and model.opset_import[0].version == 21
         # One function per op and attribute set (input shapes that give the same body share it).
-        kinds = {(n.op, tuple(sorted(n.attrs.items()))) for n in fused.nodes if n.op in FUSED_OPS}
+        kinds = {(n.op, tuple(sorted(n.attrs.items()))) for n in fused.nodes if n.op in fused_ops()}
         assert len(model.functions) == len(kinds)
         assert sum(n for (domain, _), n in found.items() if domain == FUNCTION_DOMAIN) == len(decisions)
         assert not any(domain == MS for domain, _ in found)
@@ -369,7 +369,7 @@ def test_shipped_table_covers_every_fused_kind_on_cpu():
         table = json.load(f)
     cpu = table["providers"]["cpu"]
     assert cpu["machine"] and cpu["onnxruntime"] and cpu["intra_op_threads"] == 2 and cpu["optimization"] == "basic"
-    assert {k.split("/")[0] for k in cpu["kinds"]} == set(FUSED_OPS)
+    assert {k.split("/")[0] for k in cpu["kinds"]} == set(fused_ops())
     for key, entry in cpu["kinds"].items():
         assert entry["form"] in ("function", "contrib", "onnx23") and entry["why"], key
         for case in entry["cases"]:

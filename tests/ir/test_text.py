@@ -4,7 +4,7 @@ import pytest
 
 from blockc import build_model, parse_graph, trace, verify
 from blockc.errors import ParseError
-from blockc.forms import to_form
+from blockc.passes.forms import to_form
 from blockc.frontends.catalog import BUILTINS
 from blockc.ir.graph import Graph
 

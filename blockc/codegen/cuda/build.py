@@ -26,6 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from ...errors import BlockcError
+from ...ops import registry
 from .lower import CudaModel
 from .templates import TEMPLATE_DIR
 
@@ -72,6 +73,9 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
         "outputs": [dict(name=n, **t(v)) for n, v in model.outputs],
         "params": [{"name": n, "dtype": str(a.dtype), "shape": list(a.shape)} for n, a in model.params],
         "launches": [{"kernel": c.name, "nodes": c.nodes, "ops": c.ops} for c in model.steps],
+        # what the lowering's elementwise fusion made: one kernel for a chain of elementwise IR ops
+        "elementwise_chains": [{"kernel": c.name, "nodes": c.nodes, "ops": c.ops} for c in model.steps
+                               if len(c.ops) > 1 and all(registry.get(op).cuda == "elementwise" for op in c.ops)],
         "kernels": {name: {"functions": c.kernels, "ops": c.ops} for name, c in model.kernels.items()},
         "memory_plan": {"slots": len(model.plan.slots), "buffers": sum(len(s.buffers) for s in model.plan.slots)},
     }

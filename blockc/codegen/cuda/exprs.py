@@ -1,7 +1,7 @@
-"""Per-op CUDA expressions for elementwise kernels: the only place that knows
-how an elementwise op is spelled in C. Arithmetic is done in ``float`` (or
-``bool`` for conditions); loads and stores convert from and to the storage
-type, so float16/bfloat16 data get float32 math."""
+"""C spellings for elementwise kernels: literals, and each op's expression,
+which lives in the op's declaration (``cuda_expr``). Arithmetic is done in
+``float`` (or ``bool`` for conditions); loads and stores convert from and to
+the storage type, so float16/bfloat16 data get float32 math."""
 from __future__ import annotations
 
 import math
@@ -9,31 +9,7 @@ import math
 import numpy as np
 
 from ...ir.dtypes import DType
-
-UNARY = {
-    "neg": "(-{0})",
-    "exp": "expf({0})",
-    "sqrt": "sqrtf({0})",
-    "reciprocal": "(1.0f / {0})",
-    "tanh": "tanhf({0})",
-    "erf": "erff({0})",
-    "relu": "fmaxf({0}, 0.0f)",
-}
-
-BINARY = {
-    "add": "({0} + {1})",
-    "sub": "({0} - {1})",
-    "mul": "({0} * {1})",
-    "div": "({0} / {1})",
-    "pow": "powf({0}, {1})",
-}
-
-GELU = {
-    "none": "blockc_gelu_erf({0})",
-    "tanh": "blockc_gelu_tanh({0})",
-}
-
-ELEMENTWISE = frozenset(UNARY) | frozenset(BINARY) | {"gelu", "where", "cast", "causal_mask", "constant"}
+from ...ir.opdef import get
 
 
 def float_literal(x: float) -> str:
@@ -60,20 +36,40 @@ def literal(value: np.ndarray, dtype: DType) -> str:
 
 
 def expr(op: str, attrs: dict, args: list[str], out_dtype: DType) -> str:
-    """The C expression computing ``op`` on argument expressions ``args``."""
-    if op in UNARY:
-        return UNARY[op].format(*args)
-    if op in BINARY:
-        return BINARY[op].format(*args)
-    if op == "gelu":
-        return GELU[attrs["approximate"]].format(*args)
-    if op == "where":
-        return f"({args[0]} ? {args[1]} : {args[2]})"
-    if op == "cast":
-        target = DType.parse(attrs["to"])
-        if target == DType.bool:
-            return f"({args[0]} != 0)"
-        if target.is_float:
-            return f"((float)({args[0]}))"
-        return f"((long long)({args[0]}))"
-    raise KeyError(op)
+    """The C expression computing the elementwise ``op`` on argument
+    expressions ``args``: the op's own ``cuda_expr`` in the registry."""
+    rule = get(op).cuda_expr
+    if rule is None:
+        raise KeyError(op)
+    return rule.format(*args) if isinstance(rule, str) else rule(attrs, args, out_dtype)
+
+
+def is_inline(v) -> bool:
+    """Whether ``v`` is written into the elementwise kernels that read it
+    rather than read from memory: a causal mask, a scalar constant."""
+    p = v.producer
+    return p is not None and get(p.op).cuda == "inline" and (p.op != "constant" or p.attrs["value"].size == 1)
+
+
+class CExpr(str):
+    """A C expression that ``+``, ``-`` and ``<=`` build on, so that rules
+    written with operators (``ops/masking.py``) render as C."""
+
+    def _bin(self, op: str, other, swap: bool = False) -> "CExpr":
+        a, b = (str(other), str(self)) if swap else (str(self), str(other))
+        return CExpr(f"({a} {op} {b})")
+
+    def __add__(self, other):
+        return self._bin("+", other)
+
+    def __radd__(self, other):
+        return self._bin("+", other, swap=True)
+
+    def __sub__(self, other):
+        return self._bin("-", other)
+
+    def __rsub__(self, other):
+        return self._bin("-", other, swap=True)
+
+    def __le__(self, other):
+        return self._bin("<=", other)

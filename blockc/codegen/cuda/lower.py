@@ -1,8 +1,18 @@
-"""From an IR graph to one CUDA source file: kernel steps, the memory plan
-and the host code with its C API.
+"""From an IR graph to one CUDA source file, in named phases:
 
-Checks come first: an op or dtype the backend cannot generate is an error
-naming the op and the node before anything is rendered or written.
+1. ``legalize_for_cuda``  -- ops without a kernel family decomposed (keeping
+   each node's origin), dead code dropped, then every op and dtype checked:
+   an op or dtype the backend cannot generate is an error naming the op and
+   the node before anything is rendered or written;
+2. ``fold_load_time``     -- nodes computed from weights and constants alone
+   run once, now, and their results join the weights file;
+3. ``fuse_elementwise``   -- chains of elementwise ops become one kernel step
+   (``describe`` lists each chain, and ``blockc cuda`` shows them);
+4. ``plan_buffers``       -- liveness, and the static memory plan of the arena;
+5. ``emit_kernels``       -- one kernel (or a few) per step, from its op's
+   kernel family (the op's ``cuda`` in the registry);
+6. ``render_host``        -- one definition per distinct kernel, the launches
+   in order and the C API.
 """
 from __future__ import annotations
 
@@ -14,11 +24,13 @@ import numpy as np
 
 from ...ir.dtypes import DType
 from ...ir.graph import Graph, Node, Value
+from ...ir.load_time import load_time_nodes
 from ...ops import registry
+from ...ops.evaluate import Env, evaluate_node
 from ...passes.dce import dce
-from ...passes.decompose import decompose
-from ...runtime.reference import Env
-from .exprs import ELEMENTWISE
+from ...passes.legalize import legalize
+from ...passes.manager import label_origins
+from .exprs import is_inline
 from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment
 from .kernels.copy import emit_copy
 from .kernels.elementwise import emit_elementwise
@@ -27,14 +39,21 @@ from .kernels.rows import emit_row_norm, emit_softmax
 from .memory_plan import MemoryPlan, plan_memory
 from .templates import render
 
-ROW_NORM = {"layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm"}
-SOFTMAX = {"softmax", "masked_softmax"}
-GEMM = {"matmul", "matmul_bias_act"}
-COPY = {"transpose", "slice", "split", "concat", "gather"}
-ALIAS = {"reshape"}
-# Fused ops with no kernel of their own yet: lowered to ops that have one.
-DECOMPOSED_FIRST = ("qkv_attention", "attention")
-SUPPORTED = ELEMENTWISE | ROW_NORM | SOFTMAX | GEMM | COPY | ALIAS
+def family(op: str) -> str | None:
+    """The kernel family that computes ``op`` (its declaration's ``cuda``)."""
+    return registry.get(op).cuda
+
+
+def ops_of(*families: str) -> frozenset:
+    """Every op whose kernel is one of ``families``."""
+    return frozenset(name for name, d in registry.OPS.items() if d.cuda in families)
+
+
+def lowers(opdef) -> bool:
+    """Whether the CUDA backend has a kernel for ``opdef`` (else it is legalized by decomposition)."""
+    return opdef.cuda is not None
+
+
 DTYPES = {DType.float32, DType.float16, DType.bfloat16, DType.int64, DType.int32, DType.bool}
 
 
@@ -61,30 +80,12 @@ def _labels(n: Node, index: int) -> list[str]:
 def check_supported(graph: Graph) -> None:
     for i, n in enumerate(graph.nodes):
         where = f"node {' '.join(_labels(n, i))} ({n.op})"
-        if n.op not in SUPPORTED:
+        if family(n.op) is None:
             raise CudaCodegenError(f"{where}: the CUDA backend has no kernel for {n.op}")
         for v in list(n.inputs) + list(n.outputs):
             if v.dtype not in DTYPES:
                 raise CudaCodegenError(f"{where}: the CUDA backend does not generate {v.dtype.name} tensors "
                                        f"(use float32, float16 or bfloat16)")
-
-
-def _load_time(graph: Graph) -> set[int]:
-    """Nodes computed from parameters and constants alone: run once, at generation."""
-    static: set[int] = set()
-    for n in graph.nodes:
-        if n.op in ("constant", "causal_mask"):
-            continue
-        if n.inputs and all(v.kind == "param" or (v.producer is not None and (
-                id(v.producer) in static or v.producer.op == "constant")) for v in n.inputs) \
-                and all(isinstance(d, int) for o in n.outputs for d in o.shape):
-            static.add(id(n))
-    return static
-
-
-def _inline(v: Value) -> bool:
-    p = v.producer
-    return p is not None and (p.op == "causal_mask" or (p.op == "constant" and p.attrs["value"].size == 1))
 
 
 def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fused", version: str = "",
@@ -94,101 +95,132 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
     cannot express an operand's broadcasting)."""
     if gemm not in ("tiled", "cublas"):
         raise CudaCodegenError(f"unknown gemm {gemm!r}: use tiled or cublas")
-    g = dce(decompose(graph, ops=DECOMPOSED_FIRST).graph).graph
-    check_supported(g)
-    symbols = g.symbols()
-    static = _load_time(g)
-    index_of = {id(n): i for i, n in enumerate(g.nodes)}
+    g = legalize_for_cuda(graph)
+    stored, runtime = fold_load_time(g, weights)
+    steps_nodes, alias = fuse_elementwise(g, runtime)
+    buffers = plan_buffers(g, steps_nodes, alias, stored)
+    ctx = bind_values(g, steps_nodes, alias, stored, buffers)
+    steps = emit_kernels(g, steps_nodes, ctx, gemm)
+    source, kernels = render_host(g, steps, ctx, stored, buffers.plan, form=form, version=version, gemm=gemm)
+    return CudaModel(source, g, stored.params, steps, buffers.plan, g.symbols(), [(v.name, v) for v in g.inputs],
+                     list(g.outputs), kernels, gemm)
 
-    # -- values that live in the weights file: parameters, load-time results, array constants
-    params: list = []
-    param_index: dict[int, int] = {}
+
+# ---- 1. legalize ----------------------------------------------------------------------
+def legalize_for_cuda(graph: Graph) -> Graph:
+    # Every kernel's comment and the summary name the IR nodes it computes: as
+    # `blockc show` numbers them, or the original nodes a fused op came from.
+    g = dce(legalize(label_origins(graph, keep=True), lowers).graph).graph
+    check_supported(g)
+    return g
+
+
+# ---- 2. load-time values ----------------------------------------------------------------
+@dataclass
+class Stored:
+    """What the weights file holds, in order: parameters, load-time results,
+    array constants; ``index`` maps ``id(value)`` to its position."""
+
+    params: list = field(default_factory=list)    # (label, array)
+    index: dict = field(default_factory=dict)
+
+    def add(self, v: Value, label: str, array: np.ndarray) -> None:
+        self.index[id(v)] = len(self.params)
+        self.params.append((label, array))
+
+
+def fold_load_time(g: Graph, weights: Mapping[str, np.ndarray]) -> tuple[Stored, list[Node]]:
+    """The values stored with the weights, and the nodes left to run."""
+    index_of = {id(n): i for i, n in enumerate(g.nodes)}
+    stored = Stored()
     for name, v in g.params.items():
-        param_index[id(v)] = len(params)
-        params.append((name, np.asarray(weights[name])))
+        stored.add(v, name, np.asarray(weights[name]))
+    load_time = load_time_nodes(g)
     env = Env({}, float64=False)
     computed: dict[int, np.ndarray] = {}
 
     def value_of(v: Value) -> np.ndarray:
         if v.kind == "param":
-            return params[param_index[id(v)]][1]
-        if v.producer.op == "constant":
-            return v.producer.attrs["value"]
-        return computed[id(v)]
+            return stored.params[stored.index[id(v)]][1]
+        return v.producer.attrs["value"] if v.producer.op == "constant" else computed[id(v)]
 
     for n in g.nodes:
-        if id(n) in static:
-            outs = registry.get(n.op).numpy_fn([value_of(v) for v in n.inputs], n.attrs, env)
-            for o, r in zip(n.outputs, outs if isinstance(outs, (list, tuple)) else [outs]):
-                computed[id(o)] = np.asarray(r).astype(o.dtype.numpy)
-
-    def needs_storage(v: Value, user: Node) -> bool:
-        if v.kind != "node" or id(v) in param_index:
-            return False
-        if id(v.producer) in static:
-            return True
-        return v.producer.op == "constant" and not (_inline(v) and user.op in ELEMENTWISE)
-
-    runtime = [n for n in g.nodes if id(n) not in static and n.op not in ("constant", "causal_mask")]
+        if id(n) in load_time and n.op != "constant":
+            for o, r in zip(n.outputs, evaluate_node(n, [value_of(v) for v in n.inputs], env)):
+                computed[id(o)] = r
+    # Inline ops (constants, causal masks) stay inline where an elementwise kernel reads them.
+    static = {id(n) for n in g.nodes if id(n) in load_time and family(n.op) != "inline"}
+    runtime = [n for n in g.nodes if id(n) not in static and family(n.op) != "inline"]
     for n in runtime:
         for v in n.inputs:
-            if needs_storage(v, n) and id(v) not in param_index:
-                param_index[id(v)] = len(params)
-                params.append((f"derived:{' '.join(_labels(v.producer, index_of[id(v.producer)]))}",
-                               value_of(v).astype(v.dtype.numpy)))
-            if v.producer is not None and v.producer.op == "causal_mask" and n.op not in ELEMENTWISE:
+            p = v.producer
+            if p is None or id(v) in stored.index:
+                continue
+            if p.op == "causal_mask" and family(n.op) != "elementwise":
                 raise CudaCodegenError(f"causal_mask used by {n.op}: only elementwise ops read it")
+            if id(p) in static or (p.op == "constant" and not (is_inline(v) and family(n.op) == "elementwise")):
+                stored.add(v, f"derived:{' '.join(_labels(p, index_of[id(p)]))}", value_of(v).astype(v.dtype.numpy))
+    return stored, runtime
 
-    # -- aliases (reshape) and elementwise groups
-    alias: dict[int, Value] = {}
 
-    def root(v: Value) -> Value:
-        while id(v) in alias:
-            v = alias[id(v)]
-        return v
-
-    for n in runtime:
-        if n.op in ALIAS:
-            alias[id(n.outputs[0])] = n.inputs[0]
+# ---- 3. elementwise chains ----------------------------------------------------------------
+def fuse_elementwise(g: Graph, runtime: list[Node]) -> tuple[list[list[Node]], dict]:
+    """The kernel steps, each a list of nodes (a chain of elementwise ops, or
+    one node), and the aliases (a reshape's result is its input's buffer)."""
+    alias: dict[int, Value] = {id(n.outputs[0]): n.inputs[0] for n in runtime if family(n.op) == "alias"}
     outputs = {id(v) for _, v in g.outputs}
     group_of: dict[int, list[Node]] = {}
     for n in runtime:
-        if n.op not in ELEMENTWISE:
+        if family(n.op) != "elementwise":
             continue
         members: list[Node] = []
         for v in n.inputs:
             p = v.producer
+            # A producer joins its only user's kernel when the shapes agree and nothing else reads it.
             if p is not None and id(p) in group_of and group_of[id(p)][-1] is p and len(v.uses) == 1 \
-                    and id(v) not in outputs and v.shape == n.outputs[0].shape and p.op in ELEMENTWISE:
+                    and id(v) not in outputs and v.shape == n.outputs[0].shape:
                 members += [m for m in group_of.pop(id(p)) if m not in members]
         group_of[id(n)] = members + [n]
-    steps_nodes: list[list[Node]] = []
+    steps: list[list[Node]] = []
     for n in runtime:
-        if n.op in ALIAS:
-            continue
-        if n.op in ELEMENTWISE:
+        if family(n.op) == "elementwise":
             if id(n) in group_of:
-                steps_nodes.append(group_of[id(n)])
-        else:
-            steps_nodes.append([n])
+                steps.append(group_of[id(n)])
+        elif family(n.op) != "alias":
+            steps.append([n])
+    return steps, alias
 
-    # -- liveness and the memory plan
+
+def _root(v: Value, alias: dict) -> Value:
+    while id(v) in alias:
+        v = alias[id(v)]
+    return v
+
+
+# ---- 4. memory plan ----------------------------------------------------------------------
+@dataclass
+class Buffers:
+    plan: MemoryPlan
+    out_root: dict      # id(value) -> which graph output it is written to
+
+
+def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: Stored) -> Buffers:
     defined_at, last_use = {}, {}
     for step, nodes in enumerate(steps_nodes):
-        inside = {id(m) for m in nodes}
         for m in nodes:
             for v in m.inputs:
-                r = root(v)
-                if r.kind == "node" and id(r) not in param_index and not _inline(r):
+                r = _root(v, alias)
+                if r.kind == "node" and id(r) not in stored.index and not is_inline(r):
                     last_use[id(r)] = step
-        for o in (nodes[-1].outputs if nodes[-1].op in ELEMENTWISE else [o for m in nodes for o in m.outputs]):
+        chain = family(nodes[-1].op) == "elementwise"   # a chain's inner values stay in registers
+        for o in (nodes[-1].outputs if chain else [o for m in nodes for o in m.outputs]):
             defined_at.setdefault(id(o), step)
     for _, v in g.outputs:
-        last_use[id(root(v))] = len(steps_nodes)
+        last_use[id(_root(v, alias))] = len(steps_nodes)
     out_root: dict[int, int] = {}
     for k, (name, v) in enumerate(g.outputs):
-        r = root(v)
-        if r.kind != "node" or id(r) in param_index or _inline(r) or id(r) not in defined_at:
+        r = _root(v, alias)
+        if r.kind != "node" or id(r) in stored.index or is_inline(r) or id(r) not in defined_at:
             raise CudaCodegenError(f"output {name!r} is an input, a parameter or a constant; the CUDA backend "
                                    f"needs outputs computed by a kernel")
         if id(r) in out_root:
@@ -196,45 +228,53 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
         out_root[id(r)] = k
     buffers = [o for nodes in steps_nodes for m in nodes for o in m.outputs
                if id(o) in defined_at and id(o) not in out_root]
-    plan = plan_memory(buffers, defined_at, last_use)
+    return Buffers(plan_memory(buffers, defined_at, last_use), out_root)
 
-    # -- render
-    ctx = LowerContext(symbols)
+
+def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buffers) -> LowerContext:
+    """Where every value lives, as the C expression kernels are given."""
+    ctx = LowerContext(g.symbols())
     for k, v in enumerate(g.inputs):
         ctx.bind(v, f"inputs[{k}]")
-    for v in list(g.params.values()):
-        ctx.bind(v, f"params[{param_index[id(v)]}]")
-    for n in g.nodes:
-        for o in n.outputs:
-            if id(o) in param_index:
-                ctx.bind(o, f"params[{param_index[id(o)]}]")
+    for v in list(g.params.values()) + [o for n in g.nodes for o in n.outputs]:
+        if id(v) in stored.index:
+            ctx.bind(v, f"params[{stored.index[id(v)]}]")
     for nodes in steps_nodes:
         for m in nodes:
             for o in m.outputs:
-                if id(o) in out_root:
-                    ctx.bind(o, f"outputs[{out_root[id(o)]}]")
-                elif id(o) in plan.slot_of:
-                    ctx.bind(o, f"(arena + off[{plan.slot_of[id(o)]}])")
-    for n in runtime:
-        if n.op in ALIAS:
-            ctx.alias(n.outputs[0], root(n.outputs[0]))
+                if id(o) in buffers.out_root:
+                    ctx.bind(o, f"outputs[{buffers.out_root[id(o)]}]")
+                elif id(o) in buffers.plan.slot_of:
+                    ctx.bind(o, f"(arena + off[{buffers.plan.slot_of[id(o)]}])")
+    for n in g.nodes:
+        if id(n.outputs[0]) in alias:
+            ctx.alias(n.outputs[0], _root(n.outputs[0], alias))
+    return ctx
 
+
+# ---- 5. kernels ----------------------------------------------------------------------------
+# kernel family -> fn(nodes of the step, ctx, labels, gemm) -> [KernelCode]
+EMITTERS = {
+    "elementwise": lambda nodes, ctx, labels, gemm: [emit_elementwise(nodes, ctx, labels)],
+    "row_norm": lambda nodes, ctx, labels, gemm: [emit_row_norm(nodes[-1], ctx, labels)],
+    "softmax": lambda nodes, ctx, labels, gemm: [emit_softmax(nodes[-1], ctx, labels)],
+    "gemm": lambda nodes, ctx, labels, gemm: [emit_gemm(nodes[-1], ctx, labels, gemm)],
+    "copy": lambda nodes, ctx, labels, gemm: emit_copy(nodes[-1], ctx, labels),
+}
+
+
+def emit_kernels(g: Graph, steps_nodes: list[list[Node]], ctx: LowerContext, gemm: str) -> list[KernelCode]:
+    index_of = {id(n): i for i, n in enumerate(g.nodes)}
     steps: list[KernelCode] = []
     for nodes in steps_nodes:
-        labels = [lab for m in nodes for lab in _labels(m, index_of[id(m)])]
-        labels = list(dict.fromkeys(labels))
-        head = nodes[-1]
-        if head.op in ELEMENTWISE:
-            steps.append(emit_elementwise(nodes, ctx, labels))
-        elif head.op in ROW_NORM:
-            steps.append(emit_row_norm(head, ctx, labels))
-        elif head.op in SOFTMAX:
-            steps.append(emit_softmax(head, ctx, labels))
-        elif head.op in GEMM:
-            steps.append(emit_gemm(head, ctx, labels, gemm))
-        else:
-            steps.extend(emit_copy(head, ctx, labels))
+        labels = list(dict.fromkeys(lab for m in nodes for lab in _labels(m, index_of[id(m)])))
+        steps += EMITTERS[family(nodes[-1].op)](nodes, ctx, labels, gemm)
+    return steps
 
+
+# ---- 6. host code --------------------------------------------------------------------------
+def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: Stored, plan: MemoryPlan, *,
+                form: str, version: str, gemm: str) -> tuple[str, dict]:
     # One definition per distinct kernel: identical code used by many layers is
     # emitted once, its comment listing every IR node it computes.
     kernels: dict[str, KernelCode] = {}
@@ -253,10 +293,9 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
                     dtype=c_comment(",".join(sorted({o.dtype.name for _, o in g.outputs}))),
                     sources=sources, steps=[{"comment": c_comment(f"{' '.join(c.nodes)}: {'+'.join(c.ops)}"),
                                              "call": c.call} for c in steps],
-                    slots=slots, symbols=symbols, cublas=gemm == "cublas", num_inputs=len(g.inputs), num_outputs=len(g.outputs),
-                    param_bytes=[f"{int(a.nbytes)}ULL" for _, a in params])
-    return CudaModel(source, g, params, steps, plan, symbols, [(v.name, v) for v in g.inputs], list(g.outputs),
-                     kernels, gemm)
+                    slots=slots, symbols=g.symbols(), cublas=gemm == "cublas", num_inputs=len(g.inputs),
+                    num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
+    return source, kernels
 
 
 _NODES_LINE = re.compile(r"^// IR nodes:.*\n", re.M)

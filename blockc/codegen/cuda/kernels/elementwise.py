@@ -11,15 +11,10 @@ from __future__ import annotations
 from ....ir.dims import Dim
 from ....ir.dtypes import DType
 from ....ir.graph import Node, Value
-from ..exprs import expr, literal
+from ....ops.masking import causal_allowed
+from ..exprs import CExpr, expr, is_inline, literal
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines, shape_class
 from ..templates import render
-
-
-
-def _is_inline(v: Value) -> bool:
-    p = v.producer
-    return p is not None and (p.op == "causal_mask" or (p.op == "constant" and p.attrs["value"].size == 1))
 
 
 def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) -> KernelCode:
@@ -74,11 +69,12 @@ def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) ->
                 raise CudaCodegenError(f"causal_mask {list(map(str, v.shape))} must match the last two dims "
                                        f"of {list(map(str, shape))}")
             need_index = True
-            return f"(idx{rank - 1} <= idx{rank - 2} + ({dim(p.attrs['cols'])} - {dim(p.attrs['rows'])}))"
+            return causal_allowed(CExpr(f"idx{rank - 2}"), CExpr(f"idx{rank - 1}"), CExpr(dim(p.attrs["rows"])),
+                                  CExpr(dim(p.attrs["cols"])))
         return load(v)
 
     for j, n in enumerate(nodes):
-        if n.op in ("constant", "causal_mask"):
+        if is_inline(n.outputs[0]):
             continue
         args_c = [operand(v) for v in n.inputs]
         o = n.outputs[0]

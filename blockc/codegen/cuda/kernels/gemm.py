@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from ....ir.dtypes import DType
 from ....ir.graph import Node
+from ....ops.fused import ACTIVATIONS
+from ..exprs import expr
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, shape_class
 from ..templates import render
 
-ACTIVATION = {
-    "none": "",
-    "relu": "v = fmaxf(v, 0.0f);",
-    "gelu": "v = blockc_gelu_erf(v);",
-    "gelu_tanh": "v = blockc_gelu_tanh(v);",
-}
+
+
+def _activation(activation: str, dtype: DType) -> str:
+    """The epilogue statement applying ``activation`` to ``v``: its op's own C expression."""
+    if activation == "none":
+        return ""
+    op, attrs = ACTIVATIONS[activation]
+    return f"v = {expr(op, attrs, ['v'], dtype)};"
 
 
 CUDA_TYPES = {DType.float32: "CUDA_R_32F", DType.float16: "CUDA_R_16F", DType.bfloat16: "CUDA_R_16BF"}
@@ -76,14 +80,14 @@ def emit_gemm(node: Node, ctx: LowerContext, labels: list[str], gemm: str = "til
         batches, a_stride, b_stride = _cublas_batch(a, b, out, ctx)
         name = name.replace("gemm", "cublas_gemm", 1)
         source = render("gemm_cublas.cu.j2", name=name, T=ctype(dtype), nodes=c_comment(" ".join(labels)),
-                        bias=bias, activation=ACTIVATION[activation], epilogue_desc=epilogue,
+                        bias=bias, activation=_activation(activation, dtype), epilogue_desc=epilogue,
                         cuda_type=CUDA_TYPES[dtype])
         args = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(node.inputs[2])] if bias else []) + \
             [ctx.ptr(out), M_expr, ctx.dim(N), ctx.dim(K), batches, a_stride, b_stride]
         return KernelCode(name, source, f"if ({name}_launch({', '.join(args)}, stream)) return 1;", labels,
                           [node.op], [f"{name}_epilogue"] if bias else [])
     source = render("gemm_tiled.cu.j2", name=name, T=ctype(dtype), nodes=c_comment(" ".join(labels)),
-                    bias=bias, activation=ACTIVATION[activation], epilogue_desc=epilogue)
+                    bias=bias, activation=_activation(activation, dtype), epilogue_desc=epilogue)
     batch = (f"{name}_batch{{{{{', '.join(dims)}}}, {{{', '.join(a_strides)}}}, "
              f"{{{', '.join(b_strides)}}}}}")
     args = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(node.inputs[2])] if bias else []) + \

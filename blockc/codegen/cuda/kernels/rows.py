@@ -15,7 +15,8 @@ import math
 from ....ir.dims import Dim
 from ....ir.dtypes import DType
 from ....ir.graph import Node
-from ..exprs import float_literal
+from ....ops.masking import causal_offset
+from ..exprs import CExpr, float_literal
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, shape_class
 from ..templates import render
 
@@ -109,6 +110,8 @@ def emit_softmax(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode
         f"scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}{' + causal mask' if causal else ''} + softmax"
     source = render("row_softmax.cu.j2", name=name, title=title, T=ctype(dtype), MT=mask_t,
                     nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=causal,
+                    # the last key a row's query sees (ops/masking.py); the query is row % q_len
+                    causal_limit=CExpr("row % q_len") + causal_offset(CExpr("q_len"), CExpr("cols")),
                     vec_packs=vec_packs, scalar_packs=scalar_packs)
     return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
                       [f"{name}_warp", f"{name}_block"])
