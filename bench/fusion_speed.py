@@ -29,7 +29,7 @@ import onnxruntime
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import blockc  # noqa: E402  (the checkout's blockc, installed or not)
 from blockc.passes.pipeline import FUSIONS  # noqa: E402
-from blockc.runtime.ort_runner import OrtSession  # noqa: E402
+from blockc.runtime.backend import make_backend  # noqa: E402
 from blockc.compare.machine import cpu_name  # noqa: E402
 from blockc.runtime.timing import measure_in_blocks, paired_speedup, ratio_interval  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -78,16 +78,19 @@ def main() -> int:
     # average that out). A second unfused session per block (the A/A control)
     # shows the method on a pair known to be equal.
     variants.append(("unfused again (A/A control)", graph, "auto"))
+    def compile(g, form):   # blockc's ONNX Runtime CPU backend at the basic level
+        return make_backend("ort-cpu", fused_as=form).compile(g, weights, variant="basic", threads=args.threads)
+
     errors = {}
     for name, g, form in variants:
-        with OrtSession(g, weights, optimization="basic", threads=args.threads, fused_as=form) as s:
-            out = s.run(feeds)
+        with compile(g, form) as c:
+            out = c.run(feeds)
         errors[name] = max(float(np.max(np.abs(out[k].astype(np.float64) - oracle[k]))) for k in oracle)
 
     def maker(g, form):
         def make():
-            s = OrtSession(g, weights, optimization="basic", threads=args.threads, fused_as=form)
-            return (lambda: s.run(feeds)), s.close
+            c = compile(g, form)
+            return (lambda: c.run(feeds)), c.close
         return make
 
     bar = lambda it: track(it, description="blocks of fresh sessions", transient=True,  # noqa: E731

@@ -21,7 +21,9 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..ir.graph import Graph
-from .backends import Backend, Runnable, count_onnx_nodes
+from ..runtime.backend import Backend, Compiled
+from ..runtime.backends.ort import count_onnx_nodes
+from ..runtime.backends.pytorch import TorchBackend
 
 PEERS = ("ort-optimizer", "torch-eager", "torch-compile")
 
@@ -38,8 +40,10 @@ def attention_shape(model) -> tuple[str, int, int]:
 
 
 class OrtOptimizerPeer(Backend):
+    """ONNX Runtime's transformer optimizer on blockc's unfused ONNX, run on ONNX Runtime."""
+
     name = "ort-optimizer"
-    backend = "ort-cpu"
+    row_backend = "ort-cpu"   # the backend column of its rows: it runs where ort-cpu does
     variants = ("basic", "all")
 
     def __init__(self, model):
@@ -62,7 +66,8 @@ class OrtOptimizerPeer(Backend):
                 f"num_heads={self.heads}, hidden_size={self.hidden}, opt_level=0) on blockc's unfused ONNX, "
                 f"then ONNX Runtime CPU at levels basic and all, {threads} intra-op threads")
 
-    def prepare(self, graph: Graph, weights: Mapping[str, np.ndarray], variant: str, threads: int) -> Runnable:
+    def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
+                threads: int | None = None) -> Compiled:
         import logging
 
         import onnxruntime
@@ -83,7 +88,7 @@ class OrtOptimizerPeer(Backend):
         saved = os.path.join(folder.name, "optimized.onnx")
         try:
             session = onnxruntime.InferenceSession(optimized.model.SerializeToString(),
-                                                   session_options(variant, threads, saved),
+                                                   session_options(variant or self.variants[0], threads, saved),
                                                    providers=["CPUExecutionProvider"])
         except Exception as e:
             folder.cleanup()
@@ -93,35 +98,25 @@ class OrtOptimizerPeer(Backend):
 
         def run(feeds):
             return dict(zip(names, session.run(names, {k: feeds[k] for k in inputs})))
-        return Runnable(run, count_onnx_nodes(saved), folder.cleanup)
+        return Compiled(run, kernels=count_onnx_nodes(saved), close=folder.cleanup)
 
 
-class TorchPeer(Backend):
-    backend = "torch"
+class TorchPeer(TorchBackend):
+    """The torch backends (``torch-eager``, ``torch-compile``) as peers."""
 
-    def __init__(self, compile: bool):
-        self.compile = compile
-        self.name = "torch-compile" if compile else "torch-eager"
+    row_backend = "torch"
+    runs = "the standard-form graph, one torch call per IR node"
 
-    def availability(self):
-        from ..runtime.torch_runner import torch_available
-        return torch_available()
-
-    def detail(self, threads):
-        import torch
-        how = "torch.compile (inductor, one compile per shape)" if self.compile else "eager"
-        return (f"torch {torch.__version__} on the CPU, {how}, {threads} intra-op threads, inference_mode; "
-                f"the standard-form graph, one torch call per IR node")
-
-    def prepare(self, graph, weights, variant, threads):
-        from ..runtime.torch_runner import TorchSession
-        session = TorchSession(graph, weights, compile=self.compile, threads=threads)
-        return Runnable(session.run, None)
+    def __init__(self, name: str):
+        super().__init__(compile=name == "torch-compile")
+        self.name = name
 
 
 def make_peer(name: str, model) -> Backend:
+    """A peer: a ``Backend`` that compare runs on the standard-form graph, its
+    rows under ``row_backend``."""
     if name == "ort-optimizer":
         return OrtOptimizerPeer(model)
     if name in ("torch-eager", "torch-compile"):
-        return TorchPeer(compile=name == "torch-compile")
+        return TorchPeer(name)
     raise BlockcError(f"unknown peer {name!r}; peers: {', '.join(PEERS)}")

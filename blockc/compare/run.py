@@ -20,11 +20,11 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
 from ..ir.graph import Graph
-from .backends import BACKENDS, Backend, make_backend
+from ..runtime.backend import HOST_CLOCK, Backend, backend_names, compare_backends, make_backend
+from ..passes.forms import FORMS
 from .peers import PEERS, make_peer
 
 SCHEMA = "blockc.compare/1"
-FORMS = ("decomposed", "standard", "fused")
 
 
 @dataclass
@@ -34,7 +34,7 @@ class CompareOptions:
     model: str = DEFAULT_MODEL
     settings: list[str] = field(default_factory=list)
     dtype: str | None = None          # None: the model's own
-    backends: tuple[str, ...] = BACKENDS
+    backends: tuple[str, ...] = field(default_factory=compare_backends)
     peers: tuple[str, ...] = PEERS
     batches: tuple[int, ...] = (1,)
     seqs: tuple[int, ...] = (128,)
@@ -67,14 +67,14 @@ class Plan:
 
 def plan_comparison(o: CompareOptions) -> Plan:
     """Validate ``o`` and trace the model in every form; measures nothing."""
-    from ..forms import to_form
+    from ..passes.forms import to_form
     from ..frontends import trace
     from ..ir.verify import verify
     from ..passes.manager import optimize
 
-    unknown = [b for b in o.backends if b not in BACKENDS]
+    unknown = [b for b in o.backends if b not in backend_names()]
     if unknown:
-        raise BlockcError(f"unknown backend {', '.join(map(repr, unknown))}; backends: {', '.join(BACKENDS)}")
+        raise BlockcError(f"unknown backend {', '.join(map(repr, unknown))}; backends: {', '.join(backend_names())}")
     unknown = [p for p in o.peers if p not in PEERS]
     if unknown:
         raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
@@ -125,7 +125,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
         weights = dict(load_weights(o.weights))
         check_weights(model, weights)
 
-    backends = [(b, *b.availability()) for b in (make_backend(n, o.fused_as) for n in o.backends)]
+    backends = [(b, *b.availability()) for b in (make_backend(n, fused_as=o.fused_as) for n in o.backends)]
     peers = [(p, *p.availability()) for p in (make_peer(n, model) for n in o.peers)]
     if not any(ok for _, ok, _ in backends + peers):
         reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
@@ -143,7 +143,7 @@ def planned_steps(plan: Plan) -> int:
     rounds, sessions = plan.options.rounds, plan.options.sessions
 
     def steps(contestants: list[Backend]) -> int:
-        device = sum(b.clock != "time.perf_counter" for b in contestants)
+        device = sum(b.times_itself for b in contestants)
         return sessions * (len(contestants) + device) + (rounds if len(contestants) > device else 0)
 
     per_shape = [b for b, ok, _ in plan.backends if ok for _ in b.variants for f in FORMS if b.supports(f)]
@@ -156,10 +156,10 @@ def planned_steps(plan: Plan) -> int:
 
 
 def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
-    """Where fused kernels are timed alone: ONNX Runtime at the basic level
-    (blockc's fused ops as written, not ORT's re-fusions) and generated CUDA."""
-    return [(b, "basic" if "basic" in b.variants else "") for b, ok, _ in plan.backends
-            if ok and b.name in ("ort-cpu", "ort-cuda", "cuda")]
+    """Where fused kernels are timed alone: each backend that names a
+    ``kernel_variant`` (ONNX Runtime at the basic level, so blockc's fused ops
+    as written and not ORT's re-fusions; generated CUDA)."""
+    return [(b, b.kernel_variant) for b, ok, _ in plan.backends if ok and b.kernel_variant is not None]
 
 
 def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
@@ -170,7 +170,7 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
     # materialised once: every run reads them
     weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
 
-    gpu = gpu_name()[0] if any(ok and b.name in ("ort-cuda", "cuda") for b, ok, _ in plan.backends) else None
+    gpu = gpu_name()[0] if any(ok and b.on_gpu for b, ok, _ in plan.backends) else None
     report = {
         "schema": SCHEMA, "model": o.model, "settings": parse_sets(o.settings),
         "dtype": plan.model.dtype.name,
@@ -178,7 +178,7 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
         "command": o.command, "machine": describe_machine(gpu=gpu, peak_gbps=o.peak_gbps), "versions": versions(),
         "timing": {"warmup": o.warmup, "min_repeats": o.min_repeats, "min_time_s": o.min_time_s,
                    "rounds": o.rounds, "sessions": o.sessions, "threads": o.threads,
-                   "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {"time.perf_counter"}))},
+                   "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {HOST_CLOCK}))},
         "shapes": plan.shapes,
         "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
         "backends": [_listing(b, ok, why, o.threads) for b, ok, why in plan.backends],
@@ -223,11 +223,13 @@ def _measure_shape(plan: Plan, weights, shape, peak, progress) -> tuple[list[dic
                     g = plan.graphs[form]
                     row = _row(b.name, variant, form, False, shape)
                     row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
-                    contestants.append((row, lambda b=b, g=g, v=variant: b.prepare(g, weights, v, o.threads)))
+                    contestants.append((row, lambda b=b, g=g, v=variant: b.compile(g, weights, variant=v,
+                                                                                   threads=o.threads)))
     for p, ok, _ in plan.peers:
         for variant in (p.variants if ok else ()):
-            contestants.append((_row(p.backend, variant, p.name, True, shape),
-                                lambda p=p, v=variant: p.prepare(plan.graphs["standard"], weights, v, o.threads)))
+            contestants.append((_row(p.row_backend, variant, p.name, True, shape),
+                                lambda p=p, v=variant: p.compile(plan.graphs["standard"], weights, variant=v,
+                                                                 threads=o.threads)))
     times = _time_contestants(contestants, feeds, oracle, o, peak, progress, _shape_text(shape))
     rows = [row for row, _ in contestants]
     _speedups(rows, times)
@@ -262,17 +264,17 @@ def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progr
                 break
             progress(f"preparing {row_key(row)} {where}")
             before = _available_memory()
-            runnable = None
+            compiled = None
             try:
-                runnable = prepare()
-                row["kernels"] = runnable.kernels
-                err = _max_error(runnable.run(feeds), oracle)
+                compiled = prepare()
+                row["kernels"] = compiled.kernels
+                err = _max_error(compiled.run(feeds), oracle)
                 row["max_abs_error"] = max(err, row["max_abs_error"] or 0.0)
-                group[f"{row_key(row)}#{i}"] = runnable
+                group[f"{row_key(row)}#{i}"] = compiled
             except (BlockcError, MemoryError) as e:
                 row["status"], row["error"] = "error", str(e) or "out of memory"
-                if runnable is not None:
-                    runnable.close()
+                if compiled is not None:
+                    compiled.close()
             after = _available_memory()
             if before is not None and after is not None:
                 biggest = max(biggest, before - after)
@@ -329,7 +331,7 @@ def _time_group(group: dict, group_id: int, rows: dict, feeds, o: CompareOptions
         return rows[k.rsplit("#", 1)[0]]
     measured: dict = {}
     try:
-        on_host = {k: (lambda r=r: r.run(feeds)) for k, r in group.items() if r.timed_run is None}
+        on_host = {k: (lambda r=r: r.run(feeds)) for k, r in group.items() if not r.times_itself}
         try:
             measured.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup,
                                                 min_repeats=o.min_repeats, min_time_s=o.min_time_s,
@@ -339,10 +341,11 @@ def _time_group(group: dict, group_id: int, rows: dict, feeds, o: CompareOptions
             for k in on_host:
                 row_of(k).update(status="error", error=f"failed while timing: {e}")
         for k, r in group.items():
-            if r.timed_run is not None:  # a device clock: the runtime times itself
+            if r.times_itself:  # a device clock, or a child process: the runtime times itself
                 progress(f"timing {k.rsplit('#', 1)[0]} {where}")
                 try:
-                    samples = r.timed_run(feeds, o.warmup, o.min_time_s, o.min_repeats)
+                    samples = r.time(feeds, warmup=o.warmup, min_repeats=o.min_repeats,
+                                     min_time_s=o.min_time_s).samples
                     measured[k] = Interleaved(samples, [float(np.median(samples))] * o.rounds)
                 except BlockcError as e:
                     row_of(k).update(status="error", error=f"failed while timing: {e}")
@@ -438,7 +441,7 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress) -> list[dict]:
         for b, variant in _kernel_backends(plan):
             row = _row(b.name, variant, node.op, False, shape)
             row["bytes_modelled"] = nbytes
-            contestants.append((row, lambda b=b, v=variant: b.prepare(g, params, v, o.threads)))
+            contestants.append((row, lambda b=b, v=variant: b.compile(g, params, variant=v, threads=o.threads)))
         _time_contestants(contestants, feeds, oracle, o, peak, progress, f"kernel {_shape_text(shape)}")
         for row, _ in contestants:
             entries.append({"backend": row["backend"], "variant": row["variant"], "op": node.op, "shape": dict(shape),

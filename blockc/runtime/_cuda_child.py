@@ -1,102 +1,173 @@
-"""Runs a built blockc CUDA model in a child process (see cuda_runner.py).
+"""The child process that runs a compiled CUDA library (see cuda_runner.py).
 
-argv: library path, weights path, io folder. The folder holds spec.json
-(dims, inputs, outputs) and the inputs as raw bytes; outputs are written back
-as raw bytes. A crash or an emulator abort kills only this process.
+argv: the spec file (JSON). The library is loaded with ctypes here, so a
+crash, an abort from the emulator's checks or a hang kills only this process.
+Two calls, one protocol (the spec's ``call``):
+
+* ``entry``: ``spec["entry"](void** buffers, const long long* ints)``: each
+  buffer file is read into its own 256-byte-aligned host allocation
+  (``cudaMalloc``'s alignment; under emulation device memory is host memory),
+  and written back after the call. For hand-written kernels.
+* ``model``: a generated model's C API (``host.cu.j2``): ``blockc_create``
+  from the weights file, inputs copied to device memory, ``blockc_run``, a
+  device synchronize, outputs copied back to their files. With
+  ``spec["time"]`` the run is first timed by blockc's one timing loop
+  (``runtime/timing.py``'s ``measure``) on the host clock from each launch
+  to a device synchronize; the per-run seconds go into the result.
+
+The result file gets ``{"rc", "where", "error", "times"}``: ``rc`` 0, or the
+non-zero status the library returned from the function ``where`` (with its
+``blockc_last_error`` text). This file imports only the standard library, and
+the timing module by its path, not through the blockc package: a run starts
+in stdlib time.
 """
 import ctypes
+import importlib.util
 import json
-import os
 import sys
-import time
-
-import numpy as np
 
 
-def main() -> int:
-    so, weights, io_dir = sys.argv[1:4]
-    spec = json.load(open(os.path.join(io_dir, "spec.json")))
-    lib = ctypes.CDLL(so)
-    lib.blockc_create.restype = ctypes.c_void_p
-    lib.blockc_create.argtypes = [ctypes.c_char_p]
-    lib.blockc_last_error.restype = ctypes.c_char_p
-    lib.blockc_device_alloc.restype = ctypes.c_void_p
-    lib.blockc_device_alloc.argtypes = [ctypes.c_size_t]
-    lib.blockc_device_free.argtypes = [ctypes.c_void_p]
-    lib.blockc_copy_to_device.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    lib.blockc_copy_to_host.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    lib.blockc_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-                               ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p]
-    lib.blockc_destroy.argtypes = [ctypes.c_void_p]
+class Failed(Exception):
+    """The library returned a non-zero status."""
 
-    model = lib.blockc_create(weights.encode())
+    def __init__(self, where: str, rc: int, error: str = ""):
+        super().__init__(where)
+        self.where, self.rc, self.error = where, rc, error
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _function(lib, name: str, restype, argtypes):
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        sys.exit("blockc child runner: %s exports no function %s" % (lib._name, name))
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+def call_entry(lib, spec: dict) -> dict:
+    libc = ctypes.CDLL(None)
+    libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+    fn = _function(lib, spec["entry"], ctypes.c_int,
+                   [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)])
+    ptrs = []
+    for b in spec["buffers"]:
+        p = ctypes.c_void_p()
+        if libc.posix_memalign(ctypes.byref(p), 256, max(b["nbytes"], 1)) != 0:
+            sys.exit("blockc child runner: out of memory")
+        data = _read(b["path"])
+        ctypes.memmove(p, data, len(data))
+        ptrs.append(p.value)
+    buffers = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+    ints = (ctypes.c_longlong * max(len(spec["ints"]), 1))(*spec["ints"])
+    rc = fn(buffers, ints)
+    sys.stderr.flush()
+    for b, p in zip(spec["buffers"], ptrs):
+        _write(b["path"], ctypes.string_at(p, b["nbytes"]))
+    if rc != 0:
+        raise Failed(spec["entry"], rc)
+    return {}
+
+
+def call_model(lib, spec: dict) -> dict:
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    create = _function(lib, "blockc_create", vp, [ctypes.c_char_p])
+    last_error = _function(lib, "blockc_last_error", ctypes.c_char_p, [])
+    alloc = _function(lib, "blockc_device_alloc", vp, [size])
+    free = _function(lib, "blockc_device_free", None, [vp])
+    to_device = _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size])
+    to_host = _function(lib, "blockc_copy_to_host", ctypes.c_int, [vp, vp, size])
+    run = _function(lib, "blockc_run", ctypes.c_int, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp),
+                                                      ctypes.POINTER(ctypes.c_longlong), vp])
+    sync = _function(lib, "blockc_synchronize", ctypes.c_int, [])
+    destroy = _function(lib, "blockc_destroy", None, [vp])
+
+    def check(where: str, rc: int) -> None:
+        if rc != 0:
+            raise Failed(where, rc, last_error().decode(errors="replace"))
+
+    model = create(spec["weights"].encode())
     if not model:
-        sys.stderr.write(f"blockc_create failed: {lib.blockc_last_error().decode()}\n")
-        return 3
+        raise Failed("blockc_create", 1, last_error().decode(errors="replace"))
     device = []
 
-    def alloc(n):
-        p = lib.blockc_device_alloc(max(n, 1))
+    def device_buffer(nbytes: int):
+        p = alloc(max(nbytes, 1))
         if not p:
-            raise MemoryError("device allocation failed")
+            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % nbytes)
         device.append(p)
         return p
 
-    ins = []
-    for item in spec["inputs"]:
-        data = open(os.path.join(io_dir, item["file"]), "rb").read()
-        p = alloc(len(data))
-        buf = ctypes.create_string_buffer(data, len(data))
-        lib.blockc_copy_to_device(p, buf, len(data))
-        ins.append(p)
-    outs = [alloc(item["nbytes"]) for item in spec["outputs"]]
-    dims = (ctypes.c_longlong * max(len(spec["dims"]), 1))(*spec["dims"])
-    in_arr = (ctypes.c_void_p * max(len(ins), 1))(*ins)
-    out_arr = (ctypes.c_void_p * max(len(outs), 1))(*outs)
-    def run_once() -> bool:
-        if lib.blockc_run(model, in_arr, out_arr, dims, None) != 0:
-            sys.stderr.write(f"blockc_run failed: {lib.blockc_last_error().decode()}\n")
-            return False
-        return True
+    try:
+        ins = []
+        for item in spec["inputs"]:
+            data = _read(item["path"])
+            p = device_buffer(len(data))
+            check("blockc_copy_to_device", to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
+            ins.append(p)
+        outs = [device_buffer(item["nbytes"]) for item in spec["outputs"]]
+        dims = (ctypes.c_longlong * max(len(spec["dims"]), 1))(*spec["dims"])
+        in_arr = (vp * max(len(ins), 1))(*ins)
+        out_arr = (vp * max(len(outs), 1))(*outs)
 
-    def synchronize() -> bool:
-        if lib.blockc_synchronize() != 0:
-            sys.stderr.write(f"blockc_run failed: {lib.blockc_last_error().decode()}\n")
-            return False
-        return True
+        def run_once() -> None:
+            check("blockc_run", run(model, in_arr, out_arr, dims, None))
 
-    timing = spec.get("time")
-    if timing:  # blockc compare: per-run times, each from the launch to a device synchronize
-        for _ in range(int(timing["warmup"])):
-            if not (run_once() and synchronize()):
-                return 4
-        times: list = []
-        while len(times) < int(timing["min_repeats"]) or sum(times) < float(timing["min_time_s"]):
-            t0 = time.perf_counter()
-            if not (run_once() and synchronize()):
-                return 4
-            times.append(time.perf_counter() - t0)
-            if len(times) >= 10_000:
-                break
-        with open(os.path.join(io_dir, "times.json"), "w") as f:
-            json.dump(times, f)
-    else:
-        for _ in range(int(spec.get("repeats", 1))):
-            if not run_once():
-                return 4
-        if not synchronize():
-            return 4
-    for item, p in zip(spec["outputs"], outs):
-        buf = ctypes.create_string_buffer(item["nbytes"])
-        lib.blockc_copy_to_host(buf, p, item["nbytes"])
-        with open(os.path.join(io_dir, item["file"]), "wb") as f:
-            f.write(buf.raw)
-    for p in device:
-        lib.blockc_device_free(p)
-    lib.blockc_destroy(model)
+        def synchronize() -> None:
+            check("blockc_synchronize", sync())
+
+        result = {}
+        if spec.get("time"):
+            timing = _timing_module(spec["timing_module"])
+            t = spec["time"]
+            result["times"] = timing.measure(run_once, warmup=int(t["warmup"]), min_repeats=int(t["min_repeats"]),
+                                             min_time_s=float(t["min_time_s"]),
+                                             clock=timing.synchronized_clock(synchronize)).samples
+        else:
+            run_once()
+            synchronize()
+        for item, p in zip(spec["outputs"], outs):
+            buf = ctypes.create_string_buffer(max(item["nbytes"], 1))
+            check("blockc_copy_to_host", to_host(buf, p, item["nbytes"]))
+            _write(item["path"], buf.raw[:item["nbytes"]])
+        return result
+    finally:
+        for p in device:
+            free(p)
+        destroy(model)
+
+
+def _timing_module(path: str):
+    spec = importlib.util.spec_from_file_location("blockc_child_timing", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    lib = ctypes.CDLL(spec["so"])
+    try:
+        result = {"entry": call_entry, "model": call_model}[spec["call"]](lib, spec)
+        result.update(rc=0, where="", error="")
+    except Failed as e:
+        result = {"rc": e.rc, "where": e.where, "error": e.error}
+    sys.stderr.flush()
+    with open(spec["result"], "w") as f:
+        json.dump(result, f)
     return 0
 
 
 if __name__ == "__main__":
-    np  # noqa: B018  (imported so a broken numpy fails here, not mid-run)
     sys.exit(main())

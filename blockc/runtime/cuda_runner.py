@@ -1,83 +1,184 @@
-"""Running generated CUDA: emulated on the CPU (``cuda-emu``) or on a GPU (``cuda``).
+"""Running compiled CUDA libraries: emulated on the CPU or on a GPU, always
+in a child process.
 
-Builds are cached under ``~/.cache/blockc`` (``$BLOCKC_CACHE``) by a hash of
-the generated source and the build flags. Either way the library runs in a
-child process with a timeout, so a crash or an emulator abort becomes a
-``BlockcError`` carrying the message, never a dead test run.
+One runner (``run_child``) with one protocol (``_cuda_child.py``) and one
+error story, for both kinds of library and both calling conventions:
+
+* ``run_emulated(so, entry, args)``: a hand-written kernel library's entry
+  ``extern "C" int entry(void** buffers, const long long* ints)``. ``args``
+  is a sequence of numpy arrays and Python ints, in any order. The arrays, in
+  order, become ``buffers[0..]``: each is copied into its own 256-byte-aligned
+  allocation (``cudaMalloc``'s alignment; "device" memory is host memory
+  under emulation). The ints, in order, become ``ints[0..]``. The entry
+  returns 0, or a ``cudaError_t`` (``return cudaGetLastError();`` is the
+  usual last line). The result is the final contents of every array
+  argument, in order, as new arrays (inputs are never modified).
+* ``run_model(model, feeds)``: a generated model through its C API
+  (``blockc_create``, ``blockc_run``, ...), the build made here and cached
+  under ``~/.cache/blockc`` (``$BLOCKC_CACHE``) by a hash of the generated
+  source and the build flags; emulated, or on a GPU. ``time=`` times it in
+  the child with blockc's one timing loop.
+
+The child has a timeout, so a crash, an abort from the emulator's checks or
+a hang never takes the caller down: each becomes a ``CudaRunCrash`` or
+``CudaRunTimeout`` carrying the child's stderr, where the emulator names the
+kernel, block, thread and warp lane; a non-zero status from the library is
+a ``CudaRunError``. Libraries built with a sanitizer are found out from
+their linked runtime (``sanitize="auto"``) and run with it preloaded; a
+report makes the run fail.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..codegen.cuda import build as cuda_build
-from ..codegen.cuda.lower import CudaModel, generate
+from ..codegen.cuda import toolchain
+from ..codegen.cuda.lower import CudaModel
 from ..errors import BlockcError
 from ..ir.dims import evaluate
-from ..ir.graph import Graph
+from . import timing
 from .bindings import bind_inputs
 
-
-def _built(model: CudaModel, tag: str, flags: tuple) -> tuple[Path, Path]:
-    key = cuda_build.source_hash(model, tag, *flags)
-    out = Path(cuda_build.cache_dir()) / f"{model.graph.name[:32].replace('/', '_')}-{tag}-{key}"
-    return out, out / f"libblockc_model_{tag}.so"
+DEFAULT_TIMEOUT = 60.0
+_CHILD = Path(__file__).with_name("_cuda_child.py")
 
 
-def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> tuple[Path, Path]:
-    """(build dir, library) for the emulated build, compiled unless cached."""
-    from ..codegen.cuda import toolchain
-    tag = f"emu-{sanitize or 'fibers'}"
-    out, so = _built(model, tag, ())
-    if not so.exists():
-        cuda_build.write_build(model, str(out))
-        toolchain.compile_emulated([str(out / "model.cu")], so, sanitize=sanitize,
-                                   extra_flags=["-DBLOCKC_EMULATE", f"-I{out}"])
-    return out, so
+class CudaRunError(BlockcError):
+    """A run of a compiled CUDA library failed; ``stderr`` holds everything the child printed."""
+
+    def __init__(self, message: str, stderr: str = "", returncode: int | None = None):
+        self.stderr, self.returncode = stderr, returncode
+        super().__init__(message + _excerpt(stderr))
 
 
-def gpu_library(model: CudaModel, *, archs=("sm_80", "sm_90"), gemm: str = "tiled") -> tuple[Path, Path]:
-    from ..codegen.cuda import toolchain
-    found = toolchain.find_nvcc()
-    if found.path is None:
-        raise BlockcError(f"no nvcc: {found.reason}")
-    out, so = _built(model, "gpu", (gemm, *archs))
-    if not so.exists():
-        cuda_build.write_build(model, str(out), archs=archs, gemm=gemm)
-        cmd = cuda_build.nvcc_command(found.path, archs, gemm=gemm, out=str(so))
-        proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BlockcError(f"nvcc failed:\n{proc.stderr[-4000:]}")
-    return out, so
+class CudaRunCrash(CudaRunError):
+    """The child died: a failed emulator check (abort), a signal, or a sanitizer report."""
 
 
-def _output_shapes(model: CudaModel, bindings) -> list:
-    return [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
+class CudaRunTimeout(CudaRunError):
+    """The child ran past its timeout and was killed."""
 
 
-def run_model_emulated(model: CudaModel, feeds: Mapping[str, np.ndarray], *, sanitize: str | None = None,
-                       timeout: float = 300.0) -> dict[str, np.ndarray]:
-    from ..codegen.cuda.emulator import run_emulated
-    bindings = bind_inputs(model.graph, feeds)
-    _, so = emulated_library(model, sanitize=sanitize)
-    # The weights of *this* model: a cached build may have been made with others.
-    image = np.frombuffer(cuda_build.weights_blob(model.params), dtype=np.uint8)
-    outs = [np.zeros(shape, dtype=dtype.numpy) for _, dtype, shape in _output_shapes(model, bindings)]
-    args = [image] + [np.ascontiguousarray(feeds[name]) for name, _ in model.inputs] + outs
-    ints = [bindings[s] for s in model.symbols] + [int(image.nbytes)]
-    result = run_emulated(str(so), "blockc_entry", args + ints, timeout=timeout,
-                          sanitize="auto" if sanitize else None)
-    produced = result[1 + len(model.inputs):]
-    return {name: a for (name, _), a in zip(model.outputs, produced)}
+_CUDA_ERRORS = {1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation",
+                9: "cudaErrorInvalidConfiguration", 101: "cudaErrorInvalidDevice"}
 
 
+def _excerpt(stderr: str, lines: int = 40) -> str:
+    """From the first emulator message or sanitizer report on, else the tail."""
+    rows = stderr.rstrip().splitlines()
+    if not rows:
+        return ""
+    starts = [i for i, r in enumerate(rows)
+              if r.startswith("blockc-emu") or "ERROR: AddressSanitizer" in r or "WARNING: ThreadSanitizer" in r]
+    shown = rows[starts[0]:starts[0] + lines] if starts else rows[-lines:]
+    summary = [r for r in rows if r.startswith("SUMMARY:") and r not in shown]
+    return "\n--- stderr ---\n" + "\n".join(shown + summary)
+
+
+def linked_sanitizer(so_path: str | os.PathLike) -> str | None:
+    """``"address"`` or ``"thread"`` when the library links that sanitizer's runtime."""
+    data = Path(so_path).read_bytes()
+    if b"libasan.so" in data:
+        return "address"
+    if b"libtsan.so" in data:
+        return "thread"
+    return None
+
+
+def _child_env(sanitize: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if sanitize is None:
+        return env
+    env["LD_PRELOAD"] = toolchain.sanitizer_runtime(sanitize)
+    if sanitize == "address":
+        env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1:verify_asan_link_order=0:" + env.get("ASAN_OPTIONS", "")
+    else:
+        env["TSAN_OPTIONS"] = "halt_on_error=1:report_signal_unsafe=0:" + env.get("TSAN_OPTIONS", "")
+    return env
+
+
+def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str, timeout: float,
+              sanitize: str | None = "auto", emulated: bool = True) -> dict:
+    """Run ``_cuda_child.py`` on ``spec`` (its ``call`` and arguments; files
+    in ``folder``) against the library ``so_path``; return its result.
+
+    Raises CudaRunCrash when the child dies (an emulator check, a signal, a
+    sanitizer report), CudaRunTimeout after ``timeout`` seconds, CudaRunError
+    when the library returns a non-zero status. ``what`` names the call in
+    those messages; ``sanitize="auto"`` reads the library's linked sanitizer.
+    """
+    so_path = Path(so_path).resolve()
+    if sanitize == "auto":
+        sanitize = linked_sanitizer(so_path)
+    spec_path, result_path = os.path.join(folder, "spec.json"), os.path.join(folder, "result.json")
+    with open(spec_path, "w") as f:
+        json.dump({**spec, "so": str(so_path), "result": result_path, "timing_module": timing.__file__}, f)
+    cmd = [sys.executable, "-I", str(_CHILD), spec_path]
+    try:
+        proc = subprocess.run(cmd, env=_child_env(sanitize), capture_output=True, text=True, timeout=timeout,
+                              errors="replace")
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise CudaRunTimeout(f"{what} in {so_path.name} did not finish within {timeout:g} s "
+                             "(an endless loop in a kernel?)", err) from None
+    if proc.returncode != 0:
+        if proc.returncode < 0:
+            how = f"killed by {signal.Signals(-proc.returncode).name}"
+        else:
+            how = f"exited with status {proc.returncode}"
+        if "Sanitizer" in proc.stderr:
+            how += " after a sanitizer report"
+        raise CudaRunCrash(f"{what} in {so_path.name}: the {'emulator' if emulated else 'CUDA'} process {how}",
+                           proc.stderr, proc.returncode)
+    with open(result_path) as f:
+        result = json.load(f)
+    if result["rc"] != 0:
+        rc = result["rc"]
+        raise CudaRunError(f"{result['where']} in {so_path.name} returned {rc} "
+                           f"({result['error'] or _CUDA_ERRORS.get(rc, 'cudaError_t')})", proc.stderr, rc)
+    return result
+
+
+def run_emulated(so_path: str | os.PathLike, entry: str, args: Sequence[np.ndarray | int], *,
+                 timeout: float = DEFAULT_TIMEOUT, sanitize: str | None = "auto") -> list[np.ndarray]:
+    """Call ``entry(buffers, ints)`` of an emulated library in a child process;
+    return every array argument's final contents, in order. See the module
+    docstring for the calling convention, ``run_child`` for the errors."""
+    arrays: list[np.ndarray] = []
+    ints: list[int] = []
+    for i, a in enumerate(args):
+        if isinstance(a, (bool, np.bool_)):
+            raise TypeError(f"argument {i}: pass flags as ints 0/1, not bool")
+        if isinstance(a, (int, np.integer)):
+            ints.append(int(a))
+        elif isinstance(a, np.ndarray):
+            if a.dtype.hasobject:
+                raise TypeError(f"argument {i}: object arrays cannot be passed to CUDA")
+            arrays.append(np.ascontiguousarray(a))
+        else:
+            raise TypeError(f"argument {i}: expected a numpy array or an int, got {type(a).__name__} "
+                            "(pass float scalars as 1-element arrays)")
+    with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as tmp:
+        buffers = []
+        for i, a in enumerate(arrays):
+            path = os.path.join(tmp, f"buf{i}.bin")
+            a.tofile(path)
+            buffers.append({"path": path, "nbytes": int(a.nbytes)})
+        run_child(so_path, {"call": "entry", "entry": entry, "buffers": buffers, "ints": ints}, tmp, what=entry,
+                  timeout=timeout, sanitize=sanitize)
+        return [np.fromfile(b["path"], dtype=a.dtype).reshape(a.shape) for a, b in zip(arrays, buffers)]
+
+
+# ---- generated models ----------------------------------------------------------------
 def cuda_available() -> tuple[bool, str]:
     """Whether a CUDA GPU and driver can be used here, and why not."""
     import ctypes
@@ -93,60 +194,65 @@ def cuda_available() -> tuple[bool, str]:
     return False, "no CUDA driver (libcuda) on this machine"
 
 
-def run_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: str = "tiled",
-                  archs=("sm_80", "sm_90"), timeout: float = 300.0, repeats: int = 1) -> dict[str, np.ndarray]:
-    outputs, _ = _run_child(model, feeds, gemm=gemm, archs=archs, timeout=timeout, extra={"repeats": repeats})
-    return outputs
+def _built(model: CudaModel, tag: str, flags: tuple) -> tuple[Path, Path]:
+    key = cuda_build.source_hash(model, tag, *flags)
+    out = Path(cuda_build.cache_dir()) / f"{model.graph.name[:32].replace('/', '_')}-{tag}-{key}"
+    return out, out / f"libblockc_model_{tag}.so"
 
 
-def time_model_gpu(model: CudaModel, feeds: Mapping[str, np.ndarray], *, gemm: str = "tiled",
-                   archs=("sm_80", "sm_90"), timeout: float = 600.0, warmup: int = 3, min_repeats: int = 10,
-                   min_time_s: float = 1.0) -> list[float]:
-    """Seconds per run on the GPU: after ``warmup`` runs, runs until both
-    ``min_repeats`` and ``min_time_s`` are reached, each timed on the host
-    clock from the launch to a device synchronize (so it includes launch
-    overhead, as a user's call does)."""
-    _, times = _run_child(model, feeds, gemm=gemm, archs=archs, timeout=timeout,
-                          extra={"time": {"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s}})
-    return times
+def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
+    """The emulated build of ``model``, compiled with g++ unless cached."""
+    out, so = _built(model, f"emu-{sanitize or 'fibers'}", ())
+    if not so.exists():
+        cuda_build.write_build(model, str(out))
+        toolchain.compile_emulated([str(out / "model.cu")], so, sanitize=sanitize,
+                                   extra_flags=["-DBLOCKC_EMULATE", f"-I{out}"])
+    return so
 
 
-def _run_child(model: CudaModel, feeds, *, gemm, archs, timeout, extra) -> tuple[dict[str, np.ndarray], list]:
-    ok, why = cuda_available()
-    if not ok:
-        raise BlockcError(f"--backend cuda needs a GPU: {why} (use --backend cuda-emu to run the same source "
-                          f"emulated on the CPU)")
-    bindings = bind_inputs(model.graph, feeds)
-    _, so = gpu_library(model, archs=archs, gemm=gemm)
-    with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
-        spec = {"dims": [bindings[s] for s in model.symbols], "inputs": [], "outputs": [], **extra}
-        for k, (name, _) in enumerate(model.inputs):
-            (Path(io) / f"in{k}").write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
-            spec["inputs"].append({"file": f"in{k}"})
-        shapes = _output_shapes(model, bindings)
-        for k, (_, dtype, shape) in enumerate(shapes):
-            spec["outputs"].append({"file": f"out{k}", "nbytes": int(np.prod(shape, dtype=np.int64)) * dtype.itemsize})
-        (Path(io) / "spec.json").write_text(json.dumps(spec))
-        # The weights of *this* model: a cached build may have been made with others.
-        (Path(io) / "weights.bin").write_bytes(cuda_build.weights_blob(model.params))
-        try:
-            proc = subprocess.run([sys.executable, "-m", "blockc.runtime._cuda_child", str(so),
-                                   str(Path(io) / "weights.bin"), io], capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise BlockcError(f"the CUDA run took longer than {timeout:.0f} s") from None
+def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS, gemm: str = "tiled") -> Path:
+    """The GPU build of ``model``, compiled with nvcc unless cached."""
+    found = toolchain.find_nvcc()
+    if found.path is None:
+        raise BlockcError(f"no nvcc: {found.reason}")
+    out, so = _built(model, "gpu", (gemm, *archs))
+    if not so.exists():
+        cuda_build.write_build(model, str(out), archs=archs, gemm=gemm)
+        cmd = cuda_build.nvcc_command(found.path, archs, gemm=gemm, out=str(so))
+        proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BlockcError(f"the CUDA run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        outputs = {name: np.frombuffer((Path(io) / f"out{k}").read_bytes(), dtype=dtype.numpy).reshape(shape)
-                   for k, (name, dtype, shape) in enumerate(shapes)}
-        times_file = Path(io) / "times.json"
-        return outputs, json.loads(times_file.read_text()) if times_file.exists() else []
+            raise BlockcError(f"nvcc failed:\n{proc.stderr[-4000:]}")
+    return so
 
 
-def run_cuda(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
-             emulate: bool, gemm: str = "tiled", **kw) -> dict[str, np.ndarray]:
-    """Generate, build (cached) and run ``graph``; emulated on the CPU or on a GPU."""
-    if emulate and gemm != "tiled":
-        raise BlockcError("cuBLAS cannot be emulated: use gemm='tiled' for emulation")
-    model = generate(graph, weights, gemm=gemm)
-    return run_model_emulated(model, feeds, **kw) if emulate else run_model_gpu(model, feeds, gemm=gemm, **kw)
+def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, np.ndarray], *,
+              emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto"
+              ) -> tuple[dict[str, np.ndarray], list[float]]:
+    """Run ``model``'s library ``so_path`` (``emulated_library`` or
+    ``gpu_library``) on ``feeds`` in a child process: ``(outputs, times)``.
+
+    ``time``: ``{"warmup", "min_repeats", "min_time_s"}`` to time the run
+    first (``timing.measure``, each run from its launch to a device
+    synchronize); ``times`` are then its seconds per run, else empty.
+    ``sanitize``: the library's sanitizer (see ``run_child``).
+    """
+    bindings = bind_inputs(model.graph, feeds)
+    shapes = [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
+    with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
+        # The weights of *this* model: a cached build may have been made with others.
+        weights = os.path.join(io, "weights.bin")
+        Path(weights).write_bytes(cuda_build.weights_blob(model.params))
+        spec = {"call": "model", "weights": weights, "dims": [bindings[s] for s in model.symbols],
+                "inputs": [], "outputs": [], "time": time}
+        for k, (name, _) in enumerate(model.inputs):
+            path = os.path.join(io, f"in{k}")
+            Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
+            spec["inputs"].append({"path": path})
+        for k, (_, dtype, shape) in enumerate(shapes):
+            spec["outputs"].append({"path": os.path.join(io, f"out{k}"),
+                                    "nbytes": int(np.prod(shape, dtype=np.int64)) * dtype.itemsize})
+        result = run_child(so_path, spec, io, what=f"the model {model.graph.name!r}", timeout=timeout,
+                           sanitize=sanitize, emulated=emulated)
+        outputs = {name: np.fromfile(out["path"], dtype=dtype.numpy).reshape(shape)
+                   for (name, dtype, shape), out in zip(shapes, spec["outputs"])}
+        return outputs, result.get("times", [])

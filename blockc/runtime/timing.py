@@ -1,12 +1,41 @@
 """Timing a callable the way benchmarks here do: warm up, then repeat until
 both a minimum count and a minimum measured time are reached; report the
-median, min and max."""
+median, min and max.
+
+``measure`` is blockc's one timing loop: ``blockc compare``, the benches and
+the child process that runs a compiled CUDA library all time through it.
+What a run's time is -- the host clock around the call, or the host clock
+from the launch to a device synchronize -- is its ``clock`` parameter.
+This module imports nothing from blockc (and numpy only inside the
+functions that need it), so that child process can load it by path and
+start in stdlib time.
+"""
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+Clock = Callable[[Callable[[], object]], float]   # runs a callable once; returns the seconds it took
+
+
+def host_clock(fn: Callable[[], object]) -> float:
+    """The host clock (``time.perf_counter``) around one call."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def synchronized_clock(synchronize: Callable[[], object]) -> Clock:
+    """The host clock from a launch to a device synchronize after it: a GPU
+    run's time as a user's call sees it (launch overhead included)."""
+    def clock(fn: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        return time.perf_counter() - t0
+    return clock
 
 
 @dataclass
@@ -17,23 +46,29 @@ class Timing:
     repeats: int
     samples: list[float] = field(default_factory=list, repr=False)
 
+    @classmethod
+    def of(cls, samples: list[float]) -> "Timing":
+        """The statistics of per-run ``samples`` (seconds)."""
+        return cls(statistics.median(samples), min(samples), max(samples), len(samples), list(samples))
+
     def __str__(self) -> str:
         return f"{self.median_s * 1e3:.3f} ms (min {self.min_s * 1e3:.3f}, max {self.max_s * 1e3:.3f}, n={self.repeats})"
 
 
 def measure(fn: Callable[[], object], *, warmup: int = 3, min_repeats: int = 10, min_time_s: float = 1.0,
-            max_repeats: int = 10_000) -> Timing:
+            max_repeats: int = 10_000, clock: Clock = host_clock) -> Timing:
+    """Run ``fn`` ``warmup`` times untimed, then time it by ``clock`` until both
+    ``min_repeats`` runs and ``min_time_s`` seconds are reached (at most
+    ``max_repeats`` runs)."""
     for _ in range(warmup):
-        fn()
+        clock(fn)
     times: list[float] = []
     total = 0.0
     while (len(times) < min_repeats or total < min_time_s) and len(times) < max_repeats:
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
+        dt = clock(fn)
         times.append(dt)
         total += dt
-    return Timing(statistics.median(times), min(times), max(times), len(times), times)
+    return Timing.of(times)
 
 
 @dataclass
@@ -47,7 +82,7 @@ class Interleaved:
 
     @property
     def timing(self) -> Timing:
-        return Timing(statistics.median(self.samples), min(self.samples), max(self.samples), len(self.samples))
+        return Timing.of(self.samples)
 
 
 def measure_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 3, warmup: int = 3,

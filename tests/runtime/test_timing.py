@@ -5,7 +5,7 @@ import math
 import pytest
 
 from blockc.runtime.timing import (Interleaved, measure, measure_in_blocks, measure_interleaved, paired_speedup,
-                                   ratio_interval)
+                                   ratio_interval, synchronized_clock)
 
 
 def test_measure_repeats_until_count_and_time():
@@ -13,6 +13,16 @@ def test_measure_repeats_until_count_and_time():
     t = measure(lambda: calls.append(1), warmup=2, min_repeats=7, min_time_s=0.0)
     assert t.repeats == 7 and len(calls) == 9          # warm-up runs are not timed
     assert t.min_s <= t.median_s <= t.max_s
+
+
+def test_the_clock_is_a_parameter_of_the_one_loop():
+    """A device's clock (launch to synchronize) is the same loop with another
+    clock: every run, warm-up included, is followed by a synchronize, inside
+    the timed span."""
+    events = []
+    t = measure(lambda: events.append("run"), warmup=1, min_repeats=3, min_time_s=0.0,
+                clock=synchronized_clock(lambda: events.append("sync")))
+    assert t.repeats == 3 and events == ["run", "sync"] * 4
 
 
 def test_interleaved_rounds_alternate_contestants():

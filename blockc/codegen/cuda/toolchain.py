@@ -3,7 +3,7 @@
 ``compile_emulated`` builds a ``.cu`` into a shared library that runs on the CPU:
 g++ compiles it as C++ with ``emu/cuda_emu.h`` force-included and links the
 emulator's runtime (``emu/cuda_emu_*.cpp``).
-Only NVIDIA's headers are needed, not a GPU. ``emulator.run_emulated`` runs it.
+Only NVIDIA's headers are needed, not a GPU. ``runtime.cuda_runner.run_emulated`` runs it.
 
 ``compile_nvcc`` compiles the same file for real GPUs (sm_80 and sm_90 by
 default) with warnings as errors, and returns ptxas's per-kernel resource

@@ -99,14 +99,14 @@ def small_fused(name="tiny"):
 @pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
 @pytest.mark.parametrize("sanitize", ["address", "thread"])
 def test_sanitizers_find_nothing_in_the_fused_kernels(sanitize):
-    from blockc.runtime.cuda_runner import run_model_emulated
+    from blockc.runtime.cuda_runner import emulated_library, run_model
     model, graph = small_fused("bert-base")
     weights = dict(blockc.init_weights(model))
     rng = np.random.default_rng(0)
     feeds = {s.name: s.sample({"batch": 1, "seq": 5}, rng) for s in model.inputs()}
     cm = generate(graph, weights)
     try:
-        out = run_model_emulated(cm, feeds, sanitize=sanitize, timeout=600)
+        out, _ = run_model(cm, emulated_library(cm, sanitize=sanitize), feeds, emulated=True, timeout=600)
     except toolchain.ToolchainError as e:
         if "sanitizer" in str(e).lower() and "runtime" in str(e).lower():
             pytest.skip(str(e))
@@ -160,9 +160,32 @@ def test_hostile_names_never_reach_the_source_raw(tmp_path):
         assert name not in cm.source
     assert "*/ system" not in cm.source and 'in"put' not in cm.source
     if toolchain.find_gxx() is not None:
-        from blockc.runtime.cuda_runner import run_model_emulated
+        from blockc.runtime.cuda_runner import emulated_library, run_model
         feeds = {HOSTILE[0]: np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)}
-        out = run_model_emulated(cm, feeds)
+        out, _ = run_model(cm, emulated_library(cm), feeds, emulated=True)
         ref = blockc.run_reference(g, weights, feeds)
         for k in ref:
             np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+def test_elementwise_chains_are_shown_in_the_summary(tmp_path, capsys):
+    code, out = cuda_cli(tmp_path, "bert-base", "--set", "layers=1", "--form", "standard", "--no-compile")
+    printed = capsys.readouterr().out
+    assert code == 0
+    chains = json.loads((out / "model.json").read_text())["elementwise_chains"]
+    # BERT's GELU reads the FFN bias add: one kernel for add+gelu, its IR nodes named
+    gelu = [c for c in chains if c["ops"] == ["add", "gelu"]]
+    assert gelu and all(len(c["nodes"]) == 2 and all(n.startswith("%") for n in c["nodes"]) for c in gelu)
+    fused = sum(len(c["ops"]) for c in chains)
+    assert f"elementwise fusion: {fused} IR ops in {len(chains)} launches" in printed
+
+
+def test_kernels_from_a_decomposed_op_name_the_node_it_came_from():
+    # qkv_attention has no kernel: it is legalized into kernels that still carry its origin
+    g = blockc.optimize(blockc.trace(blockc.build_model("gpt2-block", {"d_model": "64", "heads": "2"}))).graph
+    qkv = next(n for n in g.nodes if n.op == "qkv_attention")
+    weights = {name: np.zeros(v.type.concrete_shape({}), np.float32) for name, v in g.params.items()}
+    model = generate(g, weights)
+    from_qkv = [s for s in model.steps if set(s.nodes) & set(qkv.origin)]
+    assert {"masked_softmax", "matmul"} <= {op for s in from_qkv for op in s.ops}
+    assert not any(label.startswith("#") for s in model.steps for label in s.nodes)

@@ -7,9 +7,13 @@ import pytest
 
 import blockc
 from blockc.codegen.cuda import toolchain
-from blockc.runtime.cuda_runner import run_cuda
+from blockc.runtime.backend import make_backend
 
 pytestmark = pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++: the CUDA emulator needs one")
+
+
+def run_emulated(graph, weights, feeds):
+    return make_backend("cuda-emu").run(graph, weights, feeds)
 
 
 def rel_err(out, ref):
@@ -22,7 +26,7 @@ def model_case(name, sets, dims, form):
     rng = np.random.default_rng(0)
     feeds = {s.name: s.sample(dims, rng) for s in model.inputs()}
     standard = blockc.trace(model)
-    out = run_cuda(blockc.to_form(standard, form), weights, feeds, emulate=True)
+    out = run_emulated(blockc.to_form(standard, form), weights, feeds)
     return model, standard, weights, feeds, out
 
 
@@ -73,7 +77,7 @@ def test_half_precision_model_rounds_like_half_precision(name, sets, dtype, form
 def single_op(text, feeds, weights=None):
     g = blockc.parse_graph(text)
     weights = weights or {}
-    return g, run_cuda(g, weights, feeds, emulate=True), blockc.run_reference(g, weights, feeds)
+    return g, run_emulated(g, weights, feeds), blockc.run_reference(g, weights, feeds)
 
 
 ADD_LN = """graph g(%x: {t}[batch,seq,{d}], %r: {t}[seq,{d}]) {{
@@ -155,6 +159,6 @@ def test_cached_build_runs_with_the_callers_weights():
     feeds = {s.name: s.sample({"batch": 1, "seq": 5}, rng) for s in model.inputs()}
     for seed in (11, 12):
         weights = dict(blockc.init_weights(model, seed=seed))
-        out = run_cuda(graph, weights, feeds, emulate=True)
+        out = run_emulated(graph, weights, feeds)
         ref = blockc.run_reference(blockc.trace(model), weights, feeds)
         assert rel_err(out["logits"], ref["logits"]) <= 1e-5

@@ -11,8 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from blockc.codegen.cuda.emulator import (EmulationCrash, EmulationError, EmulationTimeout,
-                                          linked_sanitizer, run_emulated)
+from blockc.runtime.cuda_runner import CudaRunCrash, CudaRunError, CudaRunTimeout, linked_sanitizer, run_emulated
 
 BF16 = ml_dtypes.bfloat16
 
@@ -180,7 +179,7 @@ def any_mode_lib(request, fiber_lib):
 
 
 def test_barrier_deadlock_names_block_and_threads(any_mode_lib):
-    with pytest.raises(EmulationCrash) as err:
+    with pytest.raises(CudaRunCrash) as err:
         run_emulated(any_mode_lib, "run_partial_barrier", [np.zeros(256, np.float32)], timeout=20)
     msg = str(err.value)
     assert "barrier deadlock" in msg and "kernel partial_barrier" in msg and "block (0,0,0)" in msg
@@ -191,7 +190,7 @@ def test_barrier_deadlock_names_block_and_threads(any_mode_lib):
 
 
 def test_divergent_full_mask_shuffle_names_the_missing_lane(any_mode_lib):
-    with pytest.raises(EmulationCrash) as err:
+    with pytest.raises(CudaRunCrash) as err:
         run_emulated(any_mode_lib, "run_divergent_shuffle", [np.zeros(64, np.float32)], timeout=20)
     msg = str(err.value)
     assert "divergent warp" in msg
@@ -202,35 +201,35 @@ def test_divergent_full_mask_shuffle_names_the_missing_lane(any_mode_lib):
 
 
 def test_threads_at_different_barriers_are_reported(any_mode_lib):
-    with pytest.raises(EmulationCrash, match=r"threads wait at different barriers: .*faults\.cu:\d+.*faults\.cu:\d+"):
+    with pytest.raises(CudaRunCrash, match=r"threads wait at different barriers: .*faults\.cu:\d+.*faults\.cu:\d+"):
         run_emulated(any_mode_lib, "run_split_barrier", [np.zeros(64, np.float32)], timeout=20)
 
 
 def test_wild_write_names_the_faulting_thread(fiber_lib):
-    with pytest.raises(EmulationCrash, match=r"wild_write.*Segmentation fault in thread \(3,0,0\) \[warp 0 lane 3\]") as err:
+    with pytest.raises(CudaRunCrash, match=r"wild_write.*Segmentation fault in thread \(3,0,0\) \[warp 0 lane 3\]") as err:
         run_emulated(fiber_lib, "run_wild_write", [np.zeros(32, np.float32), 1 << 40], timeout=20)
     assert err.value.returncode < 0
 
 
 def test_fiber_stack_overflow_is_named(fiber_lib):
-    with pytest.raises(EmulationCrash, match=r"stack_hog.*fiber stack overflow in thread \(0,0,0\).*BLOCKC_EMU_STACK_KB"):
+    with pytest.raises(CudaRunCrash, match=r"stack_hog.*fiber stack overflow in thread \(0,0,0\).*BLOCKC_EMU_STACK_KB"):
         run_emulated(fiber_lib, "run_stack_hog", [np.zeros(32, np.float32)], timeout=20)
 
 
 def test_endless_kernel_times_out(fiber_lib):
-    with pytest.raises(EmulationTimeout, match="did not finish within 1.5 s"):
+    with pytest.raises(CudaRunTimeout, match="did not finish within 1.5 s"):
         run_emulated(fiber_lib, "run_spin_forever", [np.zeros(1, np.int32)], timeout=1.5)
 
 
 def test_shared_memory_overflow_caught_by_address_sanitizer(asan_lib):
-    with pytest.raises(EmulationCrash) as err:
+    with pytest.raises(CudaRunCrash) as err:
         run_emulated(asan_lib, "run_shared_overflow", [np.ones(96, np.float32), np.zeros(96, np.float32), 96])
     assert "AddressSanitizer: global-buffer-overflow" in err.value.stderr
     assert "faults.cu:22 in shared_overflow" in err.value.stderr
 
 
 def test_shared_memory_race_caught_by_thread_sanitizer(tsan_lib):
-    with pytest.raises(EmulationCrash) as err:
+    with pytest.raises(CudaRunCrash) as err:
         run_emulated(tsan_lib, "run_shared_race", [np.ones(128, np.float32), np.zeros(128, np.float32)])
     assert "ThreadSanitizer: data race" in err.value.stderr
     assert re.search(r"faults\.cu:3[01] in shared_race", err.value.stderr)
@@ -240,7 +239,7 @@ def test_shared_memory_race_caught_by_thread_sanitizer(tsan_lib):
 
 def test_dynamic_shared_memory_over_48k_needs_the_attribute(fiber_lib):
     x = np.arange(256, dtype=np.float32)
-    with pytest.raises(EmulationError, match=r"returned 1 \(cudaErrorInvalidValue\)(.|\n)*65536 bytes of dynamic shared memory"):
+    with pytest.raises(CudaRunError, match=r"returned 1 \(cudaErrorInvalidValue\)(.|\n)*65536 bytes of dynamic shared memory"):
         run_emulated(fiber_lib, "run_big_shared", [x, np.zeros_like(x), 256, 0])
     _, y = run_emulated(fiber_lib, "run_big_shared", [x, np.zeros_like(x), 256, 1])
     np.testing.assert_array_equal(y, x[::-1])
@@ -254,5 +253,5 @@ def test_arguments_must_be_arrays_or_ints(fiber_lib):
 
 
 def test_missing_entry_point_is_an_emulation_error(fiber_lib):
-    with pytest.raises(EmulationCrash, match="no_such_entry"):
+    with pytest.raises(CudaRunCrash, match="no_such_entry"):
         run_emulated(fiber_lib, "no_such_entry", [])

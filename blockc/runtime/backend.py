@@ -1,0 +1,195 @@
+"""One interface for every backend, and the one registry of them.
+
+A ``Backend`` compiles a graph (with its weights) into a ``Compiled``:
+something that runs feeds many times, times itself, and says how many
+kernels it executes (tinygrad's ``Compiled`` device; torch's dynamo backends,
+which are plain callables). ``blockc run``, ``blockc check``, ``blockc
+compare`` and the benches all go through it, and dispatch on a backend's
+name happens once, here, in ``make_backend``::
+
+    backend = make_backend("ort-cpu", fused_as="function")
+    ok, why = backend.availability()        # (False, "no GPU ...") where it cannot run
+    with backend.compile(graph, weights, variant="basic", threads=2) as compiled:
+        outputs = compiled.run(feeds)       # {output name: array}
+        timing = compiled.time(feeds)       # runtime.timing.Timing
+
+Adding a backend is one module: a ``Backend`` subclass and a
+``register("name", TheBackend)`` call. The built-in ones live in
+``runtime/backends/`` (importing that package registers them, in the order
+the CLI lists them); a backend defined anywhere else registers the same way.
+
+Options. ``make_backend(name, **options)`` gives every option to the
+backend's constructor, which takes the ones it uses and ignores the rest:
+one set of command-line flags (``--provider``, ``--fused-as``, ``--gemm``,
+``--float64``) serves every backend. Options a registration fixes
+(``ort-cpu`` is ``ort`` with ``provider="cpu"``) win over those given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import BlockcError
+from ..ir.graph import Graph
+from .timing import Timing, measure
+
+HOST_CLOCK = "time.perf_counter"
+
+Feeds = Mapping[str, np.ndarray]
+Outputs = dict[str, np.ndarray]
+
+
+class Compiled:
+    """A graph compiled for one backend: ``run(feeds)`` many times, ``time(feeds)``.
+
+    Subclasses override ``run`` (and ``time`` where the clock is not the
+    host's, ``close`` where something must be released); or a plain function
+    is wrapped: ``Compiled(fn, kernels=..., close=...)``.
+    """
+
+    kernels: int | None = None     # what the runtime executes per run, where it can be counted
+    times_itself = False           # True: ``time`` measures where the run happens (a device's clock, a
+                                   # child process); callers call it instead of timing ``run`` themselves
+
+    def __init__(self, run: Callable[[Feeds], Outputs] | None = None, *, kernels: int | None = None,
+                 close: Callable[[], None] | None = None):
+        self._run, self._close = run, close
+        if kernels is not None:
+            self.kernels = kernels
+
+    def run(self, feeds: Feeds) -> Outputs:
+        """The outputs for ``feeds``, by the graph's output names."""
+        if self._run is None:
+            raise NotImplementedError(f"{type(self).__name__} does not run")
+        return self._run(feeds)
+
+    def time(self, feeds: Feeds, *, warmup: int = 3, min_repeats: int = 10, min_time_s: float = 1.0) -> Timing:
+        """Seconds per run of ``feeds``: ``warmup`` untimed runs, then runs until
+        both ``min_repeats`` and ``min_time_s`` are reached (``timing.measure``
+        on the host clock around ``run``, unless the backend has its own)."""
+        return measure(lambda: self.run(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s)
+
+    def close(self) -> None:
+        """Release what the compiled graph holds (sessions, temporary files)."""
+        if self._close is not None:
+            self._close()
+            self._close = None
+
+    def __enter__(self) -> "Compiled":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Backend:
+    """Compiles graphs for one target. Subclass it, override ``compile`` (and
+    what else differs), and ``register`` it under a name."""
+
+    name = ""                            # the registered name (make_backend sets it)
+    variants: tuple[str, ...] = ("",)    # settings compare measures each of (ONNX Runtime: its levels)
+    kernel_variant: str | None = None    # the variant compare times fused kernels alone on; None: not here
+    clock = HOST_CLOCK                   # how a run is timed, in words (compare's report records it)
+    on_gpu = False                       # runs on a GPU (compare's report names the GPU)
+
+    def __init__(self, **options):
+        """``options`` this backend does not use are ignored (see the module docstring)."""
+
+    @property
+    def times_itself(self) -> bool:
+        """Whether its compiled graphs time themselves (``Compiled.time`` with a device's clock)."""
+        return self.clock != HOST_CLOCK
+
+    def availability(self) -> tuple[bool, str]:
+        """``(True, "")``, or ``(False, why)`` where it cannot run here."""
+        return True, ""
+
+    def require(self) -> None:
+        """Raise a ``BlockcError`` that says plainly why, where it cannot run here."""
+        ok, why = self.availability()
+        if not ok:
+            raise BlockcError(f"--backend {self.name} cannot run here: {why}")
+
+    @property
+    def title(self) -> str:
+        """Where a run happens, for ``blockc run``'s first line."""
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """The backend and the options that change its numbers, for ``blockc check``."""
+        return self.name
+
+    def detail(self, threads: int) -> str:
+        """Its settings in one line, for compare's report."""
+        return ""
+
+    def supports(self, form: str) -> bool:
+        """Whether compare measures the graph form ``form`` here."""
+        return True
+
+    def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
+                threads: int | None = None) -> Compiled:
+        """``graph`` with ``weights``, ready to run. ``variant``: one of
+        ``variants`` (None: the first); ``threads``: intra-op threads (None:
+        the runtime's default)."""
+        raise NotImplementedError
+
+    def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:
+        """Compile ``graph``, run it once on ``feeds``, release it."""
+        from .bindings import bind_inputs
+        bind_inputs(graph, feeds)   # before compiling: a bad feed should not cost a compile
+        with self.compile(graph, weights) as compiled:
+            return compiled.run(feeds)
+
+
+# ---- the registry ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Entry:
+    cls: type[Backend]
+    fixed: dict            # options the registration fixes
+    compare: bool          # in `blockc compare`'s default list
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register(name: str, cls: type[Backend], *, compare: bool = False, **fixed) -> None:
+    """Make ``name`` a backend: ``make_backend(name, **options)`` builds
+    ``cls(**options, **fixed)``. ``compare``: ``blockc compare`` measures it
+    unless told otherwise (it can always be asked for by name). Registering a
+    name again replaces it."""
+    _REGISTRY[name] = _Entry(cls, dict(fixed), compare)
+
+
+def unregister(name: str) -> None:
+    """Forget the backend ``name`` (a test's own, say)."""
+    _REGISTRY.pop(name, None)
+
+
+def _registry() -> dict[str, _Entry]:
+    from . import backends  # noqa: F401  (registers the built-in backends)
+    return _REGISTRY
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every registered backend, built-in ones first, in the CLI's order."""
+    return tuple(_registry())
+
+
+def compare_backends() -> tuple[str, ...]:
+    """The backends ``blockc compare`` measures by default."""
+    return tuple(name for name, entry in _registry().items() if entry.compare)
+
+
+def make_backend(name: str, **options) -> Backend:
+    """The backend registered as ``name``, built with ``options``."""
+    registry = _registry()
+    if name not in registry:
+        raise BlockcError(f"unknown backend {name!r}; backends: {', '.join(registry)}")
+    entry = registry[name]
+    backend = entry.cls(**{**options, **entry.fixed})
+    backend.name = name
+    return backend

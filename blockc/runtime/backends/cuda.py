@@ -1,0 +1,125 @@
+"""``cuda`` and ``cuda-emu``: blockc's generated CUDA, on a GPU or emulated on the CPU.
+
+Both compile the same generated source (``codegen/cuda``) into a library and
+run it in a child process (``runtime/cuda_runner.py``), which also times it:
+a run's time is taken there, by ``runtime.timing.measure``, not around the
+child process.
+"""
+from __future__ import annotations
+
+from ...errors import BlockcError
+from ..backend import Backend, Compiled, register
+from ..timing import Timing
+
+# The code generator, the toolchain and the runner are imported when used:
+# registering these backends (every CLI start) costs nothing.
+
+
+class CudaCompiled(Compiled):
+    """A generated model's library: each run, and each timing, in a child process."""
+
+    times_itself = True
+
+    def __init__(self, model, library, *, emulated: bool, sanitize: str | None = None):
+        super().__init__(kernels=len(model.steps))
+        self.model, self.library, self.emulated, self.sanitize = model, library, emulated, sanitize
+
+    def run(self, feeds):
+        from ..cuda_runner import run_model
+        return run_model(self.model, self.library, feeds, emulated=self.emulated, sanitize=self.sanitize)[0]
+
+    def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0):
+        from ..cuda_runner import run_model
+        _, times = run_model(self.model, self.library, feeds, emulated=self.emulated, sanitize=self.sanitize,
+                             timeout=600.0,
+                             time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
+        return Timing.of(times)
+
+
+class GeneratedCuda(Backend):
+    """What the GPU and the emulated backend share."""
+
+    kernel_variant = ""   # compare times fused kernels alone here
+
+    def supports(self, form):
+        return form != "decomposed"  # elementwise chains work, but the comparison is fused vs standard
+
+
+class CudaBackend(GeneratedCuda):
+    """The generated CUDA built with nvcc and run on a GPU. Option ``gemm``:
+    ``cublas`` (the default here) or ``tiled``."""
+
+    clock = "host clock around each run and a device synchronize, in the child process"
+    on_gpu = True
+
+    def __init__(self, *, gemm: str = "cublas", **_options):
+        self.gemm = gemm
+
+    def availability(self):
+        from ...codegen.cuda import toolchain
+        from ..cuda_runner import cuda_available
+        ok, why = cuda_available()
+        if not ok:
+            return False, why
+        found = toolchain.find_nvcc()
+        return (True, "") if found.path else (False, f"no nvcc: {found.reason}")
+
+    def require(self):
+        from ..cuda_runner import cuda_available
+        ok, why = cuda_available()
+        if not ok:
+            raise BlockcError(f"--backend {self.name} needs a GPU: {why} (use --backend cuda-emu to run the same "
+                              f"source emulated on the CPU)")
+        super().require()
+
+    @property
+    def title(self) -> str:
+        return "generated CUDA, on the GPU"
+
+    def detail(self, threads):
+        return f"blockc's generated CUDA, --gemm {self.gemm}, sm_80/sm_90, one stream; per-run times from the " \
+               "child process"
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        from ...codegen.cuda.lower import generate
+        from ..cuda_runner import gpu_library
+        model = generate(graph, weights, gemm=self.gemm)
+        return CudaCompiled(model, gpu_library(model, gemm=self.gemm), emulated=False)
+
+
+class CudaEmuBackend(GeneratedCuda):
+    """The same generated CUDA built with g++ against blockc's CUDA emulation
+    and run on the CPU. Options: ``gemm`` (only ``tiled`` can be emulated),
+    ``sanitize`` (``address`` or ``thread``: a sanitizer build)."""
+
+    clock = "host clock around each run, in the child process"
+
+    def __init__(self, *, gemm: str = "tiled", sanitize: str | None = None, **_options):
+        self.gemm, self.sanitize = gemm, sanitize
+
+    def availability(self):
+        from ...codegen.cuda import toolchain
+        if toolchain.find_gxx() is None:
+            return False, "g++ not found: the CUDA emulator needs a host C++ compiler"
+        return True, ""
+
+    @property
+    def title(self) -> str:
+        return "generated CUDA, emulated on the CPU"
+
+    def detail(self, threads):
+        return "blockc's generated CUDA, --gemm tiled, emulated on the CPU (g++, one fiber per CUDA thread); " \
+               "per-run times from the child process"
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        if self.gemm != "tiled":
+            raise BlockcError("cuBLAS cannot be emulated: use gemm='tiled' for emulation")
+        from ...codegen.cuda.lower import generate
+        from ..cuda_runner import emulated_library
+        model = generate(graph, weights, gemm=self.gemm)
+        return CudaCompiled(model, emulated_library(model, sanitize=self.sanitize), emulated=True,
+                            sanitize=self.sanitize)
+
+
+register("cuda", CudaBackend, compare=True)
+register("cuda-emu", CudaEmuBackend)

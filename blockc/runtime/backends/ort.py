@@ -1,0 +1,94 @@
+"""``ort``, ``ort-cpu``, ``ort-cuda``: ONNX Runtime as a backend.
+
+Why compare measures two ONNX Runtime levels: at its default level ONNX
+Runtime fuses LayerNorm, SkipLayerNorm, GELU and more by itself, which would
+hide what blockc's own passes buy. ``basic`` does constant folding and
+redundant-node elimination only, so the fusions measured there are blockc's;
+``all`` is what a user gets by default. Both are reported.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from ..backend import Backend, Compiled, register
+
+# ONNX Runtime and the exporter are imported when used: registering this
+# backend (every CLI start) costs nothing.
+
+
+def count_onnx_nodes(path: str) -> int | None:
+    """Nodes in an ONNX file (ONNX Runtime's saved optimized graph), or None if unreadable."""
+    import onnx
+    try:
+        return len(onnx.load(path, load_external_data=False).graph.node)
+    except Exception:  # a count is a nicety: never fail a measurement over it
+        return None
+
+
+class OrtBackend(Backend):
+    """blockc's ONNX export run by ONNX Runtime. Options: ``provider`` (cpu,
+    cuda or auto) and ``fused_as`` (how fused ops are written in ONNX); the
+    variants are ONNX Runtime's graph optimization levels ``basic`` and ``all``."""
+
+    variants = ("basic", "all")
+    kernel_variant = "basic"   # blockc's fused ops as written, not ONNX Runtime's re-fusions
+
+    def __init__(self, *, provider: str = "cpu", fused_as: str = "auto", **_options):
+        self.provider, self.fused_as = provider, fused_as
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.provider == "cuda"
+
+    def availability(self):
+        import onnxruntime
+        if self.provider != "cuda":
+            return True, ""
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            return False, "this onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu)"
+        from ..cuda_runner import cuda_available
+        ok, why = cuda_available()
+        return (True, "") if ok else (False, why)
+
+    @property
+    def title(self) -> str:
+        return f"ONNX Runtime ({self.provider}, fused ops as {self.fused_as})"
+
+    @property
+    def label(self) -> str:
+        return f"ort ({self.provider}, --fused-as {self.fused_as})"
+
+    def detail(self, threads):
+        import onnxruntime
+        ep = "CUDAExecutionProvider" if self.provider == "cuda" else "CPUExecutionProvider"
+        return (f"onnxruntime {onnxruntime.__version__}, {ep}, {threads} intra-op threads, sequential execution, "
+                f"graph optimization level basic and all; fused ops written as --fused-as {self.fused_as}"
+                + ("; run() includes host-device copies" if self.provider == "cuda" else ""))
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        from ..ort_runner import OrtSession
+        folder = tempfile.TemporaryDirectory(prefix="blockc-ort-")
+        optimized = os.path.join(folder.name, "optimized.onnx")   # the graph ONNX Runtime runs: its kernels
+        try:
+            session = OrtSession(graph, weights, provider=self.provider, optimization=variant or self.variants[0],
+                                 threads=threads, fused_as=self.fused_as, optimized_model_path=optimized)
+        except BaseException:
+            folder.cleanup()
+            raise
+
+        def close():
+            session.close()
+            folder.cleanup()
+        return Compiled(session.run, kernels=count_onnx_nodes(optimized), close=close)
+
+    def run(self, graph, weights, feeds):
+        # One run needs no kernel count: skip writing ONNX Runtime's optimized model.
+        from ..ort_runner import run_ort
+        return run_ort(graph, weights, feeds, provider=self.provider, optimization=self.variants[0],
+                       fused_as=self.fused_as)
+
+
+register("ort", OrtBackend)
+register("ort-cpu", OrtBackend, compare=True, provider="cpu")
+register("ort-cuda", OrtBackend, compare=True, provider="cuda")

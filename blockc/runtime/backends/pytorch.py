@@ -1,0 +1,42 @@
+"""``torch-eager`` and ``torch-compile``: the graph as a PyTorch module, on the CPU.
+
+One idiomatic torch call per IR node (``runtime/torch_runner.py``), run
+eagerly or under ``torch.compile`` (inductor). ``blockc compare`` measures
+them as peers on the standard-form graph (``compare/peers.py``).
+"""
+from __future__ import annotations
+
+from ..backend import Backend, Compiled, register
+
+
+class TorchBackend(Backend):
+    """PyTorch on the CPU under ``inference_mode``; option ``compile``: under
+    ``torch.compile`` (one compile per shape)."""
+
+    runs = "one torch call per IR node"   # what the module is, for ``detail``
+
+    def __init__(self, *, compile: bool = False, **_options):
+        self.compile_module = compile
+
+    def availability(self):
+        from ..torch_runner import torch_available
+        ok, why = torch_available()
+        return (True, "") if ok else (False, why)
+
+    @property
+    def title(self) -> str:
+        return "PyTorch" + (" under torch.compile" if self.compile_module else " (eager)")
+
+    def detail(self, threads):
+        import torch
+        how = "torch.compile (inductor, one compile per shape)" if self.compile_module else "eager"
+        return f"torch {torch.__version__} on the CPU, {how}, {threads} intra-op threads, inference_mode; {self.runs}"
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        from ..torch_runner import TorchSession
+        session = TorchSession(graph, weights, compile=self.compile_module, threads=threads)
+        return Compiled(session.run)
+
+
+register("torch-eager", TorchBackend)
+register("torch-compile", TorchBackend, compile=True)

@@ -1,0 +1,29 @@
+"""``reference``: blockc's numpy interpreter as a backend."""
+from __future__ import annotations
+
+from ..backend import Backend, Compiled, register
+from ..reference import run_reference
+
+
+class ReferenceBackend(Backend):
+    """The numpy interpreter, one numpy call per IR node: in the graph's own
+    dtypes, or with ``float64=True`` in float64 (the oracle)."""
+
+
+    def __init__(self, *, float64: bool = False, **_options):
+        self.float64 = float64
+
+    @property
+    def title(self) -> str:
+        return "reference interpreter" + (" (float64)" if self.float64 else "")
+
+    def detail(self, threads):
+        return "blockc's numpy interpreter in the model's dtype (the float64 oracle's float32 twin), one numpy " \
+               "call per IR node; numpy's BLAS picks its own thread count"
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        return Compiled(lambda feeds: run_reference(graph, weights, feeds, float64=self.float64),
+                        kernels=len(graph.nodes))
+
+
+register("reference", ReferenceBackend, compare=True)

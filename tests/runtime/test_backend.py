@@ -1,0 +1,178 @@
+"""The backend interface: a backend is one class and one ``register`` call,
+and then ``blockc run``, ``blockc check`` and ``blockc compare`` use it with
+no other edit; availability says why not; the registry is the one place
+names are dispatched on."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blockc
+from blockc.cli import main
+from blockc.compare import CompareOptions, plan_comparison, run_comparison
+from blockc.errors import BlockcError
+from blockc.runtime.backend import (Backend, Compiled, backend_names, compare_backends, make_backend, register,
+                                    unregister)
+from blockc.runtime.reference import run_reference
+from blockc.runtime.timing import Timing
+
+SMALL = ["d_model=32", "heads=2", "layers=1", "vocab=61", "max_positions=64"]
+QUICK = dict(warmup=1, min_repeats=2, min_time_s=0.0, kernels=False)
+
+
+# ---- a new backend, defined here and nowhere else --------------------------------------
+class NumpyTwin(Backend):
+    """The reference interpreter in float32, as a backend of its own. Option
+    ``own_clock``: time itself (as a GPU backend does) instead of being timed
+    around ``run``."""
+
+    variants = ("a", "b")
+
+    def __init__(self, *, own_clock: bool = False, **_options):
+        self.own_clock = own_clock
+        self.compiled: list[str] = []
+
+    @property
+    def clock(self):
+        return "the twin's own clock" if self.own_clock else super().clock
+
+    @property
+    def title(self):
+        return "the numpy twin"
+
+    def detail(self, threads):
+        return "numpy, twice over"
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        self.compiled.append(variant)
+        twin = Compiled(lambda feeds: run_reference(graph, weights, feeds, float64=False), kernels=len(graph.nodes))
+        if self.own_clock:
+            twin.times_itself = True
+            twin.time = lambda feeds, **kw: Timing.of([1e-3, 2e-3, 3e-3])
+        return twin
+
+
+class Nowhere(Backend):
+    def availability(self):
+        return False, "it needs a machine that does not exist"
+
+
+@pytest.fixture
+def twin():
+    register("numpy-twin", NumpyTwin)
+    register("numpy-twin-clocked", NumpyTwin, own_clock=True)
+    register("nowhere", Nowhere)
+    yield
+    for name in ("numpy-twin", "numpy-twin-clocked", "nowhere"):
+        unregister(name)
+
+
+def test_run_uses_a_registered_backend(twin, capsys):
+    assert main(["run", "tiny", "--backend", "numpy-twin", "--check", "--dim", "seq=7"]) == 0
+    out = capsys.readouterr().out
+    assert "on the numpy twin, batch=2, seq=7" in out
+    errors = [float(line.split()[-1]) for line in out.splitlines()[2:] if line.strip()]
+    assert errors and max(errors) < 1e-4
+
+
+def test_check_uses_a_registered_backend(twin, capsys):
+    assert main(["check", "tiny", "--backend", "numpy-twin"]) == 0
+    out = capsys.readouterr().out
+    # --fused-as all does not change this backend: it is checked once
+    assert out.count("numeric A/B on numpy-twin") == 1 and out.strip().endswith("PASS")
+
+
+def test_compare_uses_a_registered_backend(twin):
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("numpy-twin", "numpy-twin-clocked",
+                                                                                  "nowhere"),
+                                          peers=(), seqs=(8,), threads=1, **QUICK))
+    report = run_comparison(plan)
+    rows = {(r["backend"], r["variant"], r["form"]): r for r in report["results"]}
+    assert set(rows) == {(b, v, f) for b in ("numpy-twin", "numpy-twin-clocked") for v in ("a", "b")
+                         for f in ("decomposed", "standard", "fused")}
+    assert all(r["status"] == "ok" and r["max_abs_error"] < 1e-4 for r in rows.values())
+    assert rows[("numpy-twin", "a", "fused")]["kernels"] < rows[("numpy-twin", "a", "standard")]["kernels"]
+    # a backend that times itself is not timed around run(): its own samples are the row's
+    assert rows[("numpy-twin-clocked", "b", "fused")]["latency_ms"]["median"] == pytest.approx(2.0)
+    assert "the twin's own clock" in report["timing"]["clock"]
+    nowhere = next(b for b in report["backends"] if b["name"] == "nowhere")
+    assert not nowhere["available"] and nowhere["reason"] == "it needs a machine that does not exist"
+
+
+def test_an_unavailable_backend_says_why(twin, capsys):
+    assert main(["run", "tiny", "--backend", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "--backend nowhere cannot run here: it needs a machine that does not exist" in err
+    assert "Traceback" not in err
+
+
+def test_registry_lists_names_once():
+    names = backend_names()
+    assert names[:6] == ("reference", "ort", "ort-cpu", "ort-cuda", "cuda", "cuda-emu")
+    assert compare_backends() == ("reference", "ort-cpu", "ort-cuda", "cuda")
+    with pytest.raises(BlockcError, match="unknown backend 'tpu'; backends: reference, ort"):
+        make_backend("tpu")
+
+
+def test_registered_options_win_and_unused_ones_are_ignored():
+    ort = make_backend("ort-cpu", provider="cuda", fused_as="contrib", gemm="cublas", float64=True)
+    assert (ort.name, ort.provider, ort.fused_as) == ("ort-cpu", "cpu", "contrib")
+    assert ort.label == "ort (cpu, --fused-as contrib)"
+    assert make_backend("reference", float64=True).title == "reference interpreter (float64)"
+
+
+def test_cuda_without_a_gpu_points_at_the_emulator():
+    cuda = make_backend("cuda")
+    ok, why = cuda.availability()
+    if ok:
+        pytest.skip("a GPU is here")
+    with pytest.raises(BlockcError, match="needs a GPU: .*--backend cuda-emu"):
+        cuda.require()
+
+
+def _tiny():
+    model = blockc.build_model("tiny", {"layers": "1"})
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample({"batch": 1, "seq": 5}, rng) for s in model.inputs()}
+    return blockc.to_form(blockc.trace(model), "fused"), dict(blockc.init_weights(model)), feeds
+
+
+@pytest.mark.parametrize("name", ["reference", "ort-cpu", "torch-eager"])
+def test_every_host_backend_runs_and_times(name):
+    backend = make_backend(name)
+    if not backend.availability()[0]:
+        pytest.skip(backend.availability()[1])
+    graph, weights, feeds = _tiny()
+    ref = run_reference(graph, weights, feeds)
+    with backend.compile(graph, weights, threads=1) as compiled:
+        out = compiled.run(feeds)
+        t = compiled.time(feeds, warmup=1, min_repeats=3, min_time_s=0.0)
+    assert max(float(np.max(np.abs(out[k] - ref[k]))) for k in ref) < 1e-4
+    assert t.repeats == 3 and t.min_s <= t.median_s <= t.max_s and not compiled.times_itself
+
+
+def test_emulated_cuda_times_itself_in_its_child_process():
+    """The child runs blockc's one timing loop (runtime.timing.measure):
+    per-run times there, not around a process start."""
+    from blockc.codegen.cuda import toolchain
+    if toolchain.find_gxx() is None:
+        pytest.skip("no g++: the CUDA emulator needs one")
+    g = blockc.parse_graph("graph g(%x: f32[n,8]) {\n  %0:f32[n,8] = tanh %x\n  return y=%0\n}\n")
+    x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(3, 8)
+    backend = make_backend("cuda-emu")
+    assert backend.times_itself
+    with backend.compile(g, {}) as compiled:
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], np.tanh(x), rtol=1e-6, atol=1e-6)
+        t = compiled.time({"x": x}, warmup=1, min_repeats=4, min_time_s=0.0)
+    assert compiled.times_itself and t.repeats == 4
+    assert t.max_s < 0.05   # a process start alone takes longer: the time is the run's
+
+
+def test_a_bad_feed_fails_before_compiling():
+    class Counting(NumpyTwin):
+        pass
+    backend = Counting()
+    graph, weights, feeds = _tiny()
+    with pytest.raises(BlockcError):
+        backend.run(graph, weights, {"input_ids": feeds["input_ids"].astype(np.float32)})
+    assert backend.compiled == []
