@@ -24,32 +24,122 @@ examples:
   blockc export gpt2 --set layers=2 -o gpt2-2l.onnx
   blockc run bert-base --set layers=2 --backend ort --check
   blockc run my_model.py:build --dim seq=64
+  blockc run tiny --inputs ids.npz --save out.npz   # your arrays in (numpy.savez), the outputs out
+  blockc export gpt2 --fused-as function -o f.onnx  # --fused-as alone means --form fused
 """
 
 
-def _model_args(p: argparse.ArgumentParser, *, form: bool = True) -> None:
+# ---- options ------------------------------------------------------------------
+# Each option that several commands take is declared once, here, by one
+# function. Its help is the same on every command, except through the
+# function's named parameters (what --seed seeds, the --dim defaults):
+# tests/test_cli_options.py holds both to that.
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """MODEL and --set."""
     from .frontends.catalog import DEFAULT_MODEL
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
                    help=f"a built-in model (see `blockc models`) or path/to/file.py:name (default: {DEFAULT_MODEL})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model setting, e.g. --set layers=2 --set d_model=64 (repeatable)")
-    if form:
-        from .forms import FORMS
-        p.add_argument("--form", choices=FORMS, default=form if isinstance(form, str) else "standard",
-                       help="standard: norms/softmax/gelu as single ops; decomposed: primitive math; "
-                            "fused: through the optimization pipeline")
 
 
-def _fused_as_arg(p: argparse.ArgumentParser, *, all_forms: bool = False) -> None:
-    from .codegen.fused_forms import FORMS
-    choices = FORMS + (("all",) if all_forms else ())
-    p.add_argument("--fused-as", choices=choices, default="all" if all_forms else "auto",
+def _form_arg(p: argparse.ArgumentParser, *, default: str = "standard", start: bool = False) -> None:
+    """--form: the graph form a command works on (``default`` when not given).
+
+    ``start``: the command optimizes the graph itself (check, fusions), so
+    --form is the form the fusions start from and ``fused`` is not offered.
+    The default is applied by ``_resolve_forms``, which must know whether
+    --form was given.
+    """
+    from .passes.forms import FORMS
+    choices = tuple(f for f in FORMS if f != "fused") if start else FORMS
+    meanings = {"standard": "norms, softmax and GELU as single ops", "decomposed": "primitive math",
+                "fused": "through the optimization pipeline"}
+    listed = ", ".join(f"{f} ({meanings[f]})" for f in choices)
+    p.add_argument("--form", choices=choices, default=None,
+                   help=f"the graph form{' the fusions start from' if start else ''}: {listed} (default {default})")
+    p.set_defaults(form_default=default)
+
+
+def _fused_as_arg(p: argparse.ArgumentParser, *, all_forms: bool = False, picks_form: bool = True) -> None:
+    """--fused-as: how fused ops are written in ONNX.
+
+    ``all_forms`` adds ``all`` (check: every encoding in turn). ``picks_form``:
+    the command's --form decides whether there are fused ops at all (export,
+    run), so --fused-as alone means --form fused and an unfused --form with
+    it is refused (``_resolve_forms``). Without it (check, fusions, compare)
+    the command makes fused ops whatever --form says.
+    """
+    from .codegen.fused_encodings import ENCODINGS
+    choices = ENCODINGS + (("all",) if all_forms else ())
+    default = "all" if all_forms else "auto"
+    p.add_argument("--fused-as", choices=choices, default=None,
                    help="how fused ops are written in ONNX: function (an ONNX local function, portable), contrib "
                         "(ONNX Runtime's com.microsoft ops), onnx23 (opset-23 Attention/RMSNormalization), auto "
-                        "(the form measured fastest for the provider)" + ("; all: every form" if all_forms else "")
-                        + f" (default {'all' if all_forms else 'auto'})")
+                        "(the encoding measured fastest for the provider)" + ("; all: every encoding" if all_forms else "")
+                        + f" (default {default})"
+                        + ("; given without --form it means --form fused, and --form standard or decomposed "
+                           "with it is an error" if picks_form else ""))
+    p.set_defaults(fused_as_default=default, fused_as_picks_form=picks_form)
+
+
+def _provider_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
+
+
+def _weights_args(p: argparse.ArgumentParser, *, seeds: str = "the weights and inputs") -> None:
+    """--seed and --weights; ``seeds`` says what the seed makes on this command."""
+    p.add_argument("--seed", type=int, default=0, help=f"seed of {seeds} (default 0)")
+    p.add_argument("--weights", metavar="FILE",
+                   help="a .safetensors or .npz file of weights to use instead of seeded ones")
+
+
+def _dim_arg(p: argparse.ArgumentParser, *, defaults: dict[str, int] | None, purpose: str = "") -> None:
+    """--dim NAME=INT. ``defaults``: the sizes ``_bindings`` starts from on this
+    command (stated once, here, for the help and the code); ``purpose``: what
+    the sizes are for, where that is not running the model."""
+    if defaults:
+        p.set_defaults(dim_defaults=defaults)
+    said = ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "none"
+    p.add_argument("--dim", action="append", metavar="NAME=INT",
+                   help=f"bind a symbolic dimension{purpose} (repeatable; default {said})")
+
+
+def _gemm_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled",
+                   help="the CUDA MatMul kernel: tiled (portable, what emulation runs; default) or cublas")
+
+
+def _dtype_arg(p: argparse.ArgumentParser, *, choices: tuple[str, ...]) -> None:
+    """--dtype; ``choices``: the dtypes the command's targets support."""
+    p.add_argument("--dtype", choices=choices, help="the model's dtype, as --set dtype= (default: the model's own)")
+
+
+def _json_arg(p: argparse.ArgumentParser, *, what: str, schema: str | None = None) -> None:
+    p.add_argument("--json", metavar="FILE",
+                   help=f"also write {what} as JSON to FILE" + (f" (schema: {schema})" if schema else ""))
+
+
+def _resolve_forms(args) -> None:
+    """Give --form and --fused-as their values, knowing which were given.
+
+    Where --form decides whether there are fused ops (export, run),
+    ``--fused-as X`` alone means ``--form fused``, and an explicit unfused
+    --form with it is refused: that graph has no fused op to write as X.
+    """
+    form, fused_as = getattr(args, "form", None), getattr(args, "fused_as", None)
+    if fused_as is not None and getattr(args, "fused_as_picks_form", False) and hasattr(args, "form"):
+        if form is None:
+            args.form = "fused"
+        elif form != "fused":
+            raise BlockcError(f"--fused-as {fused_as} says how fused ops are written, but --form {form} has no "
+                              f"fused ops: use --form fused, or leave --form out (--fused-as alone means it)")
+    if hasattr(args, "form") and args.form is None:
+        args.form = args.form_default
+    if hasattr(args, "fused_as") and args.fused_as is None:
+        args.fused_as = args.fused_as_default
 
 
 def _optimize_args(p: argparse.ArgumentParser) -> None:
@@ -75,7 +165,7 @@ def _model(args):
 
 
 def _graph(args):
-    from .forms import to_form
+    from .passes.forms import to_form
     from .ir.verify import verify
 
     model, traced = _model(args)
@@ -109,21 +199,46 @@ def _parse_dims(items: list[str] | None) -> dict[str, int]:
     return dims
 
 
-def _bindings(args, model, graph, defaults=None) -> dict[str, int]:
-    bindings = dict(defaults or {"batch": 2, "seq": 16})
-    bindings.update(_parse_dims(args.dim))
+def _asked_dims(args, graph) -> dict[str, int]:
+    """The sizes --dim asks for, each checked to name a dimension of the model."""
+    dims = _parse_dims(args.dim)
     symbols = graph.symbols()
-    unknown = [k for k in bindings if k not in symbols and k not in ("batch", "seq")]
+    unknown = [k for k in dims if k not in symbols and k not in ("batch", "seq")]
     if unknown:
         raise BlockcError(f"--dim {', '.join(unknown)}: the model has no such dimension "
                           f"(its dimensions: {', '.join(symbols)})")
-    for k, v in bindings.items():
+    for k, v in dims.items():
         if v <= 0:
             raise BlockcError(f"--dim {k}={v}: dimensions must be positive")
+    return dims
+
+
+def _bindings(args, model, graph) -> dict[str, int]:
+    """The command's default sizes (declared with its --dim), overridden by --dim."""
+    bindings = dict(args.dim_defaults)
+    bindings.update(_asked_dims(args, graph))
     for k, limit in model.max_dims().items():
         if bindings.get(k, 0) > limit:
             raise BlockcError(f"--dim {k}={bindings[k]} exceeds the model's maximum of {limit}")
+    symbols = graph.symbols()
     return {k: v for k, v in bindings.items() if k in symbols}
+
+
+def _feeds(args, model, graph) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """``(feeds, bindings)``: the arrays of --inputs, checked against the
+    graph's inputs (their shapes bind the dims), or inputs sampled as each
+    ``InputSpec`` says from --seed at the --dim sizes."""
+    from .runtime.feeds import check_feeds, check_writable, load_npz
+    if getattr(args, "save", None):
+        check_writable(args.save)  # now, not after the run
+    if not getattr(args, "inputs", None):
+        bindings = _bindings(args, model, graph)
+        rng = np.random.default_rng(args.seed)
+        return {s.name: s.sample(bindings, rng) for s in model.inputs()}, bindings
+    # InputSpec.sample draws ids in [0, high): the ids the model has embeddings for.
+    ranges = {s.name: (0, s.high) for s in model.inputs() if s.kind == "ids"}
+    return check_feeds(graph, load_npz(args.inputs), value_ranges=ranges, max_dims=model.max_dims(),
+                       dims=_asked_dims(args, graph), source=f"the arrays of {args.inputs}")
 
 
 # ---- commands ----------------------------------------------------------------
@@ -174,27 +289,21 @@ def cmd_export(args) -> int:
 
 def cmd_run(args) -> int:
     from .frontends.module import InputSpec  # noqa: F401  (documented input sampling)
+    from .runtime.backend import make_backend
     from .runtime.reference import run_reference
     model, graph = _graph(args)
     weights = _weights(args, model)
-    bindings = _bindings(args, model, graph)
-    rng = np.random.default_rng(args.seed)
-    feeds = {s.name: s.sample(bindings, rng) for s in model.inputs()}
+    feeds, bindings = _feeds(args, model, graph)
+    backend = make_backend(args.backend, provider=args.provider, fused_as=args.fused_as, gemm=args.gemm,
+                           float64=args.float64)
+    backend.require()
     t0 = time.perf_counter()
-    if args.backend == "reference":
-        outputs = run_reference(graph, weights, feeds, float64=args.float64)
-        where = "reference interpreter" + (" (float64)" if args.float64 else "")
-    elif args.backend in ("cuda", "cuda-emu"):
-        from .runtime.cuda_runner import run_cuda
-        outputs = run_cuda(graph, weights, feeds, emulate=args.backend == "cuda-emu", gemm=args.gemm)
-        where = "generated CUDA, " + ("on the GPU" if args.backend == "cuda" else "emulated on the CPU")
-    else:
-        from .runtime.ort_runner import run_ort
-        outputs = run_ort(graph, weights, feeds, provider=args.provider, fused_as=args.fused_as)
-        where = f"ONNX Runtime ({args.provider}, fused ops as {args.fused_as})"
+    outputs = backend.run(graph, weights, feeds)
+    where = backend.title
     elapsed = time.perf_counter() - t0
     dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
-    print(f"{graph.name} [{args.form}] on {where}, {dims}, seed {args.seed}: {elapsed * 1e3:.1f} ms")
+    source = f"inputs {args.inputs}" if args.inputs else f"seed {args.seed}"
+    print(f"{graph.name} [{args.form}] on {where}, {dims}, {source}: {elapsed * 1e3:.1f} ms")
     oracle = run_reference(graph, weights, feeds, float64=True) if args.check else None
     header = f"  {'output':<20} {'shape':<18} {'dtype':<9} {'mean':>11} {'std':>11} {'min':>11} {'max':>11}"
     print(header + ("  max |err| vs f64" if oracle else ""))
@@ -208,6 +317,10 @@ def cmd_run(args) -> int:
             worst = max(worst, err)
             line += f"  {err:.3g}"
         print(line)
+    if args.save:
+        from .runtime.feeds import save_npz
+        save_npz(args.save, outputs)
+        print(f"wrote {args.save}")
     if oracle and not np.isfinite(worst):
         raise BlockcError("outputs are not finite")
     return 0
@@ -215,21 +328,21 @@ def cmd_run(args) -> int:
 
 def cmd_fusions(args) -> int:
     import json
-    from .forms import to_form
+    from .passes.forms import to_form
     from .frontends.catalog import parse_sets
     from .passes.manager import optimize
     from .report.fusions import build_report, format_report
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     result = optimize(graph, **_optimize_options(args))
-    bindings = _bindings(args, model, graph, {"batch": 1, "seq": 128})
+    bindings = _bindings(args, model, graph)
     decisions: list = []
     if not args.no_onnx_forms:  # which ONNX form each fused op gets, and why
         from .codegen.onnx_export import export_onnx
         export_onnx(result.graph, _weights(args, model), fused_as=args.fused_as, provider=args.provider,
                     decisions=decisions)
     report = build_report(args.model, graph, result, bindings, parse_sets(args.set), args.form,
-                          onnx_forms=decisions)
+                          onnx_encodings=decisions)
     print(format_report(report, verbose=args.verbose))
     if args.json:
         _write_text(args.json, json.dumps(report, indent=2) + "\n")
@@ -238,28 +351,25 @@ def cmd_fusions(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .forms import to_form
+    from .codegen.fused_encodings import ENCODINGS
+    from .passes.forms import to_form
     from .report.numerics import check_fusions, format_check
-    from .runtime.reference import run_reference  # noqa: F401
+    from .runtime.backend import make_backend
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     weights = dict(_weights(args, model))
-    bindings = _bindings(args, model, graph, {"batch": 2, "seq": 16})
-    rng = np.random.default_rng(args.seed)
-    feeds = {s.name: s.sample(bindings, rng) for s in model.inputs()}
-    ok = True
-    for backend in args.backend:
-        if backend == "reference":
-            result = check_fusions(graph, weights, feeds)
-            print(format_check(result))
-            ok &= result.passed
-            continue
-        from .codegen.fused_forms import FORMS
-        from .runtime.ort_runner import run_ort
-        for form in (FORMS if args.fused_as == "all" else (args.fused_as,)):
-            result = check_fusions(graph, weights, feeds, backend=f"ort ({args.provider}, --fused-as {form})",
-                                   run=lambda g, form=form: run_ort(g, weights, feeds, provider=args.provider,
-                                                                    fused_as=form))
+    feeds = _feeds(args, model, graph)[0]
+    ok, checked = True, set()
+    for name in args.backend:
+        # --fused-as all: each ONNX encoding in turn, where it changes what runs (the label says so)
+        for encoding in (ENCODINGS if args.fused_as == "all" else (args.fused_as,)):
+            backend = make_backend(name, provider=args.provider, fused_as=encoding)
+            if backend.label in checked:
+                continue
+            checked.add(backend.label)
+            backend.require()
+            result = check_fusions(graph, weights, feeds, backend=backend.label,
+                                   run=lambda g, backend=backend: backend.run(g, weights, feeds))
             print(format_check(result))
             ok &= result.passed
     return 0 if ok else 1
@@ -268,7 +378,7 @@ def cmd_check(args) -> int:
 def cmd_cuda(args) -> int:
     import json
     import os
-    from . import __version__
+    from .version import __version__
     from .codegen.cuda import build as cuda_build
     from .codegen.cuda.lower import generate
     from .report.cuda_summary import compile_report, format_cuda_summary
@@ -277,7 +387,7 @@ def cmd_cuda(args) -> int:
         args.set = list(args.set) + [f"dtype={args.dtype}"]
     model, graph = _graph(args)
     weights = _weights(args, model)
-    bindings = _bindings(args, model, graph, {"batch": 1, "seq": 128})
+    bindings = _bindings(args, model, graph)
     cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm)
     meta = cuda_build.write_build(cuda, args.output, archs=archs, gemm=args.gemm, bindings=bindings)
     summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs,
@@ -369,23 +479,13 @@ def _check_writable(path: str) -> None:
 
 def _write_text(path: str, text: str) -> None:
     """Write atomically: a failed write leaves no partial file."""
-    import os
-    import tempfile
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".blockc-", suffix=".tmp")
-    except OSError as e:
-        raise BlockcError(f"cannot write {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise BlockcError(f"cannot write {path}: {e.strerror}") from None
+    from .files import atomic_write
+    with atomic_write(path, "w") as f:
+        f.write(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .runtime.backend import backend_names, compare_backends
     parser = argparse.ArgumentParser(
         prog="blockc", description="blockc: a compiler for transformer models. Declare or pick a model, "
         "see its IR, export ONNX, run it.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -398,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print a model's IR", description="Trace MODEL and print its IR "
                        "(one line per node; the text parses back with blockc.parse_graph).")
     _model_args(p)
+    _form_arg(p)
     _optimize_args(p)
     p.set_defaults(fn=cmd_show)
 
@@ -406,16 +507,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "with the reason; which original nodes went into which fused op; node counts and "
                        "modelled memory traffic before and after.")
     _model_args(p)
+    _form_arg(p, start=True)
     _optimize_args(p)
-    p.add_argument("--dim", action="append", metavar="NAME=INT",
-                   help="bind a symbolic dimension for the traffic model (default batch=1, seq=128)")
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON (schema: docs/fusion-report.md)")
+    _dim_arg(p, defaults={"batch": 1, "seq": 128}, purpose=" for the traffic model")
+    _json_arg(p, what="the report", schema="docs/fusion-report.md")
     p.add_argument("--verbose", action="store_true", help="list every rejected candidate")
-    _fused_as_arg(p)
+    _fused_as_arg(p, picks_form=False)
+    _provider_arg(p)
     p.add_argument("--no-onnx-forms", action="store_true",
                    help="skip working out each fused op's ONNX form (it exports the model with seeded weights)")
-    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--weights", help=argparse.SUPPRESS)
+    _weights_args(p, seeds="the weights exported to work out the ONNX forms")
     p.set_defaults(fn=cmd_fusions)
 
     p = sub.add_parser("check", help="numeric A/B of every fusion",
@@ -423,30 +524,31 @@ def build_parser() -> argparse.ArgumentParser:
                        "together) in float32 against the float64 reference; a fusion passes when its error is "
                        "at most 2x the unfused error plus 1e-6. Exit status 1 on failure.")
     _model_args(p)
-    p.add_argument("--backend", action="append", choices=("reference", "ort"),
+    _form_arg(p, start=True)
+    p.add_argument("--backend", action="append", choices=backend_names(),
                    help="backends to check on (repeatable; default: reference and ort)")
-    _fused_as_arg(p, all_forms=True)
-    p.add_argument("--dim", action="append", metavar="NAME=INT",
-                   help="bind a symbolic dimension (default batch=2, seq=16)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
-    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    _fused_as_arg(p, all_forms=True, picks_form=False)
+    _provider_arg(p)
+    _dim_arg(p, defaults={"batch": 2, "seq": 16})
+    _weights_args(p)
     p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("summary", help="parameter counts per module",
                        description="Print MODEL's parameters per module, the total, and the non-embedding "
                        "count against the 12·L·d² rule of thumb.")
-    _model_args(p, form=False)
+    _model_args(p)
     p.set_defaults(fn=cmd_summary)
 
     p = sub.add_parser("export", help="write the model as ONNX", description="Export MODEL as an ONNX file "
                        "(standard ops, dynamic batch/seq, weights as initializers; external data past 2 GB).")
     _model_args(p)
+    _form_arg(p)
     _optimize_args(p)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--opset", type=int, help="ONNX opset (default: 21, or 23 for --fused-as onnx23)")
     _fused_as_arg(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
-    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    _provider_arg(p)
+    _weights_args(p, seeds="the weights")
     p.add_argument("--no-weights", action="store_true",
                    help="write the model only, its weights declared as external data in <output>.data "
                    "(laid out, not written): any size exports in seconds")
@@ -456,34 +558,38 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate CUDA C++ for MODEL into DIR (kernels from templates, a host file with "
                        "a static memory plan and a C API, a weights file, build.sh), compile it with nvcc for each "
                        "--arch and report every kernel's registers, spills and shared memory.")
-    _model_args(p, form="fused")
+    _model_args(p)
+    _form_arg(p, default="fused")
     _optimize_args(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the build directory to write")
     p.add_argument("--arch", default="sm_80,sm_90", help="GPU architectures (default sm_80,sm_90)")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="the model's dtype (a --set dtype=)")
-    p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled",
-                   help="MatMul: the portable tiled kernel (default; what emulation runs) or cuBLAS")
-    p.add_argument("--dim", action="append", metavar="NAME=INT",
-                   help="dims for the memory-plan figures (default batch=1, seq=128)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0)")
-    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
-    p.add_argument("--json", metavar="FILE", help="also write the summary as JSON here")
+    _dtype_arg(p, choices=("float32", "float16", "bfloat16"))
+    _gemm_arg(p)
+    _dim_arg(p, defaults={"batch": 1, "seq": 128}, purpose=" for the memory-plan figures")
+    _weights_args(p, seeds="the weights")
+    _json_arg(p, what="the summary")
     p.add_argument("--no-compile", action="store_true", help="write the build without running nvcc")
     p.set_defaults(fn=cmd_cuda)
 
-    p = sub.add_parser("run", help="run the model on seeded random inputs",
-                       description="Run MODEL on seeded random inputs and print a summary of each output.")
+    p = sub.add_parser("run", help="run the model on your inputs or seeded random ones",
+                       description="Run MODEL on the arrays of --inputs FILE.npz, or on seeded random inputs, "
+                       "print a summary of each output, and with --save write the outputs.")
     _model_args(p)
+    _form_arg(p)
     _optimize_args(p)
-    p.add_argument("--backend", choices=("reference", "ort", "cuda", "cuda-emu"), default="ort",
-                   help="reference: the numpy interpreter; ort: ONNX Runtime (default); cuda: generated CUDA on a "
-                        "GPU; cuda-emu: the same CUDA source emulated on the CPU")
-    p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled", help="cuda backends: the MatMul kernel")
+    p.add_argument("--backend", choices=backend_names(), default="ort",
+                   help="reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
+                        "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
+                        "CPU; torch-eager, torch-compile: the graph as a PyTorch module")
+    _gemm_arg(p)
     _fused_as_arg(p)
-    p.add_argument("--dim", action="append", metavar="NAME=INT",
-                   help="bind a symbolic dimension (default batch=2, seq=16)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
-    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
+    _provider_arg(p)
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help="run on these arrays, named after the model's inputs (numpy.savez); their shapes bind "
+                        "the dims, and every mismatch with the model's inputs is listed")
+    p.add_argument("--save", metavar="FILE.npz", help="write the outputs, by name, to this .npz file")
+    _dim_arg(p, defaults={"batch": 2, "seq": 16})
+    _weights_args(p, seeds="the weights, and of the inputs where --inputs gives none")
     p.add_argument("--float64", action="store_true", help="reference backend: compute in float64")
     p.add_argument("--check", action="store_true", help="also report each output's max error against the "
                    "float64 reference")
@@ -497,17 +603,17 @@ def build_parser() -> argparse.ArgumentParser:
                        "float64 reference. ONNX Runtime runs at its basic optimization level (so the fusions are "
                        "blockc's) and at its full level. Backends and peers that are not here are listed as skipped "
                        "with the reason.")
-    _model_args(p, form=False)
-    from .compare.backends import BACKENDS
+    _model_args(p)
     from .compare.peers import PEERS
-    p.add_argument("--backends", default=",".join(BACKENDS), metavar="LIST",
-                   help=f"comma-separated, from {', '.join(BACKENDS)} (default: all; those not here are skipped)")
+    p.add_argument("--backends", default=",".join(compare_backends()), metavar="LIST",
+                   help=f"comma-separated, from {', '.join(backend_names())} (default: "
+                        f"{', '.join(compare_backends())}; those not here are skipped)")
     p.add_argument("--peers", default=",".join(PEERS), metavar="LIST",
                    help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed)")
     p.add_argument("--batch", default="1", metavar="LIST", help="batch sizes, e.g. 1,8 (default 1)")
     p.add_argument("--seq", default="128", metavar="LIST", help="sequence lengths, e.g. 128,512 (default 128)")
-    p.add_argument("--dim", action="append", metavar="NAME=INT", help="size of any other symbolic dimension")
-    p.add_argument("--dtype", choices=("float32", "float16"), help="the model's dtype (default: the model's own)")
+    _dim_arg(p, defaults=None, purpose=" other than batch and seq")
+    _dtype_arg(p, choices=("float32", "float16"))
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads for ONNX Runtime and torch (default: the CPU count)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up runs before timing (default 3)")
@@ -517,13 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "so drift on a busy machine is shared, and ratios are paired round by round (default 3)")
     p.add_argument("--sessions", type=int, default=1, help="sessions per contestant, timed and pooled: where each "
                    "session's weights land in memory moves its speed by a few percent (default 1)")
-    p.add_argument("--fused-as", choices=("auto", "function", "contrib", "onnx23"), default="auto",
-                   help="how fused ops are written in ONNX for the ort backends (default auto)")
+    _fused_as_arg(p, picks_form=False)
     p.add_argument("--peak-gbps", type=float, help="the device's peak memory bandwidth in GB/s, for a CPU "
                    "(GPUs' published peaks are known)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
-    p.add_argument("--weights", help="a .safetensors or .npz file of weights to use instead")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON (schema: docs/compare-report.md)")
+    _weights_args(p)
+    _json_arg(p, what="the results", schema="docs/compare-report.md")
     p.add_argument("--report", metavar="DIR", help="also write an HTML report with charts into DIR")
     p.add_argument("--no-kernels", action="store_true", help="skip timing each fused kernel alone")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -542,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _resolve_forms(args)
         return args.fn(args)
     except BlockcError as e:
         print(f"blockc: error: {e}", file=sys.stderr)

@@ -40,6 +40,14 @@ class WeightsError(BlockcError):
     """Weights whose names, shapes or dtypes do not match the model."""
 
 
+class InputsError(BlockcError):
+    """Input arrays that do not fit a graph's inputs; ``problems`` lists every mismatch."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        self.problems = list(problems or [])
+        super().__init__(message)
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -185,3 +185,97 @@ def test_run_on_the_gpu_or_say_why_not(capsys):
         assert worst < 1e-3
     else:
         assert code == 2 and "needs a GPU" in err and "cuda-emu" in err and "Traceback" not in err
+
+
+# ---- blockc run on your data: --inputs FILE.npz, --save FILE.npz -------------------------------
+TINY = ["tiny", "--set", "layers=1"]
+
+
+def saved_sample(path, seed=3):
+    """The inputs `blockc run tiny --seed SEED --dim seq=6` would sample, saved to ``path``."""
+    import blockc
+    model = blockc.build_model("tiny", {"layers": "1"})
+    rng = np.random.default_rng(seed)
+    np.savez(path, **{s.name: s.sample({"batch": 2, "seq": 6}, rng) for s in model.inputs()})
+
+
+def run_backends():
+    """Every backend of `blockc run`, skipped where it cannot run here."""
+    from blockc.runtime.backend import backend_names, make_backend
+    for name in backend_names():
+        ok, why = make_backend(name).availability()
+        if name == "torch-compile":  # half a minute of compiling, for the feeds path torch-eager takes
+            ok, why = False, "slow; torch-eager covers the torch backends"
+        yield pytest.param(name, marks=[] if ok else [pytest.mark.skip(reason=why)])
+
+
+@pytest.mark.parametrize("backend", run_backends())
+def test_run_on_saved_inputs_matches_the_seeded_run(backend, tmp_path, capsys):
+    inputs, ref, out = tmp_path / "in.npz", tmp_path / "ref.npz", tmp_path / "out.npz"
+    saved_sample(inputs)
+    code, text, err = run(capsys, "run", *TINY, "--backend", "reference", "--seed", "3", "--dim", "seq=6",
+                          "--save", str(ref))
+    assert code == 0, err
+    code, text, err = run(capsys, "run", *TINY, "--backend", backend, "--seed", "3", "--inputs", str(inputs),
+                          "--save", str(out))
+    assert code == 0, err
+    assert f"batch=2, seq=6, inputs {inputs}:" in text.splitlines()[0]  # the dims come from the file
+    assert text.rstrip().endswith(f"wrote {out}")
+    with np.load(ref, allow_pickle=False) as want, np.load(out, allow_pickle=False) as got:
+        assert sorted(got.files) == sorted(want.files) == ["logits", "probs"]
+        for name in want.files:
+            assert got[name].shape == want[name].shape == (2, 6, 256)
+            tolerance = 0.0 if backend == "reference" else 1e-4 if "cuda" in backend else 1e-5
+            assert np.max(np.abs(got[name] - want[name])) <= tolerance, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz", "out.npz", "ref.npz"]  # no temp files
+
+
+def test_run_inputs_agree_with_dim_or_say_so(tmp_path, capsys):
+    inputs = tmp_path / "in.npz"
+    saved_sample(inputs)
+    assert run(capsys, "run", *TINY, "--backend", "reference", "--inputs", str(inputs), "--dim", "seq=6")[0] == 0
+    code, _, err = run(capsys, "run", *TINY, "--backend", "reference", "--inputs", str(inputs), "--dim", "seq=8")
+    assert code == 2 and "dimension 'seq' is 6 in the arrays of" in err and "but 8 was asked for" in err
+
+
+def test_run_inputs_lists_every_mismatch(tmp_path, capsys):
+    path = tmp_path / "bad.npz"
+    np.savez(path, input_ids=np.array([[1, 2, 999]], dtype=np.int32), mask=np.ones((1, 3)))
+    code, out, err = run(capsys, "run", *TINY, "--backend", "reference", "--inputs", str(path),
+                         "--save", str(tmp_path / "out.npz"))
+    assert code == 2 and out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[0] == f"blockc: error: the arrays of {path} do not fit tiny's inputs (3 problems):"
+    assert lines[1:] == ["  unexpected array 'mask' (the graph takes input_ids: i64[batch,seq])",
+                         "  input_ids: dtype int32, expected int64",
+                         "  input_ids: 1 of 3 values outside [0, 256) (min 1, max 999)"]
+    assert not (tmp_path / "out.npz").exists()
+    np.savez(path, input_ids=np.zeros((1, 129), np.int64))  # past the model's 128 positions
+    code, _, err = run(capsys, "run", *TINY, "--backend", "reference", "--inputs", str(path))
+    assert code == 2 and "dimension 'seq' is 129, over the model's maximum of 128" in err
+
+
+def test_run_inputs_refuses_pickles(tmp_path, capsys):
+    path = tmp_path / "p.npz"
+    np.savez(path, input_ids=np.array([{"a": 1}], dtype=object))
+    code, _, err = run(capsys, "run", *TINY, "--backend", "reference", "--inputs", str(path))
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "'input_ids' holds Python objects (pickled), which blockc does not load" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--inputs", "{d}/none.npz"], "cannot read {d}/none.npz: no such file"),
+    (["--inputs", "{d}"], "cannot read {d}: it is a folder"),
+    (["--inputs", "{d}/in.npy"], "it is a single .npy array"),
+    (["--inputs", "{d}/text.npz"], "not an .npz file"),
+    (["--save", "{d}/no/such/folder/out.npz"], "the folder {d}/no/such/folder does not exist"),
+    (["--save", "{d}"], "cannot write {d}: it is a folder"),
+])
+def test_run_bad_paths_are_one_line_errors(flags, message, tmp_path, capsys):
+    np.save(tmp_path / "in.npy", np.zeros((1, 4), np.int64))
+    (tmp_path / "text.npz").write_text("input_ids = 1, 2, 3\n")
+    flags = [f.format(d=tmp_path) for f in flags]
+    code, out, err = run(capsys, "run", *TINY, "--backend", "reference", *flags)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("blockc: error: ") and len(err.strip().splitlines()) == 1
+    assert message.format(d=tmp_path) in err

@@ -14,6 +14,7 @@ import blockc
 # "blockc" is the package's facade (blockc/__init__.py): only the CLI is above it.
 LAYERS = [
     ("errors", "version"),
+    ("files",),
     ("ir",),
     ("ops",),
     ("passes", "frontends"),

@@ -19,6 +19,7 @@ from typing import Mapping
 import jinja2
 
 from ..errors import BlockcError
+from ..files import user_mode
 from ..ir.graph import Graph
 from . import plots
 from .traffic import human_bytes
@@ -72,7 +73,7 @@ def _write_all(directory: pathlib.Path, files: dict[str, bytes]) -> None:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; the page is for sharing
+            os.chmod(tmp, user_mode())  # mkstemp makes 0600; the page is for sharing
         for name, tmp in sorted(staged, key=lambda s: s[0] == INDEX):
             os.replace(tmp, directory / name)
     except OSError as e:
