@@ -1,9 +1,9 @@
 """Measure every ONNX form of every fused op on ONNX Runtime; rewrite the
 table that ``export_onnx(fused_as="auto")`` chooses from.
 
-    python bench/fused_forms.py                       # cpu, 2 intra-op threads
-    python bench/fused_forms.py --provider cuda
-    python bench/fused_forms.py --min-time 0.2 --dry-run
+    python bench/fused_encodings.py                       # cpu, 2 intra-op threads
+    python bench/fused_encodings.py --provider cuda
+    python bench/fused_encodings.py --min-time 0.2 --dry-run
 
 Each fused kind is a one-node graph (symbolic batch and seq, as exported
 models have) at its representative shapes; each form (function, contrib,
@@ -11,14 +11,16 @@ onnx23) is exported, loaded at ONNX Runtime's *basic* optimization level
 (so ONNX Runtime's own fusions do not blur the forms) with N intra-op
 threads, warmed up, then run until both a minimum count and a minimum time
 are reached (in interleaved rounds, so a drift in machine load hits every
-form alike); the median is kept. A form that declines the node is recorded
-with its reason. The kind's form is the one with the lowest geometric mean
+form alike); the median is kept. Each form runs through blockc's ONNX
+Runtime backend (``runtime/backends/ort.py``) and is timed by
+``runtime.timing``, as ``blockc compare`` does. A form that declines the
+node is recorded with its reason. The kind's form is the one with the lowest geometric mean
 of medians over its shapes, except that ``function`` -- portable, and what
 ONNX Runtime inlines into plain ops -- is kept unless another form beats it
 by more than ``--margin`` (5%): a fusion is worth emitting only where the
 target runs it faster.
 
-The table (``blockc/codegen/fused_forms_table.json``) is rewritten for the
+The table (``blockc/codegen/fused_encodings_table.json``) is rewritten for the
 measured provider only; entries for other providers are kept.
 """
 from __future__ import annotations
@@ -29,10 +31,8 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -41,12 +41,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import onnxruntime as ort  # noqa: E402
 
-from blockc.codegen.fused_forms import TABLE_PATH  # noqa: E402
+from blockc.codegen.fused_encodings import TABLE_PATH  # noqa: E402
 from blockc.codegen.onnx_export import export_onnx  # noqa: E402
 from blockc.ir.dims import parse_dim  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
 from blockc.ir.graph import Graph  # noqa: E402
 from blockc.ir.types import TensorType  # noqa: E402
+from blockc.runtime.backend import make_backend  # noqa: E402
+from blockc.runtime.timing import measure_interleaved  # noqa: E402
 
 FORMS = ("function", "contrib", "onnx23")
 F32 = DType.float32
@@ -112,34 +114,10 @@ def cases():
 # ---- measuring ------------------------------------------------------------------------
 def median_ms(fns: dict, *, min_time: float, min_repeats: int = 20, warmup: int = 5, rounds: int = 5) -> dict:
     """{name: (median ms, runs)} for each callable in ``fns``, timed in
-    interleaved rounds so that a drift in machine load hits every form alike."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            spent, runs = 0.0, 0
-            while runs < -(-min_repeats // rounds) or spent < min_time / rounds:
-                t0 = time.perf_counter()
-                fn()
-                dt = time.perf_counter() - t0
-                times[name].append(dt)
-                spent, runs = spent + dt, runs + 1
-    return {name: (statistics.median(ts) * 1e3, len(ts)) for name, ts in times.items()}
-
-
-def session(model, provider: str, threads: int):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    s = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-    if provider == "cuda" and "CUDAExecutionProvider" not in s.get_providers():
-        raise SystemExit("the CUDA execution provider could not be initialized")
-    return s
+    interleaved rounds (``runtime.timing.measure_interleaved``) so that a
+    drift in machine load hits every form alike."""
+    timed = measure_interleaved(fns, rounds=rounds, warmup=warmup, min_repeats=min_repeats, min_time_s=min_time)
+    return {name: (t.timing.median_s * 1e3, t.timing.repeats) for name, t in timed.items()}
 
 
 def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_time: float) -> dict:
@@ -150,20 +128,25 @@ def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_tim
     weights = {n: (rng.standard_normal(v.type.concrete_shape({})) / np.sqrt(v.shape[0] if v.type.rank == 2 else 1))
                .astype(np.float32) for n, v in graph.params.items()}
     feeds = {v.name: rng.standard_normal(v.type.concrete_shape(sizes)).astype(np.float32) for v in graph.inputs}
-    sessions, declined, reference = {}, {}, None
-    for form in FORMS:
-        decisions: list = []
-        model = export_onnx(graph, weights, fused_as=form, provider=provider, decisions=decisions)
-        if decisions[0]["form"] != form:
-            declined[form] = decisions[0]["reason"]
-            continue
-        s = sessions[form] = session(model, provider, threads)
-        out = s.run(None, feeds)[0]
-        if reference is None:
-            reference = out
-        else:  # every form computes the same thing, or its time means nothing
-            np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4, err_msg=form)
-    timed = median_ms({form: (lambda s=s: s.run(None, feeds)) for form, s in sessions.items()}, min_time=min_time)
+    compiled, declined, reference = {}, {}, None
+    try:
+        for form in FORMS:
+            decisions: list = []
+            export_onnx(graph, weights, fused_as=form, provider=provider, decisions=decisions)
+            if decisions[0]["form"] != form:
+                declined[form] = decisions[0]["reason"]
+                continue
+            c = compiled[form] = make_backend(f"ort-{provider}", fused_as=form).compile(
+                graph, weights, variant="basic", threads=threads)
+            out = c.run(feeds)["y"]
+            if reference is None:
+                reference = out
+            else:  # every form computes the same thing, or its time means nothing
+                np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4, err_msg=form)
+        timed = median_ms({form: (lambda c=c: c.run(feeds)) for form, c in compiled.items()}, min_time=min_time)
+    finally:
+        for c in compiled.values():
+            c.close()
     return {"ms": {f: round(t, 4) for f, (t, _) in timed.items()}, "runs": {f: n for f, (_, n) in timed.items()},
             "declined": declined}
 
@@ -213,6 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=TABLE_PATH, help="the table to rewrite")
     p.add_argument("--dry-run", action="store_true", help="print the table, do not write it")
     args = p.parse_args(argv)
+    make_backend(f"ort-{args.provider}").require()
 
     kinds: dict[str, dict] = {}
     for key, shape, graph, sizes in cases():
@@ -230,7 +214,7 @@ def main(argv=None) -> int:
             table = json.load(f)
     except FileNotFoundError:
         table = {}
-    table.update({"schema": SCHEMA, "generated_by": "bench/fused_forms.py"})
+    table.update({"schema": SCHEMA, "generated_by": "bench/fused_encodings.py"})
     table.setdefault("providers", {})[args.provider] = {
         "machine": machine(args.provider),
         "onnxruntime": ort.__version__,

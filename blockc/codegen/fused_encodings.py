@@ -1,7 +1,9 @@
-"""How the exporter writes the fused ops: the ONNX forms, and the choice.
+"""How the exporter writes the fused ops: their ONNX encodings, and the choice.
 
-``export_onnx(..., fused_as=FORM)`` writes every fused node (``fused_ops()``)
-in one of these forms:
+(An *encoding* is how one fused op is written in ONNX; a *graph form*,
+``passes/forms.py``, is which ops a whole graph holds: standard, decomposed
+or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
+(``fused_ops()``) in one of these encodings:
 
 * ``function`` -- an ONNX local function per op kind and attribute set
   (domain ``blockc.fused``, e.g. ``AddLayerNorm_with_sum``), whose body is
@@ -11,21 +13,22 @@ in one of these forms:
   (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
   FastGelu, MultiHeadAttention);
 * ``onnx23``   -- opset-23 ``Attention`` and ``RMSNormalization`` where they fit;
-* ``auto``     -- per execution provider and fused-op kind, the form measured
-  fastest: ``fused_forms_table.json`` beside this file, which
-  ``bench/fused_forms.py`` regenerates. A provider not in the table gets
+* ``auto``     -- per execution provider and fused-op kind, the encoding measured
+  fastest: ``fused_encodings_table.json`` beside this file, which
+  ``bench/fused_encodings.py`` regenerates. A provider not in the table gets
   ``function``.
 
-A runtime-op form may decline a node it cannot express exactly (a lowering
-registered with ``OpDef.onnx_form`` raises ``NotApplicable``, see
-``blockc/ops/fused_onnx.py``); that node is then written as a function. Every
-node's form and the reason for it are recorded as a decision::
+A runtime-op encoding may decline a node it cannot express exactly (a
+lowering registered with ``OpDef.onnx_encoding`` raises ``NotApplicable``,
+see ``blockc/ops/fused_onnx.py``); that node is then written as a function.
+Every node's encoding and the reason for it are recorded as a decision (its
+keys keep the name ``form``: they are part of the fusion report's schema)::
 
     {"nodes": ["%12", "%13"], "node": 4, "op": "add_layernorm", "kind": "add_layernorm",
      "requested": "contrib", "form": "contrib", "reason": "requested"}
 
 (``nodes``: the original nodes the fused op stands for, as in the fusion
-report's sites, so ``build_report(onnx_forms=decisions)`` can show them.)
+report's sites, so ``build_report(onnx_encodings=decisions)`` can show them.)
 
 This module holds what is generic over ops; the per-op runtime lowerings are
 declared on the ops, so adding a fused op touches ``blockc/ops`` only.
@@ -46,15 +49,14 @@ from ..ir.graph import Graph, Node
 from ..ir.printer import format_attr
 from ..ir.types import TensorType
 from ..ops import registry
-from ..ops.registry import fused_ops
-from ..ops.registry import NotApplicable
+from ..ops.registry import NotApplicable, fused_ops
 from .onnx_emitter import FunctionEmitter, OnnxEmitter, lower_composites, lower_nodes, name_outputs
 
-FORMS = ("function", "contrib", "onnx23", "auto")
+ENCODINGS = ("function", "contrib", "onnx23", "auto")
 PROVIDERS = ("cpu", "cuda")
 FUNCTION_DOMAIN = "blockc.fused"
-FORM_MIN_OPSET = {"onnx23": 23}
-TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_forms_table.json")
+ENCODING_MIN_OPSET = {"onnx23": 23}
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_encodings_table.json")
 
 # Table entries are per op, and per activation for matmul_bias_act: its
 # runtime op differs by activation (BiasGelu, FastGelu, none for relu).
@@ -81,14 +83,14 @@ def load_table(path: str = TABLE_PATH) -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        raise BlockcError(f"cannot read the fused-forms table {path}: {err}") from err
+        raise BlockcError(f"cannot read the fused-op encodings table {path}: {err}") from err
 
 
-def auto_form(table: dict, provider: str, node: Node) -> tuple[str, str]:
+def auto_encoding(table: dict, provider: str, node: Node) -> tuple[str, str]:
     """The form ``auto`` picks for ``node`` on ``provider``, and why."""
     measured = table.get("providers", {}).get(provider)
     if not measured:
-        return "function", (f"auto: {provider} was not measured (bench/fused_forms.py); "
+        return "function", (f"auto: {provider} was not measured (bench/fused_encodings.py); "
                             "the portable function form")
     entry = measured["kinds"].get(table_key(node)) or measured["kinds"].get(node.op)
     if not entry:
@@ -102,21 +104,21 @@ def pick_opset(graph: Graph, fused_as: str, provider: str, default: int, table: 
     it for some node of ``graph``; else ``default``."""
     if fused_as == "auto":
         table = load_table() if table is None else table
-        forms = {auto_form(table, provider, n)[0] for n in graph.nodes if n.op in fused_ops()}
+        forms = {auto_encoding(table, provider, n)[0] for n in graph.nodes if n.op in fused_ops()}
     else:
         forms = {fused_as}
-    return max([default] + [FORM_MIN_OPSET.get(f, 0) for f in forms])
+    return max([default] + [ENCODING_MIN_OPSET.get(f, 0) for f in forms])
 
 
-def check_form(fused_as: str, provider: str, opset: int | None) -> None:
+def check_encoding(fused_as: str, provider: str, opset: int | None) -> None:
     """A clear error for an unknown form or provider, or an opset (None:
     to be picked) too old for the form."""
-    if fused_as not in FORMS:
-        raise BlockcError(f"unknown fused-op form {fused_as!r}; forms: {', '.join(FORMS)}")
+    if fused_as not in ENCODINGS:
+        raise BlockcError(f"unknown fused-op encoding {fused_as!r}; encodings: {', '.join(ENCODINGS)}")
     if provider not in PROVIDERS:
-        raise BlockcError(f"unknown execution provider {provider!r} for the fused-op forms; use "
+        raise BlockcError(f"unknown execution provider {provider!r} for the fused-op encodings; use "
                           f"{' or '.join(PROVIDERS)}")
-    need = FORM_MIN_OPSET.get(fused_as, 0)
+    need = ENCODING_MIN_OPSET.get(fused_as, 0)
     if opset is not None and opset < need:
         raise BlockcError(f"fused ops as {fused_as} need opset {need} or later (Attention and RMSNormalization "
                           f"arrived in opset 23); got opset {opset}: drop the opset to pick it automatically")
@@ -137,12 +139,12 @@ class FusedLowering:
         if node.op not in fused_ops():
             raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering")
         if self.fused_as == "auto":
-            requested, reason = auto_form(self.table, self.provider, node)
+            requested, reason = auto_encoding(self.table, self.provider, node)
         else:
             requested, reason = self.fused_as, "requested"
         form, outs = requested, None
         if requested != "function":
-            lower = registry.get(node.op).onnx_forms.get(requested)
+            lower = registry.get(node.op).onnx_encodings.get(requested)
             emitted = (len(e.nodes), len(e.initializers))
             try:
                 if lower is None:

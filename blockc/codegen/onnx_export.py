@@ -3,7 +3,7 @@
 Each node lowers through its op's ``onnx_fn`` (declared in ``blockc/ops``)
 into an ``OnnxEmitter``. The fused ops are written in the form ``fused_as``
 asks for (ONNX functions, ONNX Runtime contrib ops, opset-23 ops, or the
-measured fastest: see ``fused_forms``); other ops without a lowering are
+measured fastest: see ``fused_encodings``); other ops without a lowering are
 first rewritten with their ``decompose`` rule (``rmsnorm``: ONNX's
 RMSNormalization only arrived in opset 23, and the registry has no lowering
 to it yet). Graph inputs and outputs keep their names, with symbolic dims
@@ -31,7 +31,7 @@ from ..errors import BlockcError, WeightsError
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ops.registry import fused_ops
-from .fused_forms import FusedLowering, check_form, pick_opset
+from .fused_encodings import FusedLowering, check_encoding, pick_opset
 from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
 from .onnx_weights_file import check_location, external_initializers, plan_layout
 
@@ -62,7 +62,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     parameter's shape and dtype; it may compute values lazily, each is read
     once. ``fused_as`` is the form of the fused ops: ``function``,
     ``contrib``, ``onnx23`` or ``auto`` (the fastest measured on
-    ``provider``, ``cpu`` or ``cuda``); see ``blockc.codegen.fused_forms``.
+    ``provider``, ``cpu`` or ``cuda``); see ``blockc.codegen.fused_encodings``.
     ``opset`` None picks the lowest the form needs (21, or 23 for
     ``onnx23``). ``decisions``, when given, is a list that gets one dict per
     fused node: its original nodes, op, requested and chosen form, and why.
@@ -97,7 +97,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     if opset is not None and opset not in OPSET_IR_VERSION:
         raise BlockcError(f"ONNX export: opset {opset} is not supported "
                           f"(supported: {', '.join(map(str, OPSET_IR_VERSION))})")
-    check_form(fused_as, provider, opset)
+    check_encoding(fused_as, provider, opset)
     _check_names(graph)
     graph = lower_composites(graph, keep=fused_ops())
     if opset is None:

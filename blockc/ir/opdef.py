@@ -59,7 +59,7 @@ class OpDef:
     numpy_fn: Callable | None = None
     onnx_fn: Callable | None = None
     decompose_fn: Callable | None = None
-    onnx_forms: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
+    onnx_encodings: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
     torch_fn: Callable | None = None       # fn(b, node, xs): see blockc/runtime/torch_runner.py
     cuda: str | None = None                # a CUDA_KERNELS family; None: legalized by decomposition
     cuda_expr: str | Callable | None = None  # elementwise: "({0} + {1})" or fn(attrs, args, out_dtype)
@@ -88,14 +88,14 @@ class OpDef:
         self.torch_fn = fn
         return fn
 
-    def onnx_form(self, form: str):
+    def onnx_encoding(self, form: str):
         """Register the lowering of this op in the ONNX form ``form``: called
         as ``fn(e, node, input_names)`` like ``onnx``, it may raise
         ``NotApplicable(reason)`` (before emitting anything) instead."""
         def register(fn):
-            if form in self.onnx_forms:
+            if form in self.onnx_encodings:
                 raise AssertionError(f"{self.name}: onnx form {form} declared twice")
-            self.onnx_forms[form] = fn
+            self.onnx_encodings[form] = fn
             return fn
         return register
 

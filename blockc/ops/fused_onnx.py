@@ -3,7 +3,7 @@
 ``RMSNormalization``).
 
 Each lowering is registered on its op's ``OpDef`` with
-``@op.onnx_form(form)``, so the registry stays the one place the exporter
+``@op.onnx_encoding(form)``, so the registry stays the one place the exporter
 looks an op up. They sit in this file rather than beside the declarations in
 ``fused.py`` because they are target-specific and about as long as the
 declarations themselves: most of each is the conditions under which the
@@ -11,7 +11,7 @@ runtime op means *exactly* what the fused op's ``decompose`` rule means. A
 lowering that cannot express a node raises ``NotApplicable`` with the reason,
 before emitting anything, and the exporter uses the ``function`` form (the
 decomposition wrapped in an ONNX function, built generically by
-``blockc/codegen/fused_forms.py``) instead.
+``blockc/codegen/fused_encodings.py``) instead.
 
 Masks. ``masked_softmax`` *replaces* masked scores by ``fill``; the runtime
 ops *add* a bias. The two agree when the bias is so negative that adding it
@@ -67,12 +67,12 @@ def _skip_norm(op_type: str, e, node, ins):
     return [outs[0], outs[3]] if with_sum else [outs]
 
 
-add_layernorm.onnx_form("contrib")(lambda e, node, ins: _skip_norm("SkipLayerNormalization", e, node, ins))
-add_rmsnorm.onnx_form("contrib")(lambda e, node, ins: _skip_norm("SkipSimplifiedLayerNormalization", e, node, ins))
-add_layernorm.onnx_form("onnx23")(_never("ONNX has no fused add + layernorm op"))
+add_layernorm.onnx_encoding("contrib")(lambda e, node, ins: _skip_norm("SkipLayerNormalization", e, node, ins))
+add_rmsnorm.onnx_encoding("contrib")(lambda e, node, ins: _skip_norm("SkipSimplifiedLayerNormalization", e, node, ins))
+add_layernorm.onnx_encoding("onnx23")(_never("ONNX has no fused add + layernorm op"))
 
 
-@add_rmsnorm.onnx_form("onnx23")
+@add_rmsnorm.onnx_encoding("onnx23")
 def _(e, node, ins):
     if e.opset < 23:
         raise NotApplicable(f"RMSNormalization needs opset 23, exporting at opset {e.opset}")
@@ -83,7 +83,7 @@ def _(e, node, ins):
 
 
 # ---- matmul_bias_act ---------------------------------------------------------------
-@matmul_bias_act.onnx_form("contrib")
+@matmul_bias_act.onnx_encoding("contrib")
 def _(e, node, ins):
     act = node.attrs["activation"]
     if act == "relu":
@@ -93,13 +93,13 @@ def _(e, node, ins):
     return [e.emit(op_type, [e.emit("MatMul", ins[:2]), ins[2]], domain=MS)]
 
 
-matmul_bias_act.onnx_form("onnx23")(_never("ONNX has no fused matmul + bias + activation op"))
+matmul_bias_act.onnx_encoding("onnx23")(_never("ONNX has no fused matmul + bias + activation op"))
 
 
 # ---- masked_softmax ----------------------------------------------------------------
-masked_softmax.onnx_form("contrib")(_never("com.microsoft has no masked softmax op with CPU kernels "
+masked_softmax.onnx_encoding("contrib")(_never("com.microsoft has no masked softmax op with CPU kernels "
                                                       "(BiasSoftmax runs on CUDA and ROCm only)"))
-masked_softmax.onnx_form("onnx23")(_never("ONNX has no masked softmax op"))
+masked_softmax.onnx_encoding("onnx23")(_never("ONNX has no masked softmax op"))
 
 
 # ---- attention -----------------------------------------------------------------------
@@ -158,7 +158,7 @@ def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: b
     return e.emit("Expand", [bias, e.dims(lead + [q_len, k_len])])
 
 
-@attention.onnx_form("contrib")
+@attention.onnx_encoding("contrib")
 def _(e, node, ins):
     dtype = _dtype(node, "MultiHeadAttention")
     batch, heads, q_len, k_len, head, v_head = _attention_shapes(node, "MultiHeadAttention")
@@ -191,7 +191,7 @@ def _(e, node, ins):
     return [e.emit("Transpose", [out], perm=[0, 2, 1, 3])]
 
 
-@attention.onnx_form("onnx23")
+@attention.onnx_encoding("onnx23")
 def _(e, node, ins):
     if e.opset < 23:
         raise NotApplicable(f"Attention needs opset 23, exporting at opset {e.opset}")
@@ -224,7 +224,7 @@ def _qkv_common(node, op_type: str):
     return dtype, heads, dq // heads, dv // heads
 
 
-@qkv_attention.onnx_form("contrib")
+@qkv_attention.onnx_encoding("contrib")
 def _(e, node, ins):
     # com.microsoft.Attention: inputs input, weights, bias, mask_index, past,
     # attention_bias; the projection, the heads and the causal mask all inside.
@@ -253,7 +253,7 @@ def _(e, node, ins):
     return [e.emit("Attention", inputs, domain=MS, **attrs)]
 
 
-@qkv_attention.onnx_form("onnx23")
+@qkv_attention.onnx_encoding("onnx23")
 def _(e, node, ins):
     # The projection as MatMul + Add + Split, then opset-23 Attention on 3-D
     # [batch, seq, heads*head] q, k, v (q_num_heads/kv_num_heads), whose output

@@ -11,7 +11,7 @@ from ..ir.graph import Graph
 from .decompose import decompose
 from .manager import optimize
 
-FORMS = ("standard", "decomposed", "fused")
+FORMS = ("decomposed", "standard", "fused")  # least to most optimized
 
 
 def to_form(graph: Graph, form: str, **optimize_options) -> Graph:

@@ -20,7 +20,7 @@ SCHEMA = "blockc.fusion-report/1"
 
 def build_report(model_name: str, graph: Graph, result: OptimizeResult, bindings: Mapping[str, int],
                  settings: Mapping[str, str] | None = None, form: str = "standard",
-                 onnx_forms: list | None = None) -> dict:
+                 onnx_encodings: list | None = None) -> dict:
     """The report as plain data (what ``--json`` writes)."""
     fusion_sites = [s for s in result.sites if s.pass_name in FUSIONS + RECOMPOSITIONS]
     counts: dict[str, dict] = {}
@@ -33,7 +33,7 @@ def build_report(model_name: str, graph: Graph, result: OptimizeResult, bindings
             c["rejected"] += 1
             c["near_misses"] += _near_miss(s)
     forms = {}
-    for d in onnx_forms or []:
+    for d in onnx_encodings or []:
         forms[tuple(d["nodes"])] = d
     before, after = total_bytes(graph, bindings), total_bytes(result.graph, bindings)
     sites = []

@@ -24,6 +24,7 @@ from matplotlib.patches import FancyArrowPatch, Patch
 
 from ..ir.graph import Graph
 from ..ops.registry import fused_ops, get
+from ..passes.forms import FORMS
 
 # Colours: plain forms in blues and greys, fused in orange, peers green and hatched.
 FORM_COLOURS = {"decomposed": "#9AA5B1", "standard": "#4C78A8", "fused": "#F58518"}
@@ -31,7 +32,6 @@ PEER_COLOUR, PEER_HATCH = "#54A24B", "//"
 OTHER_FORM_COLOUR = "#B0B0B0"
 _SPARE_COLOURS = ("#72B7B2", "#FF9DA6", "#BAB0AC")
 PLAIN_OP_COLOUR, IO_COLOUR = "#DDE4EC", "#FFFFFF"
-FORM_ORDER = ("decomposed", "standard", "fused")
 DPI = 100
 MAX_INCHES = 60  # keeps a huge graph's picture under Agg's pixel limit
 
@@ -59,7 +59,7 @@ def _series_key(row: Mapping, order: list):
     as decomposed, standard, fused, then peers."""
     group = (row.get("backend", ""), row.get("variant", ""))
     form = row.get("form", "")
-    form_rank = FORM_ORDER.index(form) if form in FORM_ORDER and not row.get("peer") else len(FORM_ORDER)
+    form_rank = FORMS.index(form) if form in FORMS and not row.get("peer") else len(FORMS)
     return (order.index(group), form_rank, form)
 
 
@@ -126,7 +126,7 @@ def latency_chart_png(report: Mapping) -> bytes | None:
     elif ok:
         axes[0].set_xlim(0, hi * 1.18)  # room for the value labels
     axes[-1].set_xlabel("latency (ms), median; whiskers min-max" + (", log scale" if log else ""))
-    forms_seen.sort(key=lambda f: FORM_ORDER.index(f) if f in FORM_ORDER else len(FORM_ORDER))
+    forms_seen.sort(key=lambda f: FORMS.index(f) if f in FORMS else len(FORMS))
     handles = [Patch(facecolor=FORM_COLOURS.get(f, OTHER_FORM_COLOUR), edgecolor="#333333", label=plain(f))
                for f in forms_seen]
     if peer_seen:

@@ -66,7 +66,7 @@ class OrtSession:
     ``disabled``, ``basic``, ``extended``, ``all``. ``threads``: intra-op
     threads (None: ONNX Runtime's default). ``fused_as``, ``opset`` and
     ``decisions`` go to ``export_onnx``, with the execution provider the
-    session will use as the provider the fused-op forms are chosen for.
+    session will use as the provider the fused-op encodings are chosen for.
     ``optimized_model_path``: where ONNX Runtime saves the graph it actually
     runs, after its own optimizations (what ``blockc compare`` counts as kernels).
     """

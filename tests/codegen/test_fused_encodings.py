@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 
 import blockc
-from blockc.codegen import fused_forms
-from blockc.codegen.fused_forms import FUNCTION_DOMAIN, TABLE_PATH, load_table, table_key
+from blockc.codegen import fused_encodings
+from blockc.codegen.fused_encodings import FUNCTION_DOMAIN, TABLE_PATH, load_table, table_key
 from blockc.codegen.onnx_export import OPSET_IR_VERSION, export_onnx
 from blockc.errors import BlockcError
 from blockc.frontends.catalog import BUILTINS
@@ -318,7 +318,7 @@ def test_onnx23_picks_opset_23_and_refuses_an_older_one():
     assert export_onnx(g, weights, fused_as="onnx23", opset=24).opset_import[0].version == 24
     with pytest.raises(BlockcError, match="need opset 23 or later.*got opset 21"):
         export_onnx(g, weights, fused_as="onnx23", opset=21)
-    with pytest.raises(BlockcError, match="unknown fused-op form 'fast'"):
+    with pytest.raises(BlockcError, match="unknown fused-op encoding 'fast'"):
         export_onnx(g, weights, fused_as="fast")
     with pytest.raises(BlockcError, match="unknown execution provider 'tpu'"):
         export_onnx(g, weights, provider="tpu")
@@ -329,7 +329,7 @@ def test_auto_follows_the_table_and_falls_back_for_an_unmeasured_provider(monkey
     table = {"providers": {"cpu": {"machine": "test machine", "onnxruntime": "0", "kinds": {
         "add_rmsnorm": {"form": "onnx23", "why": "fast"},
         "matmul_bias_act/relu": {"form": "contrib", "why": "pretend"}}}}}
-    monkeypatch.setattr(fused_forms, "load_table", lambda path=TABLE_PATH: table)
+    monkeypatch.setattr(fused_encodings, "load_table", lambda path=TABLE_PATH: table)
     g = rmsnorm_and_relu()
     model, decisions = run_small(g, "auto")
     assert model.opset_import[0].version == 23  # because the table picks onnx23 for a node here
@@ -378,7 +378,7 @@ def test_shipped_table_covers_every_fused_kind_on_cpu():
 
 
 def _bench():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "fused_forms.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "fused_encodings.py")
     spec = importlib.util.spec_from_file_location("bench_fused_forms", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
