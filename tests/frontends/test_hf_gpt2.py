@@ -94,12 +94,25 @@ def test_c_attn_is_split_into_q_k_v_columns():
     np.testing.assert_array_equal(weights["blocks.1.ffn.fc1.weight"], sd["transformer.h.1.mlp.c_fc.weight"].numpy())
 
 
-def test_mask_buffers_are_ignored():
+@pytest.mark.parametrize("prefix", ["transformer.", ""], ids=["GPT2LMHeadModel", "GPT2Model"])
+def test_mask_buffers_are_ignored(prefix):
+    # Older checkpoints carry each block's causal-mask buffers attn.bias and
+    # attn.masked_bias. Ignored means: not reported as unexpected, not loaded
+    # as a weight, and the weights are exactly those of the same state dict
+    # without them.
     hf = hf_model()
-    sd = dict(hf.state_dict())
-    sd["transformer.h.0.attn.bias"] = torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS))
-    sd["transformer.h.0.attn.masked_bias"] = torch.tensor(-1e4)
-    load_hf_gpt2_state_dict(sd, DecoderLM(gpt2_config_from_hf(hf.config)))
+    model = DecoderLM(gpt2_config_from_hf(hf.config))
+    buffers = (".attn.bias", ".attn.masked_bias")  # recent transformers leave them out of state_dict()
+    sd = {(k if prefix else k.removeprefix("transformer.")): v
+          for k, v in hf.state_dict().items() if not k.endswith(buffers)}
+    without = load_hf_gpt2_state_dict(sd, model)
+    for i in range(2):
+        sd[f"{prefix}h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS, dtype=torch.bool))
+        sd[f"{prefix}h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    with_buffers = load_hf_gpt2_state_dict(sd, model)
+    assert with_buffers.keys() == without.keys() == dict(model.named_parameters()).keys()
+    for name, value in without.items():
+        np.testing.assert_array_equal(with_buffers[name], value, err_msg=name)
 
 
 def test_bad_state_dict_lists_every_problem():

@@ -15,6 +15,8 @@ from blockc import run_reference, trace  # noqa: E402
 from blockc.frontends import BlockConfig, BlockModel, InputSpec, Model, TransformerBlock, symbol  # noqa: E402
 from blockc.frontends.weights import check_weights  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
+# onnxruntime is a dependency: a missing run_ort is a failure, never a skip
+from blockc.runtime.ort_runner import run_ort  # noqa: E402
 
 D_MODEL, HEADS, D_FF = 32, 4, 64
 BATCH, SEQ = 2, 7
@@ -160,13 +162,10 @@ def test_padding_mask_matches_torch_key_padding_mask(norm_first):
 
 @pytest.mark.parametrize("norm_first,causal", CASES)
 def test_block_on_onnx_runtime_matches_torch(norm_first, causal):
-    ort_runner = pytest.importorskip("blockc.runtime.ort_runner")
-    if not hasattr(ort_runner, "run_ort"):
-        pytest.skip("blockc.runtime.ort_runner has no run_ort yet")
     layer = torch_layer(norm_first)
     model = block_model(norm_first, causal)
     x = random_input()
     expected = torch_forward(layer, x, causal)
-    got = ort_runner.run_ort(trace(model), encoder_layer_weights(layer, "blocks.0."), {"x": x})["y"]
+    got = run_ort(trace(model), encoder_layer_weights(layer, "blocks.0."), {"x": x})["y"]
     err = np.abs(np.asarray(got, dtype=np.float32) - expected).max()
     assert err <= TOL, f"max abs error {err:.3g}"

@@ -1,0 +1,161 @@
+"""The README's excerpts of blockc's output are checked against blockc, so a
+change to the printer, the value numbering, the models or the error messages
+cannot leave them stale.
+
+An excerpt is compared line by line; a line ``...`` stands for any number of
+lines of the real output (see ``check_excerpt``). To refresh one, run the
+command the test names and paste its output, eliding with ``...``.
+"""
+import re
+import shlex
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from blockc.cli import build_parser, main
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+GAP = "..."
+
+
+def fenced_blocks(markdown: str) -> list[list[str]]:
+    """The lines inside each ``` fence of a Markdown text."""
+    blocks, current = [], None
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = []
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def readme_block(first_line_starts: str) -> list[str]:
+    """The one README code block whose first line starts with ``first_line_starts``."""
+    found = [b for b in fenced_blocks(README.read_text()) if b and b[0].startswith(first_line_starts)]
+    assert len(found) == 1, f"README.md has {len(found)} ``` blocks starting {first_line_starts!r}, expected 1"
+    return found[0]
+
+
+def check_excerpt(excerpt: list[str], output: list[str]) -> None:
+    """Assert that ``excerpt`` is ``output`` with runs of lines elided.
+
+    A line that is ``...`` (any indent) stands for any number of output lines;
+    every other line must equal an output line, in order, and lines not
+    separated by ``...`` must be consecutive in the output. The excerpt's
+    first and last lines must be the output's first and last, unless they are
+    ``...``.
+    """
+    chunks, chunk = [], []
+    for line in excerpt:
+        if line.strip() == GAP:
+            chunks.append(chunk)
+            chunk = []
+        else:
+            chunk.append(line)
+    chunks.append(chunk)
+    where = 0
+    for i, chunk in enumerate(chunks):
+        if not chunk:
+            continue
+        anchored_start = i == 0
+        anchored_end = i == len(chunks) - 1
+        if anchored_end:
+            starts = [len(output) - len(chunk)]
+        elif anchored_start:
+            starts = [0]
+        else:
+            starts = range(where, len(output) - len(chunk) + 1)
+        at = next((s for s in starts if s >= where and output[s:s + len(chunk)] == chunk), None)
+        assert at is not None and not (anchored_start and at != 0), (
+            "the README excerpt is stale: these lines"
+            + (" (the start of the output)" if anchored_start else "")
+            + (" (the end of the output)" if anchored_end else "")
+            + (f" are not in the output after its line {where}:\n" if where else " are not in the output:\n")
+            + "\n".join(chunk) + "\n--- the output ---\n" + "\n".join(output))
+        where = at + len(chunk)
+
+
+def test_check_excerpt_catches_stale_excerpts():
+    output = ["graph g() {", "  %0 = a", "  %1 = b", "  %2 = c", "  return y=%2", "}"]
+    check_excerpt(["graph g() {", "  ...", "  %1 = b", "  ...", "  return y=%2", "}"], output)
+    check_excerpt(output, output)
+    check_excerpt(["graph g() {", "  %0 = a", "  ...", "}"], output)
+    stale = [
+        ["graph g() {", "  ...", "  return y=%1", "}"],            # renumbered
+        ["graph g() {", "  ...", "  %2 = c", "  %1 = b", "  ...", "}"],   # out of order
+        ["graph g() {", "  %0 = a", "  %2 = c", "  ...", "}"],     # a line left out without "..."
+        ["  %0 = a", "  ...", "}"],                                 # the first line is not the output's
+        ["graph g() {", "  ...", "  %2 = c"],                       # nor is the last
+    ]
+    for excerpt in stale:
+        with pytest.raises(AssertionError, match="stale"):
+            check_excerpt(excerpt, output)
+
+
+def test_ir_excerpt_is_blockc_show_tiny(capsys):
+    # README "## The IR": the start and the end of `blockc show tiny`.
+    excerpt = readme_block("graph tiny(")
+    assert main(["show", "tiny"]) == 0
+    check_excerpt(excerpt, capsys.readouterr().out.splitlines())
+
+
+# The my_model.py that the README's error message comes from: line 14 is the bad matmul.
+MY_MODEL = textwrap.dedent("""\
+    from blockc.frontends import InputSpec, Model, Parameter, symbol
+    from blockc.ir.dtypes import DType
+
+
+    class Bad(Model):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter((32, 8))
+
+        def inputs(self):
+            return [InputSpec("x", DType.float32, (symbol("batch"), 16))]
+
+        def forward(self, x):
+            return x @ self.w
+
+
+    build = Bad
+""")
+
+
+def test_error_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
+    (excerpt,) = readme_block("my_model.py:")
+    (tmp_path / "my_model.py").write_text(MY_MODEL)
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", "my_model.py:build"]) != 0
+    err = capsys.readouterr().err
+    assert any(line.endswith(excerpt) for line in err.splitlines()), f"README: {excerpt}\nblockc: {err}"
+
+
+def test_gpt2_parameter_count_is_blockc_summary_gpt2(capsys):
+    # "blockc summary gpt2 ... 124,439,808 in all", in the command list and in "## Weights".
+    counts = re.findall(r"(\d{1,3}(?:,\d{3})+) in all", README.read_text())
+    assert len(counts) >= 2
+    assert main(["summary", "gpt2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    for count in counts:
+        assert first.startswith(f"gpt2 (DecoderLM): {count} parameters"), f"README says {count}; blockc: {first}"
+
+
+def readme_command_lines() -> list[str]:
+    """Every ``blockc ...`` line of the README's code blocks, as words, without its comment."""
+    lines = []
+    for block in fenced_blocks(README.read_text()):
+        for line in block:
+            if line.startswith("blockc "):
+                lines.append(shlex.split(line, comments=True))
+    return lines
+
+
+@pytest.mark.parametrize("words", readme_command_lines(), ids=" ".join)
+def test_readme_commands_parse(words):
+    # The commands shown are accepted by the CLI: no renamed command or option.
+    build_parser().parse_args(words[1:])
