@@ -1,22 +1,41 @@
-"""Writing a file so that a reader never sees half of it: the bytes go to a
-temporary name in the target's folder and are renamed into place when
-complete, with the permissions an ordinary new file gets (``mkstemp`` makes
-0600). Every file blockc writes for a user goes through ``atomic_write``."""
+"""Files that survive a second run and a crash.
+
+* ``atomic_write``: one file, written under a temporary name in the target's
+  folder and renamed into place when complete, with the permissions an
+  ordinary new file gets (``mkstemp`` makes 0600). Every file blockc writes
+  for a user goes through it, or through ``replace_together`` for files that
+  belong together (an ONNX model and its external data).
+* Temporary names carry the writer's process id (``.NAME.PID.XXXX.tmp``), so
+  the next writer of the same target removes what a killed run left
+  (``remove_stale_partials``) without touching a live writer's files.
+* ``cache_root``: the one cache folder (``$BLOCKC_CACHE``, else
+  ``$XDG_CACHE_HOME/blockc``, else ``~/.cache/blockc``); ``cached_file``
+  builds an entry in it under a lock, renames it into place when complete,
+  records its size and SHA-256 beside it, and rebuilds an entry that no
+  longer matches (a truncated or corrupted file).
+"""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import json
 import os
+import re
+import shutil
 import tempfile
-from typing import IO, Iterator
+from pathlib import Path
+from typing import IO, Callable, Iterator, Sequence
 
 from .errors import BlockcError
 
 
-def user_mode() -> int:
-    """The mode a new file gets under the process's umask (0644 under 022)."""
+def user_mode(executable: bool = False) -> int:
+    """The mode a new file gets under the process's umask (0644 under 022;
+    0755 for an ``executable`` one)."""
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return (0o777 if executable else 0o666) & ~umask
 
 
 @contextlib.contextmanager
@@ -27,8 +46,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     naming ``path``."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_partials(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=partial_prefix(path), suffix=".tmp")
     except OSError as e:
         raise BlockcError(f"cannot write {path}: {e.strerror or e}") from None
     try:
@@ -44,3 +64,188 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         if isinstance(e, OSError):
             raise BlockcError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+# -- partial files ------------------------------------------------------------
+def partial_prefix(path: str | os.PathLike) -> str:
+    """The start of a temporary name for ``path`` made by this process:
+    ``.NAME.PID.`` (hidden, and telling which process owns it)."""
+    return f".{os.path.basename(os.fspath(path))}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_partials(path: str | os.PathLike) -> list[str]:
+    """Remove the temporary files and folders that a killed writer of ``path``
+    left beside it (``.NAME.PID.*.tmp`` whose process is gone); return them.
+    A live writer's files, and anything else, are left alone."""
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    pattern = re.compile(r"\." + re.escape(name) + r"\.(\d+)\..*\.tmp\Z", re.S)
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry)
+        if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        full = os.path.join(folder, entry)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+            removed.append(full)
+    return removed
+
+
+@contextlib.contextmanager
+def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
+    """Write several files that belong together (an ONNX model and its data).
+
+    Yields one temporary path per target, with the target's own name, in a
+    hidden folder beside the first target (so files that name each other,
+    like a model and its external data, stay consistent). On a clean exit
+    every target is replaced, in order, the first last: the others first, by
+    the file written for them, or removed when none was (so a stale file never
+    pairs with the new ones); the previous targets are moved aside first, so
+    no reader sees an old file beside a new one, and restored if a rename
+    fails. On any error nothing at the targets changes. Stale temporary
+    folders from a killed run are removed first. Files get ``user_mode``."""
+    targets = [os.path.abspath(os.fspath(p)) for p in paths]
+    folder = os.path.dirname(targets[0])
+    if any(os.path.dirname(t) != folder for t in targets):
+        raise ValueError("replace_together: every target must be in one folder")
+    if len({os.path.basename(t) for t in targets}) != len(targets):
+        raise ValueError("replace_together: two targets have the same name")
+    remove_stale_partials(targets[0])
+    try:
+        staging = tempfile.mkdtemp(dir=folder, prefix=partial_prefix(targets[0]), suffix=".tmp")
+    except OSError as e:
+        raise BlockcError(f"cannot write {targets[0]}: {e.strerror or e}") from None
+    try:
+        staged = [os.path.join(staging, os.path.basename(t)) for t in targets]
+        yield staged
+        for s in staged:
+            if os.path.exists(s):
+                os.chmod(s, user_mode())
+        # The first target (the model) goes aside first and comes back last.
+        order = targets[::-1]
+        aside: list[tuple[str, str]] = []
+        placed: list[str] = []
+        try:
+            for i, t in enumerate(targets):
+                if os.path.lexists(t):
+                    old = os.path.join(staging, f".old.{i}")
+                    os.replace(t, old)
+                    aside.append((old, t))
+            for t in order:
+                s = staged[targets.index(t)]
+                if os.path.exists(s):
+                    os.replace(s, t)
+                    placed.append(t)
+        except OSError:
+            for t in placed:
+                with contextlib.suppress(OSError):
+                    os.unlink(t)
+            for old, t in aside:
+                with contextlib.suppress(OSError):
+                    os.replace(old, t)
+            raise
+    except OSError as e:
+        raise BlockcError(f"cannot write {targets[0]}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# -- the cache ------------------------------------------------------------------
+def cache_root() -> Path:
+    """blockc's one cache folder: ``$BLOCKC_CACHE``, else ``$XDG_CACHE_HOME/blockc``,
+    else ``~/.cache/blockc``. Created on first use; one that cannot be created is
+    a ``BlockcError`` naming it and the variable to set."""
+    root = os.environ.get("BLOCKC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "blockc")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise BlockcError(f"cannot create the cache folder {root}: {e.strerror or e} "
+                          "(set BLOCKC_CACHE to a writable folder)") from None
+    return Path(root)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing, never
+    removed: removing a lock file lets two processes lock different files)."""
+    try:
+        fd = os.open(os.fspath(path), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise BlockcError(f"cannot lock {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _fingerprint(path: Path) -> dict:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def _intact(path: Path, stamp: Path) -> bool:
+    try:
+        recorded = json.loads(stamp.read_text())
+        return path.stat().st_size == recorded["size"] and _fingerprint(path) == recorded
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
+    """``path``, a cache entry, made by ``make(tmp)`` unless it is there and intact.
+
+    ``make`` writes the file at ``tmp`` (a temporary name beside ``path``).
+    It runs under a lock on ``PATH.lock``, so concurrent first builds make it
+    once and never see a partial file; the result is renamed into place and its
+    size and SHA-256 recorded in ``PATH.ok``. An entry without that record or
+    not matching it (a 0-byte file from a killed build, a truncated or changed
+    one) is made again."""
+    path = Path(path)
+    stamp = path.with_name(path.name + ".ok")
+    if _intact(path, stamp):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path.with_name(path.name + ".lock")):
+        if _intact(path, stamp):
+            return path
+        remove_stale_partials(path)
+        for old in (stamp, path):
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+        tmp = path.with_name(f"{partial_prefix(path)}build.tmp")
+        try:
+            make(tmp)
+            if not tmp.is_file() or tmp.stat().st_size == 0:
+                raise BlockcError(f"building {path} made no file")
+            os.chmod(tmp, user_mode())
+            record = _fingerprint(tmp)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        with atomic_write(stamp, "w") as f:
+            json.dump(record, f)
+    return path

@@ -19,8 +19,6 @@ in later.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from typing import Mapping
 
 import numpy as np
@@ -28,12 +26,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import BlockcError, WeightsError
+from ..files import replace_together
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ops.registry import fused_ops
 from .fused_encodings import FusedLowering, check_encoding, pick_opset
 from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
-from .onnx_weights_file import check_location, external_initializers, plan_layout
+from .onnx_weights_file import check_location, external_initializers, plan_layout, write_slots
 
 # Opset -> IR version written into the model. onnx 1.23 stamps IR 14 on every
 # model it makes, but onnxruntime 1.31 refuses anything above IR 13, and a
@@ -145,23 +144,53 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
 
     Weights go to ``<name>.onnx.data`` next to the model when
     ``external_data`` is True, or when it is None and they total more than
-    ``external_threshold`` bytes. The files are written under temporary names
-    in the destination folder and renamed into place: on any error nothing new
-    is left at the destination. ``kw`` goes to ``export_onnx`` (``fused_as``,
+    ``external_threshold`` bytes; they are then written straight into the
+    layout a weightless export declares (``onnx_weights_file``), one at a
+    time, so a tensor of any size works. The files are written under
+    temporary names in the destination folder and renamed into place together
+    (``files.replace_together``), replacing a previous export's: on any error
+    nothing at the destination changes. ``kw`` goes to ``export_onnx`` (``fused_as``,
     ``provider``, ``opset``, ``decisions``).
 
     ``weights=None`` writes only the model, its parameters declared in
-    ``<name>.onnx.data`` (see ``export_onnx``), which is not written (nor
-    touched, if a file of that name exists): fill it in with
-    ``onnx_weights_file.save_onnx_weights(path, weights)``.
+    ``<name>.onnx.data`` (see ``export_onnx``), which is not written: fill it
+    in with ``onnx_weights_file.save_onnx_weights(path, weights)``. A file of
+    that name left by an earlier export is removed, never paired with the new
+    model (its layout is another model's); so is one beside a model whose
+    weights are stored inside it.
     """
+    path = os.path.abspath(os.fspath(path))
+    folder, base = os.path.split(path)
+    location = base + ".data"
     if weights is None:
-        location = os.path.basename(os.fspath(path)) + ".data"
         model = export_onnx(graph, None, external_data=external_data, data_location=location, **kw)
         write_model(model, path, external_data=False)
         return
-    model = export_onnx(graph, weights, external_data=external_data, external_threshold=external_threshold, **kw)
-    write_model(model, path, external_data=wants_external_data(model, external_data, external_threshold))
+    if external_data is None:
+        external_data = _param_bytes(graph) > external_threshold
+    if not external_data:
+        model = export_onnx(graph, weights, external_data=False, external_threshold=external_threshold, **kw)
+        write_model(model, path, external_data=False)
+        return
+    # External data: the model declares the layout (as a weightless export
+    # does) and the weights are written into it one at a time, straight from
+    # numpy. They never pass through protobuf, so a tensor of any size works
+    # (protobuf refuses a message over 2 GiB) and no second copy is made.
+    model = export_onnx(graph, None, data_location=location, **kw)
+    if not os.path.isdir(folder):
+        raise BlockcError(f"cannot write {path}: folder {folder} does not exist")
+    with replace_together([path, os.path.join(folder, location)]) as (tmp_model, tmp_data):
+        with open(tmp_data, "wb") as f:
+            write_slots(f, plan_layout(graph), weights)
+        try:
+            onnx.save_model(model, tmp_model)
+        except Exception as err:  # protobuf's and onnx's errors share no base class
+            raise BlockcError(f"cannot write ONNX model {path}: {err}") from err
+
+
+def _param_bytes(graph: Graph) -> int:
+    return sum(int(np.prod([d if isinstance(d, int) else 1 for d in v.shape], dtype=np.int64)) * v.dtype.itemsize
+               for v in graph.params.values())
 
 
 def wants_external_data(model: onnx.ModelProto, external_data: bool | None,
@@ -172,38 +201,34 @@ def wants_external_data(model: onnx.ModelProto, external_data: bool | None,
 
 
 def write_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool) -> None:
-    """Write ``model`` to ``path`` atomically, its weights in ``<name>.data``
-    when ``external_data`` (``onnx.save_model`` then moves the weight bytes
-    out of ``model`` in place)."""
+    """Write ``model`` to ``path``, its weights in ``<name>.data`` when
+    ``external_data`` (``onnx.save_model`` then moves the weight bytes out of
+    ``model`` in place).
+
+    Both files are written under temporary names beside ``path`` and renamed
+    into place together (``files.replace_together``), replacing a previous
+    export's. A ``<name>.data`` this write does not lay out -- one left by an
+    earlier export, with or without weights -- is removed: ONNX Runtime would
+    otherwise load it silently as this model's weights. Partial files of a
+    killed export into the same place are removed first."""
     path = os.path.abspath(os.fspath(path))
     folder, base = os.path.split(path)
     data_name = base + ".data"
     if not os.path.isdir(folder):
         raise BlockcError(f"cannot write {path}: folder {folder} does not exist")
-    # Both files are written in a temporary folder beside the destination (so
-    # the renames stay on one file system), under their final names because
-    # the model refers to its data file by name; then moved, data first.
-    tmpdir = tempfile.mkdtemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
-    moved_data = False
     try:
-        tmp_model, tmp_data = os.path.join(tmpdir, base), os.path.join(tmpdir, data_name)
-        if external_data:
-            onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name)
-        else:
-            onnx.save_model(model, tmp_model)
-        if os.path.exists(tmp_data):
-            os.replace(tmp_data, os.path.join(folder, data_name))
-            moved_data = True
-        os.replace(tmp_model, path)
-    except BaseException as err:
-        if moved_data:
-            _remove(os.path.join(folder, data_name))
-        if isinstance(err, Exception):
-            raise BlockcError(f"cannot write ONNX model {path}: {err}") from err
+        # The staged files carry their final names, because the model refers
+        # to its data file by name.
+        with replace_together([path, os.path.join(folder, data_name)]) as (tmp_model, _):
+            if external_data:
+                onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=data_name)
+            else:
+                onnx.save_model(model, tmp_model)
+    except BlockcError:
         raise
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    except Exception as err:  # protobuf's EncodeError, onnx's ValidationError share no base class
+        raise BlockcError(f"cannot write ONNX model {path}: {err}") from err
 
 
 def check_model(model: onnx.ModelProto, *, weightless: bool = False) -> None:
@@ -260,7 +285,8 @@ def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np
         elif tuple(w.shape) != tuple(v.shape) or w.dtype != v.dtype.numpy:
             problems.append(f"{name}: got {w.dtype}{list(w.shape)}, the graph expects {v.type}")
         else:
-            target.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), name))
+            # add + CopyFrom, not append: append serializes, which fails past 2 GiB
+            target.initializer.add().CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w), name))
         del w
     if problems:
         raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))
@@ -284,15 +310,10 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     g.output.extend(model.graph.output)
     for t in model.graph.initializer:
         declared_only = t.data_location == onnx.TensorProto.EXTERNAL and not t.HasField("raw_data")
-        if len(t.raw_data) > 1024 or declared_only:
+        big = int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize > 1024
+        if big or declared_only:  # from dims: reading raw_data would copy it
             g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
     return light
 
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

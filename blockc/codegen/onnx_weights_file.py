@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -33,6 +31,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..errors import BlockcError, WeightsError
+from ..files import atomic_write
 from ..ir.graph import Graph
 
 ALIGN = 64
@@ -146,23 +145,17 @@ def save_onnx_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise BlockcError(f"cannot write {target}: folder {folder} does not exist")
-    # Written in a temporary folder beside the target (one file system, so
-    # the rename is atomic; a folder, not mkstemp, so the file gets the
-    # usual permissions), then renamed into place.
-    tmpdir = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
-    try:
-        tmp = os.path.join(tmpdir, os.path.basename(target))
-        with open(tmp, "wb") as f:
-            _write_slots(f, slots, weights)
-        os.replace(tmp, target)
-    except OSError as err:
-        raise BlockcError(f"cannot write weights file {target}: {err}") from err
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    # Written under a temporary name beside the target (partial files of a
+    # killed run removed first), then renamed into place, with the usual
+    # permissions (files.atomic_write).
+    with atomic_write(target, "wb") as f:
+        write_slots(f, slots, weights)
     return target
 
 
-def _write_slots(f, slots: list[Slot], weights: Mapping[str, np.ndarray]) -> None:
+def write_slots(f, slots: list[Slot], weights: Mapping[str, np.ndarray]) -> None:
+    """Write each weight at its slot in the open binary file ``f``, each read
+    once; every missing or mismatched weight is reported at once (WeightsError)."""
     problems, end = [], 0
     for s in sorted(slots, key=lambda s: s.offset):
         try:

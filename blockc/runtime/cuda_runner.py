@@ -15,8 +15,10 @@ error story, for both kinds of library and both calling conventions:
   argument, in order, as new arrays (inputs are never modified).
 * ``run_model(model, feeds)``: a generated model through its C API
   (``blockc_create``, ``blockc_run``, ...), the build made here and cached
-  under ``~/.cache/blockc`` (``$BLOCKC_CACHE``) by a hash of the generated
-  source and the build flags; emulated, or on a GPU. ``time=`` times it in
+  in ``files.cache_root()`` (``$BLOCKC_CACHE``, else ``~/.cache/blockc``) by
+  a hash of everything that goes into it (generated source, runtime header,
+  emulator sources, flags, compiler version), built under a lock and checked
+  before use; emulated, or on a GPU. ``time=`` times it in
   the child with blockc's one timing loop.
 
 The child has a timeout, so a crash, an abort from the emulator's checks or
@@ -44,6 +46,7 @@ from ..codegen.cuda import build as cuda_build
 from ..codegen.cuda import toolchain
 from ..codegen.cuda.lower import CudaModel
 from ..errors import BlockcError
+from ..files import cached_file
 from ..ir.dims import evaluate
 from . import timing
 from .bindings import bind_inputs
@@ -194,35 +197,44 @@ def cuda_available() -> tuple[bool, str]:
     return False, "no CUDA driver (libcuda) on this machine"
 
 
-def _built(model: CudaModel, tag: str, flags: tuple) -> tuple[Path, Path]:
-    key = cuda_build.source_hash(model, tag, *flags)
-    out = Path(cuda_build.cache_dir()) / f"{model.graph.name[:32].replace('/', '_')}-{tag}-{key}"
-    return out, out / f"libblockc_model_{tag}.so"
+def _entry(model: CudaModel, tag: str, flags: tuple, compiler: str) -> Path:
+    """The cache entry's folder: the model's name, the build's tag and a key of
+    everything that goes into the build (``build.source_hash``)."""
+    key = cuda_build.source_hash(model, tag, *flags, compiler=toolchain.compiler_version(compiler))
+    return Path(cuda_build.cache_dir()) / f"{model.graph.name[:32].replace('/', '_')}-{tag}-{key}"
 
 
 def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
-    """The emulated build of ``model``, compiled with g++ unless cached."""
-    out, so = _built(model, f"emu-{sanitize or 'fibers'}", ())
-    if not so.exists():
+    """The emulated build of ``model``, compiled with g++ unless cached (see
+    ``files.cached_file``: concurrent first builds make it once, a damaged
+    entry is rebuilt)."""
+    gxx = toolchain.find_gxx()
+    if gxx is None:
+        raise toolchain.ToolchainError("g++ not found on PATH: the CUDA emulator needs a host C++ compiler")
+    tag = f"emu-{sanitize or 'fibers'}"
+    out = _entry(model, tag, (), gxx)
+
+    def make(tmp: Path) -> None:
         cuda_build.write_build(model, str(out))
-        toolchain.compile_emulated([str(out / "model.cu")], so, sanitize=sanitize,
+        toolchain.compile_emulated([str(out / "model.cu")], tmp, sanitize=sanitize,
                                    extra_flags=["-DBLOCKC_EMULATE", f"-I{out}"])
-    return so
+    return cached_file(out / f"libblockc_model_{tag}.so", make)
 
 
 def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS, gemm: str = "tiled") -> Path:
-    """The GPU build of ``model``, compiled with nvcc unless cached."""
+    """The GPU build of ``model``, compiled with nvcc unless cached (as ``emulated_library``)."""
     found = toolchain.find_nvcc()
     if found.path is None:
         raise BlockcError(f"no nvcc: {found.reason}")
-    out, so = _built(model, "gpu", (gemm, *archs))
-    if not so.exists():
+    out = _entry(model, "gpu", (gemm, *archs), found.path)
+
+    def make(tmp: Path) -> None:
         cuda_build.write_build(model, str(out), archs=archs, gemm=gemm)
-        cmd = cuda_build.nvcc_command(found.path, archs, gemm=gemm, out=str(so))
+        cmd = cuda_build.nvcc_command(found.path, archs, gemm=gemm, out=str(tmp))
         proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BlockcError(f"nvcc failed:\n{proc.stderr[-4000:]}")
-    return so
+    return cached_file(out / "libblockc_model_gpu.so", make)
 
 
 def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, np.ndarray], *,

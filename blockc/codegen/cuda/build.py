@@ -8,9 +8,10 @@ A build directory holds:
 * ``model.json``      -- inputs, outputs, symbols, kernels, the memory plan;
 * ``build.sh``        -- the nvcc command that makes ``libblockc_model.so``.
 
-Nothing is written until the whole model has been generated, and files are
-written under temporary names then renamed, so an error leaves no partial
-build.
+Nothing is written until the whole model has been generated, and the files
+are written under temporary names then renamed into place together
+(``files.replace_together``), so an error leaves no partial build and a killed
+one leaves nothing the next run does not clean.
 """
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ import os
 import shlex
 import shutil
 import struct
-import tempfile
 from typing import Mapping
 
 import numpy as np
 
 from ...errors import BlockcError
+from ...files import cache_root, replace_together, user_mode
 from ...ops import registry
 from .lower import CudaModel
 from .templates import TEMPLATE_DIR
@@ -87,8 +88,12 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
 
 def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, gemm: str = "tiled",
                 bindings: Mapping[str, int] | None = None) -> dict:
-    """Write the build directory atomically (file by file, renamed into place)."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Write the build directory: every file under a temporary name, then all
+    renamed into place together (``files.replace_together``)."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise BlockcError(f"cannot write {out_dir}: {e.strerror or e}") from None
     meta = describe(model, bindings)
     nvcc = "nvcc"
     files = {
@@ -102,37 +107,37 @@ def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, gemm: str = "til
                                                                                              gemm=gemm)[1:]])
                      + "\n").encode(),
     }
-    tmp = []
-    try:
-        for name, data in files.items():
-            fd, path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
-            tmp.append((path, os.path.join(out_dir, name)))
-            with os.fdopen(fd, "wb") as f:
+    targets = [os.path.join(out_dir, name) for name in files]
+    with replace_together(targets) as staged:
+        for path, data in zip(staged, files.values()):
+            with open(path, "wb") as f:
                 f.write(data)
-        for path, final in tmp:
-            os.replace(path, final)
-        os.chmod(os.path.join(out_dir, "build.sh"), 0o755)
-        os.chmod(os.path.join(out_dir, "model.json"), 0o644)
-    except OSError as e:
-        for path, _ in tmp:
-            if os.path.exists(path):
-                os.unlink(path)
-        raise BlockcError(f"cannot write {out_dir}: {e.strerror}") from None
+    os.chmod(os.path.join(out_dir, "build.sh"), user_mode(executable=True))
     return meta
 
 
-def source_hash(model: CudaModel, *flags: str) -> str:
-    h = hashlib.sha256(model.source.encode())
-    h.update(open(RUNTIME_HEADER, "rb").read())
-    for f in flags:
-        h.update(f.encode())
+def emulator_sources() -> list[str]:
+    """Every file of the emulator that goes into an emulated build."""
+    return sorted(os.path.join(EMU_DIR, n) for n in os.listdir(EMU_DIR) if n.endswith((".h", ".cpp")))
+
+
+def source_hash(model: CudaModel, *flags: str, compiler: str = "") -> str:
+    """The cache key of a build of ``model``: everything that goes into it --
+    the generated source, the runtime header, the emulator's headers and
+    sources, the build's ``flags`` and the ``compiler`` (its ``--version``)."""
+    h = hashlib.sha256()
+    parts = [model.source.encode(), open(RUNTIME_HEADER, "rb").read()]
+    for path in emulator_sources():
+        parts += [os.path.basename(path).encode(), open(path, "rb").read()]
+    parts += [f.encode() for f in flags] + [compiler.encode()]
+    for part in parts:  # length-prefixed, so no two lists of parts hash alike
+        h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()[:16]
 
 
 def cache_dir() -> str:
-    base = os.environ.get("BLOCKC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "blockc")
-    os.makedirs(base, exist_ok=True)
-    return base
+    """Where built models are cached: ``files.cache_root()`` (``$BLOCKC_CACHE``)."""
+    return str(cache_root())
 
 
 def copy_emu_headers(out_dir: str) -> None:

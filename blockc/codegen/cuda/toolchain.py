@@ -27,13 +27,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from blockc.errors import BlockcError
+from blockc.files import cache_root, cached_file
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 EMU_HEADER = EMU_DIR / "cuda_emu.h"
@@ -204,31 +204,33 @@ def _run(cmd: list[str], what: str, timeout: float) -> None:
         raise ToolchainError(f"g++ failed to {what}", cmd, proc.stderr + proc.stdout)
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("BLOCKC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "blockc")
-    return Path(root) / "emu"
+@functools.lru_cache(maxsize=None)
+def compiler_version(compiler: str) -> str:
+    """``compiler --version``'s output: part of every cache key, so a new
+    compiler never reuses what an old one built."""
+    try:
+        proc = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolchainError(f"cannot run {compiler} --version: {e}") from None
+    return f"{os.path.realpath(compiler)}\n{proc.stdout}"
 
 
 def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
-    """The emulator's own sources compiled with ``compile_cmd``'s flags, cached by a hash of
+    """The emulator's own sources compiled with ``compile_cmd``'s flags, cached
+    (``files.cached_file``: built under a lock, checked before use) by a hash of
     the compiler, the flags and the emulator's sources (they change with blockc only)."""
     key = hashlib.sha256()
-    key.update(subprocess.run([compile_cmd[0], "--version"], capture_output=True).stdout)
+    key.update(compiler_version(compile_cmd[0]).encode())
     key.update("\0".join(compile_cmd).encode())
     for f in sorted(EMU_DIR.iterdir()):
         if f.suffix in (".h", ".cpp") and f.name.startswith("cuda_emu"):
             key.update(f.name.encode() + f.read_bytes())
-    folder = _cache_dir() / key.hexdigest()[:24]
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_root() / "emu" / key.hexdigest()[:24]
     objects = []
     for src in EMU_SOURCES:
-        obj = folder / (src.stem + ".o")
-        if not obj.exists():
-            part = folder / f"{src.stem}.{os.getpid()}.{threading.get_ident()}.tmp.o"
-            _run([*compile_cmd, str(src), "-o", str(part)], f"compile {src.name}", timeout)
-            os.replace(part, obj)  # atomic: concurrent builds never see half an object
-        objects.append(str(obj))
+        def make(tmp: Path, src: Path = src) -> None:
+            _run([*compile_cmd, str(src), "-o", str(tmp)], f"compile {src.name}", timeout)
+        objects.append(str(cached_file(folder / (src.stem + ".o"), make)))
     return objects
 
 
@@ -240,7 +242,7 @@ def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.Path
     ``sanitize`` is None, ``"address"`` or ``"thread"``; a sanitizer build runs each CUDA
     thread as an OS thread (``threads`` defaults to True there, to fibers otherwise).
     Sources compile in parallel; the emulator's runtime is compiled once per set of flags
-    and cached (``$BLOCKC_CACHE_DIR``, else ``~/.cache/blockc``). Raises ToolchainError with
+    and cached (in ``files.cache_root()``: ``$BLOCKC_CACHE``, else ``~/.cache/blockc``). Raises ToolchainError with
     the compiler's output when the build fails.
     """
     gxx = find_gxx()
@@ -303,7 +305,7 @@ class KernelResources:
 
 @dataclass(frozen=True)
 class NvccResult:
-    object_path: Path
+    object_path: Path | None  # None when compile_nvcc was given no ``out``
     kernels: list[KernelResources]
     log: str
 
@@ -373,13 +375,20 @@ def compile_nvcc(source: str | os.PathLike, arch_list: Sequence[str] = DEFAULT_A
     """Compile one ``.cu`` to an object for each ``sm_XX`` in ``arch_list`` with ptxas's
     verbose report; needs no GPU. ``werror`` turns every nvcc, ptxas and host-compiler
     warning into an error. ``cuda_emu.h`` is force-included, where ``BLOCKC_LAUNCH``
-    expands to ``kernel<<<grid, block, shmem, stream>>>(args...)``."""
+    expands to ``kernel<<<grid, block, shmem, stream>>>(args...)``.
+
+    With ``out`` None the object is only a proof that the source compiles: it
+    is made in a temporary folder that is removed on return (``object_path``
+    is then None)."""
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="blockc-nvcc-") as tmp:
+            result = compile_nvcc(source, arch_list, werror=werror, out=Path(tmp) / "object.o",
+                                  extra_flags=extra_flags, timeout=timeout)
+        return NvccResult(None, result.kernels, result.log)
     found = find_nvcc()
     if found.path is None:
         raise ToolchainError(found.reason)
     source = Path(source).resolve()
-    if out is None:
-        out = Path(tempfile.mkdtemp(prefix="blockc-nvcc-")) / (source.stem + ".o")
     out = Path(out)
     gencode = []
     for arch in arch_list:
