@@ -1,10 +1,23 @@
 """Numeric A/B: does a fusion change the numbers more than float32 does anyway?
 
-For each fusion alone, then all together, the fused graph runs in float32
-and is compared with the float64 reference of the unfused graph. A fusion
+For each fusion, then all together, the fused graph runs in float32 and is
+compared with the float64 reference of the unfused graph. A fusion runs
+alone where it finds the sites it finds in the whole pipeline; one that
+builds on earlier fusions (``fuse_qkv_attention`` rewrites what
+``fuse_qkv`` and ``fuse_attention`` made) runs after the fewest of them it
+needs to find those sites (``prerequisites``: every earlier fusion, then
+each dropped in turn if the count stays), the others disabled, and the
+report says so: its sites are its own, its error is the group's. A fusion
 passes when its error is at most ``2 ×`` the unfused float32 graph's error
 plus a tiny absolute floor. A failure names the first value where the fused
 graph departs from the unfused one.
+
+Non-finite outputs fail, whoever makes them: a NaN or Inf in the float64
+reference (NaN weights, say) fails the unfused run with the first node whose
+reference result is not finite, and the fusions are not compared (an error of
+NaN says nothing about a fusion); a float32 run that is not finite where the
+reference is fails its variant and names the first node where its float32
+result is not finite.
 """
 from __future__ import annotations
 
@@ -29,6 +42,7 @@ class Variant:
     limits: dict               # output -> allowed error
     passed: bool
     divergence: str = ""
+    after: tuple = ()          # the earlier fusions it ran after (its prerequisites)
 
 
 @dataclass
@@ -46,6 +60,46 @@ def _max_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
+def non_finite_outputs(outputs: Mapping[str, np.ndarray]) -> list[str]:
+    """``"logits: 12 of 3072 values NaN/Inf"`` for each output that is not all finite."""
+    found = []
+    for name, a in outputs.items():
+        a = np.asarray(a)
+        if a.dtype.kind == "V" or a.dtype.kind in "fc":
+            bad = int((~np.isfinite(a.astype(np.float64))).sum())
+            if bad:
+                found.append(f"{name}: {bad} of {a.size} values NaN/Inf")
+    return found
+
+
+def first_non_finite(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
+                     float64: bool = True) -> str:
+    """Where the reference run of ``graph`` (in float64, or in the graph's
+    dtypes) first makes a value that is not finite: the node, as ``blockc
+    show`` numbers it, its op, and which of its inputs already were (a weight
+    holding NaN, say); or that every intermediate value is finite."""
+    labelled = label_origins(graph)
+    captured: dict = {}
+    run_reference(labelled, weights, feeds, float64=float64, capture=captured)
+    where = "float64 reference" if float64 else "reference in the graph's dtypes"
+    for n in labelled.nodes:
+        for o in n.outputs:
+            a = captured.get(o)
+            if a is None or not (a.dtype.kind in "fc" or a.dtype.kind == "V"):
+                continue
+            bad = int((~np.isfinite(a.astype(np.float64))).sum())
+            if not bad:
+                continue
+            inputs = [v.name for v in n.inputs if v.kind in ("param", "input") and v.name
+                      and not np.isfinite(np.asarray(weights[v.name] if v.kind == "param" else feeds[v.name],
+                                                     np.float64)).all()]
+            reads = (f", reading {', '.join(map(repr, inputs))}, which already "
+                     f"{'holds' if len(inputs) == 1 else 'hold'} NaN/Inf") if inputs else ""
+            return (f"the {where} is first not finite at {n.origin[0]} ({n.op}): {bad} of {a.size} values"
+                    f"{reads}")
+    return f"every value of the {where} is finite"
+
+
 def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
                   run: Callable[[Graph], dict] | None = None, backend: str = "reference",
                   floor: float = FLOOR) -> CheckResult:
@@ -56,25 +110,68 @@ def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
     base = run(graph)
     base_err = {k: _max_err(base[k], oracle[k]) for k in oracle}
     result = CheckResult(backend)
+    if non_finite_outputs(oracle):
+        # Nothing to compare against: every error is NaN, and no fusion is to blame.
+        why = (f"the outputs are not finite ({'; '.join(non_finite_outputs(oracle))}); "
+               f"{first_non_finite(graph, weights, feeds)}; fusions not compared")
+        result.variants.append(Variant("unfused", 0, base_err, dict(base_err), False, why))
+        return result
+    if non_finite_outputs(base):
+        why = (f"the float32 outputs are not finite ({'; '.join(non_finite_outputs(base))}) although the float64 "
+               f"reference's are; {first_non_finite(graph, weights, feeds, float64=False)}; fusions not compared")
+        result.variants.append(Variant("unfused", 0, base_err, dict(base_err), False, why))
+        return result
     result.variants.append(Variant("unfused", 0, base_err, dict(base_err), True))
     for name in list(FUSIONS) + ["all"]:
-        disable = [] if name == "all" else [f for f in FUSIONS if f != name]
+        after = () if name == "all" else prerequisites(graph, name)
+        disable = [] if name == "all" else [f for f in FUSIONS if f != name and f not in after]
         opt = optimize(graph, disable=disable)
-        fused = sum(1 for s in opt.sites if s.fused and s.pass_name in FUSIONS)
+        fused = sum(1 for s in opt.sites if s.fused and (s.pass_name == name or (name == "all" and s.pass_name in FUSIONS)))
         out = run(opt.graph)
         errors = {k: _max_err(out[k], oracle[k]) for k in oracle}
         limits = {k: 2 * base_err[k] + floor for k in oracle}
         ok = all(errors[k] <= limits[k] for k in oracle)
-        v = Variant(name, fused, errors, limits, ok)
-        if not ok:
+        v = Variant(name, fused, errors, limits, ok, after=after)
+        if non_finite_outputs(out):
+            where = locate_divergence(graph, opt.graph, weights, feeds, floor, rounding="")
+            v.divergence = (f"the outputs are not finite ({'; '.join(non_finite_outputs(out))}); "
+                            + (where or "the reference interpreter runs this fused graph to finite values, so "
+                                        f"{backend} made the NaN/Inf"))
+        elif not ok:
             v.divergence = locate_divergence(graph, opt.graph, weights, feeds, floor)
         result.variants.append(v)
     return result
 
 
-def locate_divergence(graph: Graph, fused: Graph, weights, feeds, floor: float = FLOOR) -> str:
+def _sites(graph: Graph, fusion: str, enabled) -> int:
+    opt = optimize(graph, disable=[f for f in FUSIONS if f != fusion and f not in enabled])
+    return sum(1 for s in opt.sites if s.fused and s.pass_name == fusion)
+
+
+def prerequisites(graph: Graph, fusion: str) -> tuple:
+    """The fewest earlier fusions ``fusion`` must run after to find on
+    ``graph`` the sites it finds in the whole pipeline: () when it finds them
+    alone; else every earlier fusion, each dropped in turn if the count stays."""
+    earlier = list(FUSIONS[:FUSIONS.index(fusion)])
+    target = _sites(graph, fusion, earlier)
+    if not earlier or _sites(graph, fusion, ()) == target:
+        return ()
+    needed = list(earlier)
+    for f in earlier:
+        trial = [g for g in needed if g != f]
+        if _sites(graph, fusion, trial) == target:
+            needed = trial
+    return tuple(needed)
+
+
+ROUNDING = "the outputs diverge, but no single intermediate value does (a rounding accumulation)"
+
+
+def locate_divergence(graph: Graph, fused: Graph, weights, feeds, floor: float = FLOOR, *,
+                      rounding: str = ROUNDING) -> str:
     """The first fused-graph value whose float32 error against the float64
-    reference exceeds the criterion, named by the original node it replaces."""
+    reference exceeds the criterion (or is not finite), named by the original
+    node it replaces; ``rounding`` where no single value does."""
     labelled = label_origins(graph)
     by_label: dict[str, Node] = {n.origin[0]: n for n in labelled.nodes}
     exact, plain, test = {}, {}, {}
@@ -91,21 +188,25 @@ def locate_divergence(graph: Graph, fused: Graph, weights, feeds, floor: float =
         ref = exact[orig.outputs[0]]
         err_fused = _max_err(test[n.outputs[0]], ref)
         err_plain = _max_err(plain[orig.outputs[0]], ref)
-        if err_fused > 2 * err_plain + floor * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0):
+        if not np.isfinite(err_fused) or \
+                err_fused > 2 * err_plain + floor * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0):
             return (f"first divergence at {label} ({orig.op}), now computed by {n.op} "
                     f"(from {' '.join(n.origin)}): error {err_fused:.3g} against {err_plain:.3g} unfused")
-    return "the outputs diverge, but no single intermediate value does (a rounding accumulation)"
+    return rounding
 
 
 def format_check(result: CheckResult) -> str:
     lines = [f"numeric A/B on {result.backend} (float32 against the float64 reference; "
-             f"limit = 2 × unfused error + {FLOOR:g})"]
+             f"limit = 2 × unfused error + {FLOOR:g}; each fusion alone, or after the fusions it builds on)"]
     lines.append(f"  {'variant':<22} {'sites':>5}  {'output':<20} {'max |err|':>10} {'limit':>10}  result")
     for v in result.variants:
         for i, k in enumerate(v.errors):
             status = "" if i else ("ok" if v.passed else "FAIL")
             lines.append(f"  {v.name if i == 0 else '':<22} {v.fused_sites if i == 0 else '':>5}  {k:<20} "
                          f"{v.errors[k]:>10.3g} {v.limits[k]:>10.3g}  {status}")
+        if v.after:
+            lines.append(f"    ran after {', '.join(v.after)} (it finds fewer sites without them); "
+                         f"sites: its own; error: of them together")
         if v.divergence:
             lines.append(f"    {v.divergence}")
     lines.append("PASS" if result.passed else "FAIL")

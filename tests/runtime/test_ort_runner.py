@@ -203,10 +203,14 @@ def test_feeds_are_checked_against_the_graph():
             sess.run({**good, "past_kv": np.zeros((2, 1, 8), np.float32)})
 
 
-def test_runtime_failure_is_wrapped():
+def test_runtime_failure_is_wrapped(monkeypatch):
     g, w = attention_block()
     feeds = feeds_for(g, {"batch": 1, "seq": 2, "past": 0})
     feeds["ids"][0, 1] = 999  # outside the 20-row embedding table
+    with pytest.raises(BlockcError, match=r"ids out of range \[0, 20\)"):   # refused before ONNX Runtime sees it
+        run_ort(g, w, feeds)
+    import blockc.runtime.ort_runner as ort_runner
+    monkeypatch.setattr(ort_runner, "bind_inputs", lambda graph, feeds: {})  # let ONNX Runtime fail on it
     with pytest.raises(BlockcError, match="onnxruntime failed to run"):
         run_ort(g, w, feeds)
 

@@ -27,6 +27,7 @@ from ...ir.graph import Graph, Node, Value
 from ...ir.load_time import load_time_nodes
 from ...ops import registry
 from ...ops.evaluate import Env, evaluate_node
+from ...ops.limits import graph_limits
 from ...passes.dce import dce
 from ...passes.legalize import legalize
 from ...passes.manager import label_origins
@@ -293,9 +294,17 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                     dtype=c_comment(",".join(sorted({o.dtype.name for _, o in g.outputs}))),
                     sources=sources, steps=[{"comment": c_comment(f"{' '.join(c.nodes)}: {'+'.join(c.ops)}"),
                                              "call": c.call} for c in steps],
-                    slots=slots, symbols=g.symbols(), cublas=gemm == "cublas", num_inputs=len(g.inputs),
+                    slots=slots, symbols=g.symbols(), dim_limits=_dim_limits(g, ctx),
+                    cublas=gemm == "cublas", num_inputs=len(g.inputs),
                     num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
     return source, kernels
+
+
+def _dim_limits(g: Graph, ctx: LowerContext) -> list[dict]:
+    # blockc_run refuses dims over what the fixed-size tables hold (ops/limits.py,
+    # the rule every Python backend applies too) instead of reading past them.
+    return [{"expr": ctx.dim(d.dim), "limit": d.limit, "why": c_comment(d.why),
+             "name": re.sub(r"[^A-Za-z0-9_ +*-]", "?", str(d.dim))} for d in graph_limits(g).dims]
 
 
 _NODES_LINE = re.compile(r"^// IR nodes:.*\n", re.M)

@@ -1,0 +1,60 @@
+"""What a graph's inputs may hold without any op reading out of bounds.
+
+Two kinds of limit follow from the graph alone, so every backend (and the
+generated C API) enforces the same ones, whatever model the graph came from:
+
+* **ids**: a graph input used as a ``gather``'s indices (a token embedding)
+  must hold ids in ``[0, rows)`` of the table it indexes. Negative ids are
+  refused too: they would silently take rows from the end.
+* **dims**: a ``slice`` of a fixed-size axis up to a symbolic end (the
+  position table sliced to ``seq``) bounds that end: ``seq <= 1024``.
+
+``runtime/bindings.bind_inputs`` checks them before any run;
+``codegen/cuda/lower`` renders the dim limits into ``blockc_run``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.dims import Dim, Sym
+from ..ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class DimLimit:
+    """``dim <= limit``, because of ``why``."""
+
+    dim: Dim
+    limit: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    ids: dict        # input name -> (high, why): its values must lie in [0, high)
+    dims: list       # DimLimit, the tightest per dim expression
+
+    def __bool__(self) -> bool:
+        return bool(self.ids or self.dims)
+
+
+def _table(v) -> str:
+    return repr(v.name) if v.name else "a table"
+
+
+def graph_limits(graph: Graph) -> Limits:
+    """The id ranges and dim limits ``graph``'s ops imply (see the module docstring)."""
+    ids: dict[str, tuple[int, str]] = {}
+    dims: dict[Dim, DimLimit] = {}
+    for n in graph.nodes:
+        if n.op == "gather":
+            data, idx = n.inputs
+            rows = data.shape[n.attrs["axis"] % data.type.rank]
+            if idx.kind == "input" and isinstance(rows, int) and (idx.name not in ids or rows < ids[idx.name][0]):
+                ids[idx.name] = (rows, f"it indexes {_table(data)}, which has {rows} rows")
+        elif n.op == "slice":
+            x, end = n.inputs[0], n.attrs["end"]
+            size = x.shape[n.attrs["axis"] % x.type.rank]
+            if isinstance(size, int) and isinstance(end, Sym) and (end not in dims or size < dims[end].limit):
+                dims[end] = DimLimit(end, size, f"{_table(x)} has {size} rows")
+    return Limits(ids, list(dims.values()))

@@ -1,0 +1,109 @@
+"""Non-finite numbers never pass a check: ``check_fusions`` fails the unfused
+run and names the first node whose reference result is not finite (instead
+of marking it ok and blaming every fusion for a rounding accumulation), and
+``blockc run --check`` exits non-zero saying the same; each fusion's A/B
+runs after the fusions it builds on and reports its true site count."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blockc
+from blockc.cli import main
+from blockc.frontends.weights import NonFiniteWeightsWarning, materialize, save_weights
+from blockc.report.numerics import check_fusions, first_non_finite, format_check
+
+SETS = {"layers": "1"}
+
+
+def _nan_weights():
+    model = blockc.build_model("tiny", SETS)
+    weights = materialize(blockc.init_weights(model))
+    weights["blocks.0.ln1.weight"][:3] = np.nan
+    return model, weights
+
+
+def _feeds(model):
+    return {s.name: s.sample({"batch": 1, "seq": 8}, np.random.default_rng(0)) for s in model.inputs()}
+
+
+def test_nan_weights_fail_the_unfused_run_and_blame_no_fusion():
+    model, weights = _nan_weights()
+    graph = blockc.trace(model)
+    result = check_fusions(graph, weights, _feeds(model))
+    assert not result.passed
+    unfused = result.variants[0]
+    assert unfused.name == "unfused" and not unfused.passed
+    assert "not finite" in unfused.divergence and "(layernorm)" in unfused.divergence
+    assert "'blocks.0.ln1.weight'" in unfused.divergence
+    text = format_check(result)
+    assert "rounding accumulation" not in text and "fusions not compared" in text
+
+
+def test_first_non_finite_says_everything_is_finite_when_it_is():
+    model = blockc.build_model("tiny", SETS)
+    weights = materialize(blockc.init_weights(model))
+    assert "is finite" in first_non_finite(blockc.trace(model), weights, _feeds(model))
+
+
+def test_a_fusion_that_makes_nan_is_named_not_called_rounding():
+    model = blockc.build_model("tiny", SETS)
+    graph = blockc.trace(model)
+    weights, feeds = materialize(blockc.init_weights(model)), _feeds(model)
+
+    def run(g):   # a backend whose fused layernorm kernel is broken
+        out = blockc.runtime.reference.run_reference(g, weights, feeds, float64=False)
+        if any(n.op == "add_layernorm" for n in g.nodes):
+            out = {k: np.full_like(v, np.nan) for k, v in out.items()}
+        return out
+
+    result = check_fusions(graph, weights, feeds, run=run, backend="mybackend")
+    assert result.variants[0].passed   # the unfused run is fine
+    broken = [v for v in result.variants if not v.passed]
+    assert broken and all("not finite" in v.divergence and "so mybackend made the NaN/Inf" in v.divergence
+                          for v in broken)
+
+
+def test_run_check_fails_on_non_finite_outputs(tmp_path, capsys):
+    _, weights = _nan_weights()
+    path = tmp_path / "nan.safetensors"
+    save_weights(path, weights)
+    with pytest.warns(NonFiniteWeightsWarning, match=r"'blocks.0.ln1.weight': 3 NaN of 64 values"):
+        code = main(["run", "tiny", "--set", "layers=1", "--weights", str(path), "--check",
+                     "--backend", "reference"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the outputs are not finite" in err and "first not finite at" in err and "(layernorm)" in err
+    with pytest.warns(NonFiniteWeightsWarning):
+        assert main(["check", "tiny", "--set", "layers=1", "--weights", str(path), "--backend", "reference"]) == 1
+    out = capsys.readouterr().out
+    assert "unfused" in out and "FAIL" in out and "rounding accumulation" not in out
+
+
+def test_run_check_passes_finite_outputs(capsys):
+    assert main(["run", "tiny", "--set", "layers=1", "--check", "--backend", "reference"]) == 0
+
+
+@pytest.mark.parametrize("eps", ["-1", "nan", "inf", "0"])
+def test_eps_is_validated(eps, capsys):
+    assert main(["run", "tiny", "--set", f"eps={eps}"]) == 2
+    assert "eps must be a positive finite number" in capsys.readouterr().err
+
+
+def test_a_fusion_runs_after_the_fusions_it_builds_on_and_reports_its_true_count():
+    """bert-base: fuse_qkv_attention finds no site alone; after fuse_qkv and
+    fuse_attention it finds one per layer, as in the whole pipeline."""
+    from blockc.passes.manager import optimize
+    from blockc.report.numerics import prerequisites
+    model = blockc.build_model("bert-base", {"layers": "2", "d_model": "64", "heads": "4", "vocab": "50"})
+    graph = blockc.trace(model)
+    assert prerequisites(graph, "fuse_qkv_attention") == ("fuse_qkv", "fuse_attention")
+    assert prerequisites(graph, "fuse_qkv") == () and prerequisites(graph, "fuse_add_layernorm") == ()
+    weights = materialize(blockc.init_weights(model))
+    feeds = {s.name: s.sample({"batch": 1, "seq": 8}, np.random.default_rng(0)) for s in model.inputs()}
+    result = check_fusions(graph, weights, feeds)
+    by_name = {v.name: v for v in result.variants}
+    whole = sum(1 for s in optimize(graph).sites if s.fused and s.pass_name == "fuse_qkv_attention")
+    assert by_name["fuse_qkv_attention"].fused_sites == whole == 2
+    assert by_name["fuse_qkv_attention"].after == ("fuse_qkv", "fuse_attention")
+    assert "ran after fuse_qkv, fuse_attention" in format_check(result)
