@@ -157,10 +157,16 @@ def _optimize_options(args) -> dict:
             "print_after_all": getattr(args, "print_after_all", False), "out": sys.stderr}
 
 
-def _model(args):
-    from .frontends import build_model, trace
+def _built(args):
+    """The model the arguments name, not traced."""
+    from .frontends import build_model
     from .frontends.catalog import parse_sets
-    model = build_model(args.model, parse_sets(args.set))
+    return build_model(args.model, parse_sets(args.set))
+
+
+def _model(args):
+    from .frontends import trace
+    model = _built(args)
     return model, trace(model)
 
 
@@ -185,6 +191,8 @@ def _weights(args, model):
         weights = load_weights(args.weights)
         check_weights(model, weights)
         return weights
+    from .frontends.module import check_weights_fit
+    check_weights_fit(model)  # before numpy tries to allocate them
     return init_weights(model, seed=args.seed)
 
 
@@ -263,8 +271,8 @@ def cmd_show(args) -> int:
 
 def cmd_summary(args) -> int:
     from .frontends.summary import summarize
-    model, _ = _graph(args)
-    print(summarize(model).format())
+    # Counted from the module tree: a 100,000-layer model is counted, not traced.
+    print(summarize(_built(args)).format())
     return 0
 
 
@@ -288,6 +296,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from .errors import printable
     from .frontends.module import InputSpec  # noqa: F401  (documented input sampling)
     from .runtime.backend import make_backend
     from .runtime.reference import run_reference
@@ -303,27 +312,40 @@ def cmd_run(args) -> int:
     elapsed = time.perf_counter() - t0
     dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
     source = f"inputs {args.inputs}" if args.inputs else f"seed {args.seed}"
-    print(f"{graph.name} [{args.form}] on {where}, {dims}, {source}: {elapsed * 1e3:.1f} ms")
+    print(f"{printable(graph.name)} [{args.form}] on {where}, {dims}, {source}: {elapsed * 1e3:.1f} ms")
     oracle = run_reference(graph, weights, feeds, float64=True) if args.check else None
     header = f"  {'output':<20} {'shape':<18} {'dtype':<9} {'mean':>11} {'std':>11} {'min':>11} {'max':>11}"
     print(header + ("  max |err| vs f64" if oracle else ""))
-    worst = 0.0
     for name, a in outputs.items():
         f = a.astype(np.float64)
-        line = (f"  {name:<20} {str(list(a.shape)):<18} {str(a.dtype):<9} {f.mean():>11.4g} {f.std():>11.4g} "
+        line = (f"  {printable(name):<20} {str(list(a.shape)):<18} {str(a.dtype):<9} {f.mean():>11.4g} {f.std():>11.4g} "
                 f"{f.min():>11.4g} {f.max():>11.4g}")
         if oracle:
             err = float(np.max(np.abs(f - oracle[name]))) if f.size else 0.0
-            worst = max(worst, err)
             line += f"  {err:.3g}"
         print(line)
     if args.save:
         from .runtime.feeds import save_npz
         save_npz(args.save, outputs)
         print(f"wrote {args.save}")
-    if oracle and not np.isfinite(worst):
-        raise BlockcError("outputs are not finite")
+    if oracle:
+        return _check_finite(graph, weights, feeds, outputs, oracle, backend.title)
     return 0
+
+
+def _check_finite(graph, weights, feeds, outputs, oracle, where: str) -> int:
+    """``run --check``: 1, with where the values first stopped being finite, when any output is NaN/Inf."""
+    from .report.numerics import first_non_finite, non_finite_outputs
+    bad = non_finite_outputs(outputs)
+    if not bad:
+        return 0
+    if non_finite_outputs(oracle):
+        origin = first_non_finite(graph, weights, feeds)
+    else:
+        origin = (f"the float64 reference is finite, so {where} made them; "
+                  + first_non_finite(graph, weights, feeds, float64=False))
+    print(f"blockc: check failed: the outputs are not finite ({'; '.join(bad)}); {origin}", file=sys.stderr)
+    return 1
 
 
 def cmd_fusions(args) -> int:
@@ -470,11 +492,51 @@ def _with_progress(plan, show: bool) -> dict:
 
 
 def _check_writable(path: str) -> None:
+    """Refuse now, before any work, a file that cannot be written."""
+    if os.path.isdir(path):
+        raise BlockcError(f"cannot write {path}: it is a folder")
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(directory):
-        raise BlockcError(f"cannot write {path}: the folder {directory} does not exist")
+        raise BlockcError(f"cannot write {path}: " + _not_a_folder(directory))
     if not os.access(directory, os.W_OK):
         raise BlockcError(f"cannot write {path}: the folder {directory} is not writable")
+
+
+def _check_writable_dir(path: str) -> None:
+    """Refuse now a build folder that cannot be made or written into: a
+    file already there, a file where a parent folder should be, or a folder
+    that is not writable (the nearest one that exists, which will hold it)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BlockcError(f"cannot write the build into {path}: it is a file, not a folder "
+                          "(give a new or existing folder with -o)")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise BlockcError(f"cannot write the build into {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise BlockcError(f"cannot write the build into {path}: the folder {existing} is not writable")
+
+
+def _not_a_folder(directory: str) -> str:
+    """Why ``directory`` cannot hold a file: the file in its way, or that it is missing."""
+    up = directory
+    while up != os.path.dirname(up) and not os.path.exists(up):
+        up = os.path.dirname(up)
+    if os.path.exists(up) and not os.path.isdir(up):
+        return f"{up} is a file, not a folder"
+    return f"the folder {directory} does not exist"
+
+
+def _check_outputs(args) -> None:
+    """Every path a command will write, checked before it does any work, so
+    a bad -o costs nothing and never ends in a traceback halfway through."""
+    if args.command == "export":
+        _check_writable(args.output)
+    elif args.command == "cuda":
+        _check_writable_dir(args.output)
+    if getattr(args, "json", None):
+        _check_writable(args.json)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -482,6 +544,21 @@ def _write_text(path: str, text: str) -> None:
     from .files import atomic_write
     with atomic_write(path, "w") as f:
         f.write(text)
+
+
+def _arch_list(text: str) -> str:
+    """--arch, checked where it is parsed: comma-separated ``sm_XX`` (a
+    ``BlockcError``, which argparse lets through, so it is blockc's one-line
+    error rather than argparse's usage message)."""
+    import re
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}[a-z]?", a)]
+    if bad or not archs:
+        from .errors import printable
+        raise BlockcError(f"--arch {printable(text)!s}: " + (f"{', '.join(repr(a) for a in bad)} is not a GPU "
+                          "architecture" if bad else "no architecture given")
+                          + "; give comma-separated sm_XX, e.g. --arch sm_80,sm_90")
+    return ",".join(archs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -562,7 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     _form_arg(p, default="fused")
     _optimize_args(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the build directory to write")
-    p.add_argument("--arch", default="sm_80,sm_90", help="GPU architectures (default sm_80,sm_90)")
+    p.add_argument("--arch", default="sm_80,sm_90", type=_arch_list,
+                   help="GPU architectures, comma-separated sm_XX (default sm_80,sm_90)")
     _dtype_arg(p, choices=("float32", "float16", "bfloat16"))
     _gemm_arg(p)
     _dim_arg(p, defaults={"batch": 1, "seq": 128}, purpose=" for the memory-plan figures")
@@ -635,28 +713,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """blockc's warnings as one escaped line, like its errors (not Python's
+    two lines naming the file that raised them)."""
+    from .errors import printable
+    print(f"blockc: warning: {printable(str(message))}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    from .errors import printable
     parser = build_parser()
+    shown = warnings.showwarning
+    if argv is None:   # the program itself, not a caller that may record warnings (pytest.warns)
+        warnings.showwarning = _show_warning
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    args.argv = argv  # as typed, for reports that record their command
-    if getattr(args, "command", None) == "check" and not args.backend:
-        args.backend = ["reference", "ort"]
-    if not getattr(args, "fn", None):
-        parser.print_help()
-        return 0
     try:
+        args = parser.parse_args(argv)  # an option's type= may raise BlockcError (--arch)
+        args.argv = argv  # as typed, for reports that record their command
+        if getattr(args, "command", None) == "check" and not args.backend:
+            args.backend = ["reference", "ort"]
+        if not getattr(args, "fn", None):
+            parser.print_help()
+            return 0
         _resolve_forms(args)
+        _check_outputs(args)
         return args.fn(args)
+    # The one place errors reach the terminal: names from weight files and
+    # models in a message are shown escaped, never interpreted (a name
+    # "\x1b[31m" must not turn the terminal red). Line breaks are blockc's own.
     except BlockcError as e:
-        print(f"blockc: error: {e}", file=sys.stderr)
+        print(f"blockc: error: {printable(str(e), keep_newlines=True)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `blockc show gpt2 | head`
+        sys.stderr.close()
+        return 0
+    except OSError as e:  # the machine, not blockc: a full disk, a folder that cannot be made
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"blockc: error: {printable(where + (e.strerror or str(e)))}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("blockc: error: out of memory (make the model or the sizes smaller with --set or --dim)",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("blockc: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `blockc show gpt2 | head`
-        sys.stderr.close()
-        return 0
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ a message that names the problem; the CLI prints the message, not a traceback.
 from __future__ import annotations
 
 import os
+import re
 import traceback
 
 
@@ -55,12 +56,27 @@ def user_frame() -> tuple[str, int] | None:
     """The innermost stack frame outside blockc itself: the user's source line.
 
     DSL errors point here, so a user sees the line of *their* model file that
-    made the bad call, not a line inside blockc.
+    made the bad call, not a line inside blockc. Where blockc's command line
+    is reached first (a built-in model built by ``blockc``), there is no user
+    line: the frames further out are the ``blockc`` script or ``runpy``, not
+    the user's (``--set d_ff=-5`` was once blamed on ``venv/bin/blockc:8``).
     """
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep):
+        if path == os.path.join(_PACKAGE_DIR, "cli.py"):
+            return None
+        if not path.startswith(_PACKAGE_DIR + os.sep) and not frame.filename.startswith("<"):
             return frame.filename, frame.lineno or 0
+    return None
+
+
+def raised_at(e: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``e``'s traceback outside blockc
+    (the user's line that raised it), or None."""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_PACKAGE_DIR + os.sep) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
     return None
 
 
@@ -68,3 +84,24 @@ def at_user_line(message: str) -> str:
     """``message`` prefixed with the user's file and line when one is found."""
     where = user_frame()
     return f"{where[0]}:{where[1]}: {message}" if where else message
+
+
+# Control characters (C0, DEL, C1) and the invisible bidirectional overrides
+# that reorder what a terminal shows.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``,
+    ``\\n``) instead of sent to the terminal.
+
+    Names from weight files and models are labels anyone can write; printed
+    raw, ``"\\x1b[31m"`` would turn the terminal red and a newline would forge
+    a line of blockc's output. ``keep_newlines`` keeps line breaks (a whole
+    message of several lines, its names already escaped)."""
+    def shown(m: re.Match) -> str:
+        ch = m.group()
+        if keep_newlines and ch == "\n":
+            return ch
+        return ch.encode("unicode_escape").decode("ascii") if ch != "\t" else "\\t"
+    return _UNPRINTABLE.sub(shown, str(text))

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
+from ..frontends.module import available_memory
 from ..ir.graph import Graph
 from ..runtime.backend import HOST_CLOCK, Backend, backend_names, compare_backends, make_backend
 from ..passes.forms import FORMS
@@ -263,7 +264,7 @@ def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progr
             if row["status"] != "ok":
                 break
             progress(f"preparing {row_key(row)} {where}")
-            before = _available_memory()
+            before = available_memory()
             compiled = None
             try:
                 compiled = prepare()
@@ -275,7 +276,7 @@ def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progr
                 row["status"], row["error"] = "error", str(e) or "out of memory"
                 if compiled is not None:
                     compiled.close()
-            after = _available_memory()
+            after = available_memory()
             if before is not None and after is not None:
                 biggest = max(biggest, before - after)
                 if after < _memory_floor(biggest) and group:
@@ -302,18 +303,6 @@ def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progr
             if peak:
                 row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
     return times
-
-
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _memory_floor(biggest: int) -> int:

@@ -101,6 +101,9 @@ def _load_user_model(spec: str, overrides: dict[str, str]) -> Model:
         namespace = runpy.run_path(path)
     except BlockcError:
         raise
+    except SystemExit as e:  # would end blockc silently, with the model file's status
+        raise ModelError(f"{_where(e, path)}: the model file called sys.exit({e.code!r}) while loading; "
+                         f"a model file must not end the program") from None
     except Exception as e:
         raise ModelError(f"{_where(e, path)}: error while loading the model file: "
                          f"{type(e).__name__}: {e}") from None
@@ -120,6 +123,9 @@ def _load_user_model(spec: str, overrides: dict[str, str]) -> Model:
             raise
         except TypeError as e:
             raise BlockcError(f"{spec}: cannot build with settings {overrides}: {e}") from None
+        except SystemExit as e:
+            raise ModelError(f"{_where(e, path)}: {name} called sys.exit({e.code!r}); a model must not end "
+                             f"the program") from None
         except Exception as e:
             raise ModelError(f"{_where(e, path)}: {type(e).__name__}: {e}") from None
         if isinstance(model, Model):

@@ -2,6 +2,7 @@
 shaped), a post-norm encoder (BERT shaped), and a single block."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ModelError
@@ -19,12 +20,17 @@ def _check_common(cfg) -> None:
     for key in ("d_model", "layers", "heads"):
         if getattr(cfg, key) <= 0:
             raise ModelError(f"{key} must be positive, got {getattr(cfg, key)}")
+    if cfg.d_ff < 0:
+        raise ModelError(f"d_ff must be positive, or 0 for 4*d_model, got {cfg.d_ff}")
     if cfg.d_model % cfg.heads:
         raise ModelError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}")
     if cfg.activation not in ACTIVATIONS:
         raise ModelError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
     if cfg.norm not in ("layernorm", "rmsnorm"):
         raise ModelError(f"norm must be layernorm or rmsnorm, got {cfg.norm!r}")
+    # A zero, negative or non-finite eps makes the norm's sqrt NaN or Inf on some rows: every output wrong.
+    if not isinstance(cfg.eps, (int, float)) or not math.isfinite(cfg.eps) or cfg.eps <= 0:
+        raise ModelError(f"eps must be a positive finite number (e.g. 1e-5), got {cfg.eps!r}")
     try:
         dtype = DType.parse(cfg.dtype)
     except KeyError:

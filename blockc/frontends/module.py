@@ -8,13 +8,15 @@ weights are made on demand, deterministically from a seed, by
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ModelError, at_user_line
+from ..errors import BlockcError, ModelError, at_user_line, raised_at
 from ..ir.dims import Dim, Sym, evaluate
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -33,13 +35,16 @@ class Parameter:
         shape = tuple(int(d) for d in shape)
         if any(d <= 0 for d in shape):
             raise ModelError(at_user_line(f"parameter shape {list(shape)} has a non-positive dimension"))
+        if math.prod(shape) >= 2**63:  # ONNX, numpy and the C API count elements in int64
+            raise ModelError(at_user_line(f"parameter shape {list(shape)} has {math.prod(shape):.3g} elements, "
+                                          f"more than any tensor can hold (2**63)"))
         if isinstance(init, str) and init not in ("normal", "zeros", "ones"):
             raise ModelError(at_user_line(f"unknown initialiser {init!r}: use normal, zeros, ones or a function"))
         self.shape, self.init, self.std, self.dtype = shape, init, std, dtype
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)   # Python ints: exact for any size, and fast
 
     def make(self, name: str, seed: int, dtype: DType) -> np.ndarray:
         """The initial value; the same for the same (name, seed) whatever else exists."""
@@ -192,7 +197,8 @@ class Model(Module):
     dtype = DType.float32
 
     def inputs(self) -> list[InputSpec]:
-        raise NotImplementedError(f"{type(self).__name__} must define inputs() to be traced")
+        raise ModelError(f"{type(self).__name__} defines no inputs(): a Model declares its graph inputs, e.g. "
+                         f"def inputs(self): return [InputSpec('x', DType.float32, (batch, seq, 64))]")
 
     def max_dims(self) -> dict[str, int]:
         """Upper bounds on symbolic dims (e.g. seq <= max positions)."""
@@ -208,7 +214,7 @@ def trace(model: Model, dtype: DType | str | None = None) -> Graph:
     names = {id(p): n for n, p in model.named_parameters()}
     _PARAM_CTX.append((names, dtype))
     try:
-        with tracing(g):
+        with tracing(g), user_code(f"{type(model).__name__}.inputs()/forward()"):
             args = [Tensor(g.add_input(s.name, s.type)) for s in model.inputs()]
             out = model(*args)
     finally:
@@ -229,6 +235,70 @@ def trace(model: Model, dtype: DType | str | None = None) -> Graph:
     return g
 
 
+@contextlib.contextmanager
+def user_code(what: str, path: str | None = None):
+    """Run a user's model code: any error it raises, and a ``sys.exit`` it
+    calls, becomes a ``ModelError`` naming the user's file and line (or
+    ``path``) instead of a traceback, or blockc ending silently."""
+    try:
+        yield
+    except BlockcError:
+        raise
+    except SystemExit as e:
+        where = raised_at(e) or path or what
+        raise ModelError(f"{where}: {what} called sys.exit({e.code!r}); a model file must not end the "
+                         f"program") from None
+    except RecursionError as e:
+        raise ModelError(f"{raised_at(e) or path or what}: {what} recursed too deeply") from None
+    except MemoryError as e:
+        raise ModelError(f"{raised_at(e) or path or what}: {what} ran out of memory") from None
+    except Exception as e:
+        raise ModelError(f"{raised_at(e) or path or what}: error in {what}: {type(e).__name__}: {e}") from None
+
+
+def weights_nbytes(model: Model, dtype: DType | None = None) -> int:
+    """The bytes ``model``'s weights take when all are made (counted from the
+    declarations: nothing is allocated)."""
+    dtype = dtype or model.dtype
+    return sum(p.numel * (p.dtype or dtype).numpy.itemsize for _, p in model.named_parameters())
+
+
+def available_memory() -> int | None:
+    """The memory a new allocation can have, in bytes: ``MemAvailable``, else
+    the physical memory; None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.3g} EiB"
+
+
+def check_weights_fit(model: Model, dtype: DType | None = None) -> None:
+    """Refuse, with the estimated size, seeded weights that cannot all be held
+    in memory: ``--set vocab=10000000000000`` is an error, not numpy trying
+    to allocate 4.55 PiB."""
+    need, have = weights_nbytes(model, dtype), available_memory()
+    if have is not None and need > have:
+        count = sum(p.numel for _, p in model.named_parameters())
+        raise ModelError(f"{model.name}'s weights would take {format_bytes(need)} ({count:,} parameters as "
+                         f"{(dtype or model.dtype).name}), more than the {format_bytes(have)} of memory available; "
+                         f"make the model smaller with --set, or export it with --no-weights")
+
+
 class LazyWeights(Mapping):
     """``{name: array}`` made on access from the model's initialisers and a seed.
 
@@ -241,7 +311,13 @@ class LazyWeights(Mapping):
         self.seed, self.dtype = seed, dtype or model.dtype
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._params[name].make(name, self.seed, self.dtype)
+        p = self._params[name]
+        # Made in float64, then cast: both copies are alive for a moment.
+        need, have = p.numel * (8 + (p.dtype or self.dtype).numpy.itemsize), available_memory()
+        if have is not None and need > have:
+            raise ModelError(f"weight {name!r} {list(p.shape)} would take {format_bytes(need)} to make, more than "
+                             f"the {format_bytes(have)} of memory available")
+        return p.make(name, self.seed, self.dtype)
 
     def __iter__(self):
         return iter(self._params)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import printable
 from .layers import Embedding, LearnedPositionEmbedding
 from .module import Module, ModuleList
 
@@ -65,7 +66,7 @@ class Summary:
     def format(self) -> str:
         """A plain-text report: top-level modules, module types, embedding
         split and the ``12·L·d²`` comparison."""
-        lines = [f"{self.model} ({self.kind}): {self.total:,} parameters ({_human(self.total)})", ""]
+        lines = [f"{printable(self.model)} ({self.kind}): {self.total:,} parameters ({_human(self.total)})", ""]
         lines += _table(("module", "type", "parameters", "share"), self.rows())
         lines.append("")
         type_rows = [(k, f"{v:,}", _share(v, self.total)) for k, v in

@@ -10,6 +10,14 @@ names (``blocks.0.attn.w_q.weight``). Two file formats, chosen by extension:
   would read one back as raw ``|V2`` bytes, so dtypes numpy cannot describe are
   stored as same-sized unsigned ints and named in a small side entry.
 
+Loading reports non-finite values: a file whose float tensors hold NaN or
+Inf still loads (a broken checkpoint is something to look into, not to
+hide), but ``load_weights`` warns with a ``NonFiniteWeightsWarning`` that
+names each such tensor and how many of its values are NaN, +Inf and -Inf.
+Every output computed from them will be non-finite too, and ``blockc run
+--check`` and ``blockc check`` fail on it, naming the first node whose
+result is not finite.
+
 Saving is atomic: the data goes to a temporary file in the target directory
 that replaces the target only once it is complete, so a failed save leaves
 either the old file or nothing, never half a file.
@@ -19,11 +27,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import warnings
 from typing import Mapping
 
 import numpy as np
 
-from ..errors import WeightsError
+from ..errors import WeightsError, printable
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 
@@ -126,8 +135,37 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 # -- loading ----------------------------------------------------------------------
+class NonFiniteWeightsWarning(UserWarning):
+    """Weights that hold NaN or Inf; ``tensors`` lists each one and its counts."""
+
+    def __init__(self, message: str, tensors: list[str]):
+        super().__init__(message)
+        self.tensors = tensors
+
+
+def non_finite_weights(weights: Mapping[str, np.ndarray]) -> list[str]:
+    """``"'name': 3 NaN, 1 +Inf of 64 values"`` for every float tensor holding non-finite values."""
+    found = []
+    for name in weights:
+        a = np.asarray(weights[name])
+        if not _is_ml_dtype(a) and a.dtype.kind not in "fc":
+            continue
+        if a.dtype.kind == "V":
+            a = a.astype(np.float32)  # bfloat16 & co.: numpy's isnan needs a type it knows
+        bad = ~np.isfinite(a)
+        if not bad.any():
+            continue
+        counts = [(int(np.isnan(a).sum()), "NaN"), (int(np.isposinf(a).sum()), "+Inf"),
+                  (int(np.isneginf(a).sum()), "-Inf")]
+        found.append(f"{name!r}: {', '.join(f'{n} {what}' for n, what in counts if n)} of {a.size} values")
+    return found
+
+
 def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read a ``.safetensors`` or ``.npz`` weights file into ``{name: array}``."""
+    """Read a ``.safetensors`` or ``.npz`` weights file into ``{name: array}``.
+
+    Tensors holding NaN or Inf are loaded, with a ``NonFiniteWeightsWarning``
+    that names them (see the module docstring)."""
     path = os.fspath(path)
     fmt = _format_of(path)
     if not os.path.isfile(path):
@@ -136,12 +174,20 @@ def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if fmt == ".safetensors":
             import safetensors.numpy
 
-            return dict(safetensors.numpy.load_file(path))
-        return _read_npz(path)
+            weights = dict(safetensors.numpy.load_file(path))
+        else:
+            weights = _read_npz(path)
     except WeightsError:
         raise
     except Exception as e:
         raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from e
+    bad = non_finite_weights(weights)
+    if bad:
+        shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+        warnings.warn(NonFiniteWeightsWarning(
+            f"{path}: {len(bad)} of {len(weights)} weight tensors hold non-finite values ({shown}); "
+            f"outputs computed from them will not be finite", bad), stacklevel=2)
+    return weights
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
@@ -195,15 +241,16 @@ def check_weights(model_or_graph, weights: Mapping[str, np.ndarray], *, strict: 
     expected = expected_params(model_or_graph)
     missing = [name for name in expected if name not in weights]
     unexpected = [name for name in weights if name not in expected] if strict else []
-    problems = [f"missing: {name} ({_fmt_type(*expected[name])})" for name in missing]
-    problems += [f"unexpected: {name}" for name in unexpected]
+    # A file's names are anyone's text: shown escaped (printable), one per line.
+    problems = [f"missing: {printable(name)} ({_fmt_type(*expected[name])})" for name in missing]
+    problems += [f"unexpected: {printable(name)}" for name in unexpected]
     checked: dict[str, np.ndarray] = {}  # what cast=True returns, so a lazy mapping is made once
     for name, (shape, dtype) in expected.items():
         if name not in weights:
             continue
         a = checked[name] = np.asarray(weights[name])
         if tuple(a.shape) != shape:
-            problems.append(f"shape: {name} is {list(a.shape)}, expected {list(shape)}")
+            problems.append(f"shape: {printable(name)} is {list(a.shape)}, expected {list(shape)}")
         if a.dtype == dtype.numpy:
             continue
         try:
@@ -214,12 +261,12 @@ def check_weights(model_or_graph, weights: Mapping[str, np.ndarray], *, strict: 
             with np.errstate(over="ignore"):
                 converted = a.astype(dtype.numpy)
             if np.isfinite(a.astype(np.float64)).sum() != np.isfinite(converted.astype(np.float64)).sum():
-                problems.append(f"dtype: {name} overflows when cast from {got.name} to {dtype.name}")
+                problems.append(f"dtype: {printable(name)} overflows when cast from {got.name} to {dtype.name}")
             else:
                 checked[name] = converted
         else:
             hint = " (pass cast=True to cast it)" if got is not None and got.is_float and dtype.is_float else ""
-            problems.append(f"dtype: {name} is {got.name if got else a.dtype}, expected {dtype.name}{hint}")
+            problems.append(f"dtype: {printable(name)} is {got.name if got else a.dtype}, expected {dtype.name}{hint}")
     if problems:
         what = getattr(model_or_graph, "name", type(model_or_graph).__name__)
         err = WeightsError(f"weights do not match {what!r} ({len(problems)} problem"

@@ -148,7 +148,7 @@ def test_short_memory_times_in_groups(monkeypatch):
     closed before the next; ratios across groups say they are not paired."""
     import blockc.compare.run as run
     readings = iter([8 << 30, 1 << 30] * 100)   # before / after each prepare: 7 GiB taken, 1 GiB left
-    monkeypatch.setattr(run, "_available_memory", lambda: next(readings))
+    monkeypatch.setattr(run, "available_memory", lambda: next(readings))
     plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=(),
                                           seqs=(8,), threads=1, kernels=False, **QUICK))
     report = run_comparison(plan)

@@ -93,3 +93,17 @@ def test_shared_parameters_count_once_and_models_without_config():
 @pytest.mark.parametrize("name", ["gpt2-block", "bert-base"])
 def test_every_builtin_formats(name):
     assert f"{summarize(build_model(name)).total:,}" in summarize(build_model(name)).format()
+
+
+def test_summary_counts_from_the_module_tree_without_tracing(monkeypatch, capsys):
+    # `blockc summary gpt2 --set layers=100000` took 433 s when it traced the graph first.
+    import blockc.frontends
+    from blockc.cli import main
+
+    def no_trace(*args, **kw):
+        raise AssertionError("blockc summary traced the model")
+
+    monkeypatch.setattr(blockc.frontends, "trace", no_trace)
+    assert main(["summary", "gpt2", "--set", "layers=24"]) == 0
+    # 24 layers of 12·d² + 4 biases/norms: gpt2-medium-shaped, d=768
+    assert "gpt2 (DecoderLM): 209," in capsys.readouterr().out

@@ -1,0 +1,210 @@
+"""Bad input ends in blockc's own one-line error and exit status 2, never a
+traceback or a silent exit: the cases of docs/BAD-INPUT.md that
+tests/test_cli.py does not already hold."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from blockc.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *needles):
+    assert code == 2, err
+    assert "Traceback" not in err and err.startswith("blockc: error: ")
+    assert len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def model_file(tmp_path, source: str, name: str = "m.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+def deny_writes_to(monkeypatch, folder):
+    """A read-only folder, as os.access reports it. Tests run as root, for whom
+    permission bits stop no write, so a chmod 555 folder cannot show this."""
+    real = os.access
+    folder = os.path.abspath(folder)
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if (
+        mode & os.W_OK and os.path.abspath(p) == folder) else real(p, mode, *a, **k))
+
+
+# ---- where the output goes -------------------------------------------------------------------
+def test_export_into_a_read_only_folder(tmp_path, monkeypatch, capsys):
+    deny_writes_to(monkeypatch, tmp_path)
+    code, out, err = run(capsys, "export", "tiny", "--set", "layers=1", "-o", str(tmp_path / "m.onnx"))
+    one_line_error(code, err, f"cannot write {tmp_path / 'm.onnx'}: the folder {tmp_path} is not writable")
+    assert out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_export_under_a_file(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    code, _, err = run(capsys, "export", "tiny", "-o", str(tmp_path / "afile" / "m.onnx"))
+    one_line_error(code, err, f"{tmp_path / 'afile'} is a file, not a folder")
+
+
+def test_cuda_into_a_read_only_folder(tmp_path, monkeypatch, capsys):
+    deny_writes_to(monkeypatch, tmp_path)
+    code, _, err = run(capsys, "cuda", "tiny", "--set", "layers=1", "--no-compile", "-o", str(tmp_path / "build"))
+    one_line_error(code, err, f"the folder {tmp_path} is not writable")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", ["afile", "afile/build"])
+def test_cuda_onto_an_existing_file(target, tmp_path, capsys):
+    (tmp_path / "afile").write_text("keep me")
+    code, _, err = run(capsys, "cuda", "tiny", "--set", "layers=1", "--no-compile", "-o", str(tmp_path / target))
+    one_line_error(code, err, "is a file, not a folder")
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_json_report_into_a_missing_folder_is_refused_before_the_work(tmp_path, capsys):
+    code, out, err = run(capsys, "fusions", "tiny", "--no-onnx-forms", "--json", str(tmp_path / "no" / "r.json"))
+    one_line_error(code, err, "does not exist")
+    assert out == ""
+
+
+@pytest.mark.parametrize("variable", ["BLOCKC_CACHE", "HOME"])
+def test_unwritable_cache_or_home(variable, tmp_path, monkeypatch, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for name in ("BLOCKC_CACHE", "BLOCKC_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, str(afile))
+    code, _, err = run(capsys, "run", "tiny", "--set", "layers=1", "--backend", "cuda-emu")
+    one_line_error(code, err, str(afile))
+
+
+# ---- options -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch, message", [
+    ("sm_xx", "'sm_xx' is not a GPU architecture"),
+    ("sm_80,90", "'90' is not a GPU architecture"),
+    ("sm_80;touch /tmp/x", "'sm_80;touch /tmp/x' is not a GPU architecture"),
+    (",", "no architecture given"),
+])
+def test_bad_arch(arch, message, tmp_path, capsys):
+    code, _, err = run(capsys, "cuda", "tiny", "--no-compile", "--arch", arch, "-o", str(tmp_path / "b"))
+    one_line_error(code, err, f"--arch {arch}: {message}", "e.g. --arch sm_80,sm_90")
+    assert not (tmp_path / "b").exists()
+
+
+def test_negative_d_ff_is_a_setting_error_not_blamed_on_the_script(capsys):
+    code, _, err = run(capsys, "show", "tiny", "--set", "d_ff=-5")
+    one_line_error(code, err, "tiny: d_ff must be positive, or 0 for 4*d_model, got -5")
+    assert "bin/blockc" not in err and "runpy" not in err and ".py:" not in err
+
+
+def test_weights_too_big_for_memory_are_refused_with_their_size(capsys):
+    code, _, err = run(capsys, "run", "tiny", "--set", "vocab=10000000000000", "--backend", "reference")
+    one_line_error(code, err, "tiny's weights would take 2.27 PiB (640,000,000,108,288 parameters as float32)",
+                   "of memory available")
+
+
+def test_weights_over_the_available_memory(monkeypatch, capsys):
+    from blockc.frontends import module
+    monkeypatch.setattr(module, "available_memory", lambda: 1 << 18)
+    code, _, err = run(capsys, "run", "tiny", "--backend", "reference")
+    one_line_error(code, err, "tiny's weights would take 487 KiB (124,672 parameters as float32), more than "
+                   "the 256 KiB of memory available")
+    # a weight made alone is held to the same rule (the Python API makes them lazily)
+    import blockc
+    weights = blockc.init_weights(blockc.build_model("tiny"))
+    monkeypatch.setattr(module, "available_memory", lambda: 1 << 17)
+    with pytest.raises(module.ModelError, match=r"weight 'tok.weight' \[256, 64\] would take 192 KiB"):
+        weights["tok.weight"]
+
+
+def test_a_shape_past_int64_is_refused(capsys):
+    code, _, err = run(capsys, "show", "tiny", "--set", "vocab=" + "9" * 30)
+    one_line_error(code, err, "more than any tensor can hold")
+
+
+# ---- model files -------------------------------------------------------------------------------
+def test_model_class_without_inputs(tmp_path, capsys):
+    path = model_file(tmp_path, """
+        import blockc
+        class M(blockc.Model):
+            def forward(self, x):
+                return x
+    """)
+    code, _, err = run(capsys, "show", f"{path}:M")
+    one_line_error(code, err, "M defines no inputs(): a Model declares its graph inputs")
+
+
+MODEL = textwrap.dedent("""
+    import sys
+    import blockc
+    from blockc.frontends import InputSpec
+    from blockc.ir.dtypes import DType
+    class M(blockc.Model):
+        def inputs(self):
+            return [InputSpec("x", DType.float32, (2, 4))]
+        def forward(self, x):
+            return x.exp()
+""")
+
+
+@pytest.mark.parametrize("where, code_line, line, message", [
+    ("load", "sys.exit(3)", 11, "the model file called sys.exit(3) while loading"),
+    ("load", "sys.exit(0)", 11, "the model file called sys.exit(0) while loading"),
+    ("build", "def build():\n    sys.exit(3)", 12, "build called sys.exit(3)"),
+    ("forward", "class Bad(M):\n    def forward(self, x):\n        sys.exit(3)", 13,
+     "Bad.inputs()/forward() called sys.exit(3)"),
+    ("forward", "class Bad(M):\n    def forward(self, x):\n        return x.nope", 13,
+     "error in Bad.inputs()/forward(): AttributeError: 'Tensor' object has no attribute 'nope'"),
+    ("inputs", "class Bad(M):\n    def inputs(self):\n        return 1 / 0", 13,
+     "error in Bad.inputs()/forward(): ZeroDivisionError: division by zero"),
+])
+def test_model_file_that_exits_or_raises(where, code_line, line, message, tmp_path):
+    """In a process of its own: sys.exit must not end blockc with the model's status."""
+    path = model_file(tmp_path, MODEL + code_line + "\n")
+    name = {"load": "M", "build": "build", "forward": "Bad", "inputs": "Bad"}[where]
+    proc = subprocess.run([sys.executable, "-m", "blockc.cli", "show", f"{path}:{name}"], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    one_line_error(proc.returncode, proc.stderr, f"{path}:{line}: {message}")
+    assert proc.stdout == ""
+
+
+# ---- names are shown, not interpreted -----------------------------------------------------------
+def test_printable():
+    from blockc.errors import printable
+    assert printable("\x1b[31mred\n") == "\\x1b[31mred\\n"
+    assert printable("a\nb\x1b\t\u202e\x9b", keep_newlines=True) == "a\nb\\x1b\\t\\u202e\\x9b"
+    assert printable("blocks.0.attn.w_q.weight — ok") == "blocks.0.attn.w_q.weight — ok"
+
+
+@pytest.mark.parametrize("ext", ["safetensors", "npz"])
+def test_weight_names_are_escaped(ext, tmp_path, capsys):
+    import blockc
+    from blockc.frontends.weights import save_weights
+    weights = dict(blockc.init_weights(blockc.build_model("tiny", {"layers": "1"})))
+    weights["\x1b[31mred\nfake: line"] = np.zeros(3, np.float32)
+    weights["\x1b[31mred\n" + "tok.weight"] = weights.pop("tok.weight")
+    path = tmp_path / f"w.{ext}"
+    save_weights(path, weights)
+    code, _, err = run(capsys, "run", "tiny", "--set", "layers=1", "--backend", "reference", "--weights", str(path))
+    assert code == 2 and "\x1b" not in err and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[0] == "blockc: error: weights do not match 'tiny' (3 problems):"
+    assert sorted(lines[1:]) == sorted(["  missing: tok.weight (f32[256,64])",
+                                        "  unexpected: \\x1b[31mred\\nfake: line",
+                                        "  unexpected: \\x1b[31mred\\ntok.weight"])
+
+
+def test_error_messages_are_escaped_where_they_are_printed(tmp_path, capsys):
+    path = model_file(tmp_path, "raise ValueError('\\x1b[2J\\x1b[31mcleared')\n")
+    code, _, err = run(capsys, "show", f"{path}:M")
+    one_line_error(code, err, "ValueError: \\x1b[2J\\x1b[31mcleared")
+    assert "\x1b" not in err
