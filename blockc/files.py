@@ -33,9 +33,20 @@ from .errors import BlockcError
 def user_mode(executable: bool = False) -> int:
     """The mode a new file gets under the process's umask (0644 under 022;
     0755 for an ``executable`` one)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if executable else 0o666) & ~umask
+    return (0o777 if executable else 0o666) & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask can only set it, racing other threads)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager

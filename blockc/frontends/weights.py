@@ -33,6 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import WeightsError, printable
+from ..files import user_mode
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 
@@ -78,7 +79,7 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
         else:
             _write_npz(tmp, arrays)
         # safetensors creates its file 0600; give every save the mode open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, user_mode())
         os.replace(tmp, path)
     except BaseException as e:
         try:
@@ -88,19 +89,6 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
         if isinstance(e, WeightsError) or not isinstance(e, Exception):
             raise
         raise WeightsError(f"cannot save weights to {path!r}: {type(e).__name__}: {e}") from e
-
-
-def _umask() -> int:
-    try:  # Linux: read it without changing it (os.umask can only set it)
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _is_ml_dtype(a: np.ndarray) -> bool:

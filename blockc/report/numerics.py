@@ -110,14 +110,15 @@ def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
     base = run(graph)
     base_err = {k: _max_err(base[k], oracle[k]) for k in oracle}
     result = CheckResult(backend)
-    if non_finite_outputs(oracle):
+    bad_oracle, bad_base = non_finite_outputs(oracle), non_finite_outputs(base)
+    if bad_oracle:
         # Nothing to compare against: every error is NaN, and no fusion is to blame.
-        why = (f"the outputs are not finite ({'; '.join(non_finite_outputs(oracle))}); "
+        why = (f"the outputs are not finite ({'; '.join(bad_oracle)}); "
                f"{first_non_finite(graph, weights, feeds)}; fusions not compared")
         result.variants.append(Variant("unfused", 0, base_err, dict(base_err), False, why))
         return result
-    if non_finite_outputs(base):
-        why = (f"the float32 outputs are not finite ({'; '.join(non_finite_outputs(base))}) although the float64 "
+    if bad_base:
+        why = (f"the float32 outputs are not finite ({'; '.join(bad_base)}) although the float64 "
                f"reference's are; {first_non_finite(graph, weights, feeds, float64=False)}; fusions not compared")
         result.variants.append(Variant("unfused", 0, base_err, dict(base_err), False, why))
         return result

@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import BlockcError, InputsError
-from ..ir.dims import Sym, evaluate
+from ..ir.dims import evaluate, is_plain_symbol
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 from ..ops.limits import graph_limits
@@ -48,8 +48,8 @@ def bind_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]
             if isinstance(d, int):
                 if d != n:
                     raise BlockcError(f"input {v.name!r} axis {axis} has size {n}, expected {d}")
-            elif len(d.terms) == 1 and list(d.terms.items())[0][1] == 1 and len(list(d.terms)[0]) == 1:
-                sym = list(d.terms)[0][0]
+            elif is_plain_symbol(d):
+                sym = next(iter(d.symbols))
                 if bindings.setdefault(sym, n) != n:
                     raise BlockcError(f"dimension '{sym}' is {bindings[sym]} in one input and {n} in "
                                       f"input {v.name!r}")

@@ -237,23 +237,32 @@ def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS, gemm: str = "tiled"
     return cached_file(out / "libblockc_model_gpu.so", make)
 
 
+def write_weights(model: CudaModel, directory: str) -> str:
+    """The weights of *this* model in ``directory`` (a cached library may have
+    been built for a model with other weights); its path."""
+    path = os.path.join(directory, "weights.bin")
+    Path(path).write_bytes(cuda_build.weights_blob(model.params))
+    return path
+
+
 def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, np.ndarray], *,
-              emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto"
-              ) -> tuple[dict[str, np.ndarray], list[float]]:
+              emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto",
+              weights: str | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
     """Run ``model``'s library ``so_path`` (``emulated_library`` or
     ``gpu_library``) on ``feeds`` in a child process: ``(outputs, times)``.
 
     ``time``: ``{"warmup", "min_repeats", "min_time_s"}`` to time the run
     first (``timing.measure``, each run from its launch to a device
     synchronize); ``times`` are then its seconds per run, else empty.
-    ``sanitize``: the library's sanitizer (see ``run_child``).
+    ``sanitize``: the library's sanitizer (see ``run_child``). ``weights``:
+    the model's weights file (``write_weights``), written once by a caller
+    that runs many times; None writes it for this run.
     """
     bindings = bind_inputs(model.graph, feeds)
     shapes = [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
-        # The weights of *this* model: a cached build may have been made with others.
-        weights = os.path.join(io, "weights.bin")
-        Path(weights).write_bytes(cuda_build.weights_blob(model.params))
+        if weights is None:
+            weights = write_weights(model, io)
         spec = {"call": "model", "weights": weights, "dims": [bindings[s] for s in model.symbols],
                 "inputs": [], "outputs": [], "time": time}
         for k, (name, _) in enumerate(model.inputs):

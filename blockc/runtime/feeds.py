@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import BlockcError, InputsError
 from ..files import atomic_write
-from ..ir.dims import Sym, evaluate
+from ..ir.dims import evaluate, is_plain_symbol
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 
@@ -67,14 +67,6 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _plain_symbol(d) -> str | None:
-    """``seq`` for the dim ``seq``; None for an int or a compound dim (``past+seq``)."""
-    if isinstance(d, Sym) and len(d.symbols) == 1:
-        name = next(iter(d.symbols))
-        return name if d == Sym.var(name) else None
-    return None
-
-
 def _as_graph_dtype(a: np.ndarray, want: DType) -> np.ndarray:
     # .npz keeps no bfloat16: numpy writes it as raw 2-byte records ("V2").
     if want is DType.bfloat16 and a.dtype.kind == "V" and a.dtype.itemsize == 2:
@@ -118,7 +110,7 @@ def check_feeds(graph: Graph, arrays: Mapping[str, np.ndarray], *,
             problems.append(f"{v.name}: rank {a.ndim} (shape {list(a.shape)}), expected rank {v.type.rank}: {v.type}")
             continue
         for axis, (d, n) in enumerate(zip(v.shape, a.shape)):
-            sym = _plain_symbol(d)
+            sym = next(iter(d.symbols)) if is_plain_symbol(d) else None
             if isinstance(d, int):
                 if d != n:
                     problems.append(f"{v.name}: axis {axis} is {n}, expected {d} ({v.type})")
