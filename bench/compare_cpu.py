@@ -2,7 +2,7 @@
 Runtime CPU and the peers, for the gpt2 block and a 2-layer gpt2, at batch 1
 and 8, seq 128 and 512, rendered as markdown with the issue's targets checked.
 
-    python bench/compare_cpu.py [--json-dir bench/results] [--min-time 1.0] [--sessions 2] [--models gpt2-block]
+    python bench/compare_cpu.py [--json-dir bench/results] [--min-time 0.4] [--blocks 8] [--models gpt2-block]
 
 Each model runs as one `blockc compare` invocation (the same code as the
 command line); its JSON lands in --json-dir, the markdown on stdout.
@@ -23,7 +23,7 @@ def run(model: str, sets: list[str], args) -> dict:
     out = os.path.join(args.json_dir, f"compare-{model}{''.join('-' + s.replace('=', '') for s in sets)}.json")
     cmd = [sys.executable, "-m", "blockc.cli", "compare", model, *sum((["--set", s] for s in sets), []),
            "--backends", "ort-cpu", "--batch", args.batch, "--seq", args.seq, "--min-time", str(args.min_time),
-           "--threads", str(args.threads), "--sessions", str(args.sessions), "--rounds", str(args.rounds),
+           "--threads", str(args.threads), "--blocks", str(args.blocks), "--rounds", str(args.rounds),
            "--json", out, "--no-progress"]
     print(f"$ {shlex.join(['blockc', *cmd[3:]])}", file=sys.stderr)
     subprocess.run(cmd, check=False, stdout=sys.stderr)
@@ -62,8 +62,8 @@ def targets(report: dict) -> list[str]:
         a, b = r["a"], r["b"]
         if a.endswith("/fused") and (b.endswith("/standard") or b.endswith("/ort-optimizer")):
             shape = f"b{r['shape'].get('batch')} s{r['shape'].get('seq')}"
-            verdict = "met" if r["speedup"] >= 1.0 else "MISSED"
-            out.append(f"{shape}: {a} vs {b}: {r['speedup']:.3f}x ({verdict})")
+            verdict = {"faster": "met", "slower": "MISSED"}.get(r["verdict"], r["verdict"])
+            out.append(f"{shape}: {a} vs {b}: {r['speedup']:.3f}x [{r['low']:.3f}–{r['high']:.3f}] ({verdict})")
     return out
 
 
@@ -72,10 +72,10 @@ def main() -> int:
     ap.add_argument("--json-dir", default="bench/results")
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--seq", default="128,512")
-    ap.add_argument("--min-time", type=float, default=1.0)
+    ap.add_argument("--min-time", type=float, default=0.4, help="seconds timed per session per block")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=1, help="sessions per contestant, pooled")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=8, help="blocks of fresh sessions")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--models", default=",".join(m for m, _ in MODELS))
     args = ap.parse_args()
     os.makedirs(args.json_dir, exist_ok=True)

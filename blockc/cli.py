@@ -436,19 +436,29 @@ def _name_list(text: str) -> tuple[str, ...]:
     return () if text.strip().lower() == "none" else tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def cmd_compare(args) -> int:
-    import json
+def compare_options(args) -> "CompareOptions":
+    """``blockc compare``'s flags as ``CompareOptions``."""
     import shlex
 
-    from .compare import CompareOptions, plan_comparison
-    from .compare.table import print_report
-    options = CompareOptions(
+    from .compare import CompareOptions
+    from .compare.memory import parse_size
+    return CompareOptions(
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
         peers=_name_list(args.peers), batches=_int_list("--batch", args.batch), seqs=_int_list("--seq", args.seq),
-        dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats, min_time_s=args.min_time,
-        rounds=args.rounds, sessions=args.sessions,
+        dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats,
+        min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
+        max_memory=None if args.max_memory is None else parse_size(args.max_memory),
         fused_as=args.fused_as, peak_gbps=args.peak_gbps, seed=args.seed, weights=args.weights,
         kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
+
+
+def cmd_compare(args) -> int:
+    import json
+
+    from .compare import plan_comparison
+    from .compare.run import describe_plan
+    from .compare.table import make_console, print_report
+    options = compare_options(args)
     # Everything a user can get wrong fails here, before any measuring.
     if args.report:
         from .report.compare_html import check_report_dir
@@ -456,8 +466,11 @@ def cmd_compare(args) -> int:
     if args.json:
         _check_writable(args.json)
     plan = plan_comparison(options)
+    console = make_console()
+    for line in describe_plan(plan):
+        console.print(line)
     report = _with_progress(plan, not args.no_progress)
-    print_report(report)
+    print_report(report, console)
     if args.json:
         _write_text(args.json, json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {args.json}")
@@ -467,26 +480,34 @@ def cmd_compare(args) -> int:
         before, after = block_graphs(options)
         page = write_html_report(report, args.report, before=before, after=after)
         print(f"wrote {page}")
-    return 0 if all(r["status"] == "ok" for r in report["results"] if not r["peer"]) else 1
+    # a row the memory budget kept from running is "skipped", said in the table; only an error fails
+    return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
 
 
 def _with_progress(plan, show: bool) -> dict:
     from .compare import planned_steps, run_comparison
+    from .compare.run import Progress
     if not show:
         return run_comparison(plan)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True, console=Console(stderr=True)) as bar:
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+    with Bar(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+             TimeRemainingColumn(), transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("preparing", total=planned_steps(plan))
-        started = [False]
 
-        def step(description: str) -> None:
-            if started[0]:
-                bar.advance(task)
-            started[0] = True
-            bar.update(task, description=description)
-        report = run_comparison(plan, step)
+        class OnBar(Progress):
+            started = False
+
+            def step(self, description: str) -> None:
+                if self.started:
+                    bar.advance(task)
+                self.started = True
+                bar.update(task, description=description)
+
+            def note(self, description: str) -> None:
+                bar.update(task, description=description)
+        report = run_comparison(plan, OnBar())
         bar.advance(task)
     return report
 
@@ -694,13 +715,17 @@ def build_parser() -> argparse.ArgumentParser:
     _dtype_arg(p, choices=("float32", "float16"))
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads for ONNX Runtime and torch (default: the CPU count)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up runs before timing (default 3)")
-    p.add_argument("--repeats", type=int, default=10, help="at least this many timed runs (default 10)")
-    p.add_argument("--min-time", type=float, default=0.5, help="and at least this many seconds timed (default 0.5)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds: every contestant runs in each, "
-                   "so drift on a busy machine is shared, and ratios are paired round by round (default 3)")
-    p.add_argument("--sessions", type=int, default=1, help="sessions per contestant, timed and pooled: where each "
-                   "session's weights land in memory moves its speed by a few percent (default 1)")
+    p.add_argument("--blocks", type=int, default=5, help="independent repetitions, each preparing a fresh session of "
+                   "every contestant: ratios are geometric means over blocks with a 95%% interval (default 5; "
+                   "fewer than 5 give no verdict)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds in each block: every contestant "
+                   "runs in each, so drift on a busy machine is shared and ratios are paired round by round (default 2)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up runs of each session (default 2)")
+    p.add_argument("--repeats", type=int, default=4, help="at least this many timed runs of each session (default 4)")
+    p.add_argument("--min-time", type=float, default=0.2, help="and at least this many seconds timed per session "
+                   "(default 0.2)")
+    p.add_argument("--max-memory", metavar="SIZE", help="memory the run may hold at once (the weights, the float64 reference and the sessions timed together), e.g. 8G "
+                   "(default: half the memory available); a contestant that alone needs more is not run")
     _fused_as_arg(p, picks_form=False)
     p.add_argument("--peak-gbps", type=float, help="the device's peak memory bandwidth in GB/s, for a CPU "
                    "(GPUs' published peaks are known)")

@@ -159,3 +159,24 @@ def readme_command_lines() -> list[str]:
 def test_readme_commands_parse(words):
     # The commands shown are accepted by the CLI: no renamed command or option.
     build_parser().parse_args(words[1:])
+
+
+def test_compare_verdict_excerpt_is_the_80_column_table():
+    """The README's verdict excerpt is what ``compare``'s verdict table prints
+    at 80 columns for the figures it shows."""
+    import io
+
+    from rich.console import Console
+
+    from blockc.compare.table import verdict_table
+
+    def interval(x, low, high, verdict):
+        return {"speedup": x, "low": low, "high": high, "blocks": 5, "verdict": verdict, "paired": True}
+    report = {"shapes": [{"batch": 1, "seq": 128}], "timing": {"blocks": 5},
+              "verdicts": [{"shape": {"batch": 1, "seq": 128}, "backend": "ort-cpu", "variant": "basic",
+                            "fusion": interval(1.26, 1.20, 1.33, "faster"),
+                            "aa": interval(0.97, 0.92, 1.03, "no difference resolved"), "resolved": True,
+                            "max_abs_error": {"fused": 5.8e-08, "standard": 5.8e-08}}]}
+    out = io.StringIO()
+    Console(file=out, width=80, markup=False).print(verdict_table(report))
+    check_excerpt(readme_block("fusion's verdict"), [line.rstrip() for line in out.getvalue().splitlines()])

@@ -109,3 +109,24 @@ def versions() -> dict:
     ort = version_of("onnxruntime-gpu") or version_of("onnxruntime")
     return {"blockc": __version__, "numpy": version_of("numpy"), "onnxruntime": ort,
             "torch": version_of("torch")}
+
+
+_RATE: list[float] = []
+
+
+def matmul_flops_per_s() -> float:
+    """This machine's float32 matmul rate through numpy (measured once, ~50 ms):
+    what ``compare`` guesses a run's time from, to say up front how long it takes."""
+    if not _RATE:
+        import time
+
+        import numpy as np
+        a = np.ones((384, 384), dtype=np.float32)
+        a @ a
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            a @ a
+            best = min(best, time.perf_counter() - t0)
+        _RATE.append(2 * 384 ** 3 / max(best, 1e-9))
+    return _RATE[0]

@@ -45,6 +45,7 @@ class OrtOptimizerPeer(Backend):
     name = "ort-optimizer"
     row_backend = "ort-cpu"   # the backend column of its rows: it runs where ort-cpu does
     variants = ("basic", "all")
+    weight_copies = 4.5   # the exported and the optimized onnx models, both serialized, and the session
 
     def __init__(self, model):
         self.model_type, self.heads, self.hidden = attention_shape(model)

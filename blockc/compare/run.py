@@ -2,16 +2,31 @@
 
 ``plan_comparison`` checks everything a user can get wrong -- the model, its
 settings, backends, peers, shapes against the model's limits, the output
-paths -- before anything is measured. ``run_comparison`` then measures, for
-each shape, every form (decomposed, standard, fused) on every available
-backend and variant, and every available peer, with one timing protocol;
-checks each against the float64 reference; and returns the JSON document
-described in docs/compare-report.md.
+paths, the memory the run needs -- before anything is measured.
+``run_comparison`` then measures, for each shape, every form (decomposed,
+standard, fused) on every available backend and variant, and every
+available peer, with one timing protocol; checks each against the float64
+reference; and returns the JSON document described in
+docs/compare-report.md.
+
+The protocol is the one ``bench/cpu_targets.py`` set as the house standard
+for claims of a few per cent: ``blocks`` independent repetitions, each of
+which prepares a *fresh* session of every contestant (in shuffled order),
+times them in ``rounds`` interleaved rounds and closes them. Two sessions of
+the same graph run persistently apart on a shared machine (by where their
+weights land in memory), so the session is the unit that repeats; a ratio
+is the geometric mean over blocks of each block's ratio, with a 95%
+bootstrap interval, and an A/A control -- a second session of the standard
+form, timed like any other -- shows how far apart two identical contestants
+come out. The verdict per backend says whether fusion's difference is
+resolved: its interval lies on one side of 1 while the A/A control's
+straddles it.
 """
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,13 +34,16 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
-from ..frontends.module import available_memory
+from ..frontends.module import format_bytes
 from ..ir.graph import Graph
-from ..runtime.backend import HOST_CLOCK, Backend, backend_names, compare_backends, make_backend
 from ..passes.forms import FORMS
+from ..report.compare_html import SCHEMA
+from ..runtime.backend import HOST_CLOCK, Backend, Compiled, backend_names, compare_backends, make_backend
+from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
+from . import memory
 from .peers import PEERS, make_peer
 
-SCHEMA = "blockc.compare/1"
+AA = " (A/A)"   # the key suffix of a standard form's second session, the A/A control
 
 
 @dataclass
@@ -41,11 +59,12 @@ class CompareOptions:
     seqs: tuple[int, ...] = (128,)
     dims: dict[str, int] = field(default_factory=dict)   # other symbolic dims a user model has
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
-    warmup: int = 3
-    min_repeats: int = 10
-    min_time_s: float = 0.5
-    rounds: int = 3                   # interleaved timing rounds (runtime.timing.measure_interleaved)
-    sessions: int = 1                 # sessions per contestant, pooled (placement noise)
+    blocks: int = 5                   # independent repetitions, each of fresh sessions
+    warmup: int = 2                   # per session
+    min_repeats: int = 4              # per session, over its block's rounds
+    min_time_s: float = 0.2           # per session, over its block's rounds
+    rounds: int = 2                   # interleaved timing rounds in each block
+    max_memory: int | None = None     # bytes; None: half the memory available
     fused_as: str = "auto"
     peak_gbps: float | None = None
     seed: int = 0
@@ -64,6 +83,24 @@ class Plan:
     peers: list[tuple[Backend, bool, str]]
     kernel_graphs: list[Graph]           # where the fused kernels timed alone come from
     weights: dict | None = None          # --weights, loaded and checked once; None: seeded init at run time
+    budget: int | None = None            # bytes the contestants of one group may hold together
+    holding: int = 0                     # what compare itself holds: the weights, the float64 oracle
+
+
+@dataclass
+class Contestant:
+    """One thing timed: a form on a backend and variant, a peer, or an A/A control."""
+
+    key: str                             # ``backend/variant/form``; an A/A control's ends in AA
+    row: dict                            # its results row (an A/A control's is not reported)
+    backend: Backend
+    variant: str
+    graph: Graph
+    estimate: int                        # host bytes it holds (compare/memory.py)
+    params: dict = field(repr=False, default_factory=dict)
+
+    def prepare(self, threads: int) -> Compiled:
+        return self.backend.compile(self.graph, self.params, variant=self.variant, threads=threads)
 
 
 def plan_comparison(o: CompareOptions) -> Plan:
@@ -84,8 +121,8 @@ def plan_comparison(o: CompareOptions) -> Plan:
     for name, values in (("--batch", o.batches), ("--seq", o.seqs)):
         if not values or any(v <= 0 for v in values):
             raise BlockcError(f"{name} needs positive integers, got {', '.join(map(str, values)) or 'none'}")
-    if min(o.threads, o.min_repeats, o.rounds, o.sessions) < 1 or o.warmup < 0 or o.min_time_s < 0:
-        raise BlockcError("--threads, --repeats, --rounds and --sessions must be at least 1, --warmup and "
+    if min(o.threads, o.min_repeats, o.rounds, o.blocks) < 1 or o.warmup < 0 or o.min_time_s < 0:
+        raise BlockcError("--threads, --repeats, --rounds and --blocks must be at least 1, --warmup and "
                           "--min-time at least 0")
     if any(v <= 0 for v in o.dims.values()):
         raise BlockcError(f"--dim sizes must be positive, got {o.dims}")
@@ -120,6 +157,15 @@ def plan_comparison(o: CompareOptions) -> Plan:
         verify(g)
     # The attention fusion swallows the masked softmax; its kernel is timed from this graph.
     kernel_graphs = [graphs["fused"], optimize(traced, disable=["fuse_attention"]).graph] if o.kernels else []
+
+    budget = o.max_memory if o.max_memory is not None else memory.default_budget()
+    holding = max(memory.holding_bytes(traced, s, max(memory.run_bytes(g, s) for g in graphs.values()))
+                  for s in shapes)
+    if budget is not None and holding > budget:
+        raise BlockcError(f"the weights and the float64 reference that checks every run need about "
+                          f"{format_bytes(holding)} by themselves, more than the budget of {format_bytes(budget)}"
+                          f"{'' if o.max_memory is not None else ' (half the memory available)'}; "
+                          f"use smaller shapes or a smaller model, or raise --max-memory")
     weights = None
     if o.weights:
         from ..frontends.weights import check_weights, load_weights
@@ -131,29 +177,109 @@ def plan_comparison(o: CompareOptions) -> Plan:
     if not any(ok for _, ok, _ in backends + peers):
         reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
         raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")
-    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs, weights)
+    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs, weights,
+                None if budget is None else budget - holding, holding)
 
 
-Progress = Callable[[str], None]   # called with a description as each measurement starts
+class Progress:
+    """What ``run_comparison`` tells a progress bar: ``step(text)`` as each
+    session is prepared (``planned_steps`` of them), ``note(text)`` as each
+    timing round starts."""
+
+    def step(self, description: str) -> None:
+        pass
+
+    def note(self, description: str) -> None:
+        pass
+
+
+def _contestants(plan: Plan, shape: dict[str, int]) -> list[Contestant]:
+    """Every form on every available backend and variant, each standard
+    form's A/A control, and every peer, at ``shape`` (weights bound later)."""
+    from ..report.traffic import total_bytes
+    out = []
+    for b, ok, _ in plan.backends:
+        for variant in (b.variants if ok else ()):
+            for form in FORMS:
+                if b.supports(form):
+                    g = plan.graphs[form]
+                    row = _row(b.name, variant, form, False, shape)
+                    row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
+                    need = memory.session_bytes(b, g, shape)
+                    out.append(Contestant(row_key(row), row, b, variant, g, need))
+                    if form == "standard":
+                        out.append(Contestant(row_key(row) + AA, dict(row), b, variant, g, need))
+    for p, ok, _ in plan.peers:
+        for variant in (p.variants if ok else ()):
+            row = _row(p.row_backend, variant, p.name, True, shape)
+            out.append(Contestant(row_key(row), row, p, variant, plan.graphs["standard"],
+                                  memory.session_bytes(p, plan.graphs["standard"], shape)))
+    return out
+
+
+def _kernel_contestants(plan: Plan) -> list[tuple[str, object, list[Contestant]]]:
+    """(node label, node, contestants) for each fused op kind timed alone."""
+    from .kernels import first_fused_nodes, isolate
+    out = []
+    for label, node in first_fused_nodes(plan.kernel_graphs):
+        g = isolate(node, f"{node.op}_alone")
+        out.append((label, node, [Contestant(f"{b.name}/{variant}/{node.op}", _row(b.name, variant, node.op, False, {}),
+                                             b, variant, g, 0) for b, variant in _kernel_backends(plan)]))
+    return out
 
 
 def planned_steps(plan: Plan) -> int:
-    """How many progress steps ``run_comparison`` reports (for a progress bar):
-    one per session prepared, one per interleaved round of the host-timed
-    ones, one per session that times itself on a device."""
-    rounds, sessions = plan.options.rounds, plan.options.sessions
-
-    def steps(contestants: list[Backend]) -> int:
-        device = sum(b.times_itself for b in contestants)
-        return sessions * (len(contestants) + device) + (rounds if len(contestants) > device else 0)
-
-    per_shape = [b for b, ok, _ in plan.backends if ok for _ in b.variants for f in FORMS if b.supports(f)]
-    per_shape += [p for p, ok, _ in plan.peers if ok for _ in p.variants]
-    total = steps(per_shape)
+    """How many ``Progress.step`` calls ``run_comparison`` makes: one per
+    session prepared (or skipped), in every block."""
+    per_shape = len(_contestants(plan, plan.shapes[0]))
     if plan.options.kernels:
-        from .kernels import first_fused_nodes
-        total += len(first_fused_nodes(plan.kernel_graphs)) * steps([b for b, _ in _kernel_backends(plan)])
-    return total * len(plan.shapes)
+        per_shape += sum(len(c) for _, _, c in _kernel_contestants(plan))
+    return per_shape * len(plan.shapes) * plan.options.blocks
+
+
+def planned_seconds(plan: Plan) -> float:
+    """About how long ``run_comparison`` takes: each session's preparation
+    and timed runs in every block, a run's time guessed from the FLOP model
+    at this machine's measured matmul rate."""
+    from ..report.flops import total_flops
+    from .machine import matmul_flops_per_s
+    o, rate = plan.options, matmul_flops_per_s()
+    total = 0.0
+    for shape in plan.shapes:
+        for c in _contestants(plan, shape):
+            run = total_flops(c.graph, shape) / rate
+            prepare = 0.2 + c.estimate / 1e9          # sessions copy their weights at ~1 GB/s here
+            timed = max(o.min_time_s, o.min_repeats * run) + (o.warmup + o.rounds) * run
+            total += o.blocks * (prepare + timed)
+        total += 4 * total_flops(plan.graphs["standard"], shape) / rate    # the float64 oracle
+        if o.kernels:
+            total += o.blocks * sum(len(c) for _, _, c in _kernel_contestants(plan)) * (0.1 + o.min_time_s)
+    return total
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    """What the run will do, said before it starts."""
+    o = plan.options
+    per_shape = _contestants(plan, plan.shapes[0])
+    aa = sum(c.key.endswith(AA) for c in per_shape)
+    groups = [memory.plan_groups({c.key: c.estimate for c in _contestants(plan, s)}, plan.budget)
+              for s in plan.shapes]
+    largest = max((g.estimate for gs, _ in groups for g in gs), default=0)
+    too_big = list(dict.fromkeys(k for _, big in groups for k in big))
+    shapes = "; ".join(_shape_text(s) for s in plan.shapes)
+    lines = [f"measuring {len(per_shape) - aa} contestants and {aa} A/A control(s) at {len(plan.shapes)} "
+             f"shape(s) ({shapes}) in {o.blocks} blocks of fresh sessions, {o.rounds} interleaved rounds each",
+             f"memory: about {format_bytes(largest + plan.holding)} at most ({format_bytes(plan.holding)} for "
+             f"the weights and the float64 reference, the rest for sessions timed together); "
+             f"{memory.describe_budget(None if plan.budget is None else plan.budget + plan.holding, o.max_memory is not None)}"]
+    if too_big:
+        lines.append(f"over the budget, not run: {', '.join(too_big)}")
+    lines.append(f"time: about {_duration(planned_seconds(plan))}")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
@@ -163,11 +289,13 @@ def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
     return [(b, b.kernel_variant) for b, ok, _ in plan.backends if ok and b.kernel_variant is not None]
 
 
-def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
-    """Measure everything ``plan`` holds; returns the ``blockc.compare/1`` document."""
+def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
+    """Measure everything ``plan`` holds; returns the ``blockc.compare`` document."""
     from ..frontends import init_weights
     from .machine import describe_machine, gpu_name, versions
     o = plan.options
+    progress = Progress() if progress is None else progress
+    started, resident = time.perf_counter(), memory.resident_bytes()
     # materialised once: every run reads them
     weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
 
@@ -177,26 +305,51 @@ def run_comparison(plan: Plan, progress: Progress = lambda _: None) -> dict:
         "dtype": plan.model.dtype.name,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": o.command, "machine": describe_machine(gpu=gpu, peak_gbps=o.peak_gbps), "versions": versions(),
-        "timing": {"warmup": o.warmup, "min_repeats": o.min_repeats, "min_time_s": o.min_time_s,
-                   "rounds": o.rounds, "sessions": o.sessions, "threads": o.threads,
-                   "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {HOST_CLOCK}))},
+        "timing": {"blocks": o.blocks, "rounds": o.rounds, "warmup": o.warmup, "min_repeats": o.min_repeats,
+                   "min_time_s": o.min_time_s, "threads": o.threads,
+                   "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {HOST_CLOCK})),
+                   "planned_s": planned_seconds(plan), "elapsed_s": 0.0},
+        "memory": {"budget_bytes": None if plan.budget is None else plan.budget + plan.holding,
+                   "holding_bytes": plan.holding, "largest_group_bytes": 0, "peak_growth_bytes": None},
         "shapes": plan.shapes,
         "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
         "backends": [_listing(b, ok, why, o.threads) for b, ok, why in plan.backends],
         "peers": [_listing(p, ok, why, o.threads) for p, ok, why in plan.peers],
-        "results": [], "ratios": [], "kernels": [],
+        "verdicts": [], "results": [], "ratios": [], "kernels": [],
     }
     peak = report["machine"]["peak_gbps"]
     for shape in plan.shapes:
-        rows, times = _measure_shape(plan, weights, shape, peak, progress)
+        contestants = _contestants(plan, shape)
+        for c in contestants:
+            c.params = weights
+        feeds = _feeds(plan, shape)
+        oracle = _oracle(plan.graphs["standard"], weights, feeds)
+        times, largest = _measure(contestants, feeds, oracle, plan, progress, _shape_text(shape))
+        report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], largest)
+        rows = [c.row for c in contestants if not c.key.endswith(AA)]
+        _latencies(contestants, times, peak)
+        _speedups(rows)
         report["results"].extend(rows)
         report["ratios"].extend(_ratios(rows, times, shape))
+        report["verdicts"].extend(_verdicts(contestants, times, shape))
         if o.kernels:
             report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, progress))
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
         if ok and getattr(p, "fused", None):
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
+    report["timing"]["elapsed_s"] = time.perf_counter() - started
+    peak_resident = _peak_resident()
+    if resident is not None and peak_resident is not None:
+        report["memory"]["peak_growth_bytes"] = max(0, peak_resident - resident)
     return report
+
+
+def _peak_resident() -> int | None:
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # kilobytes on Linux
+    except (ImportError, OSError):
+        return None
 
 
 def _listing(b: Backend, ok: bool, why: str, threads: int) -> dict:
@@ -208,142 +361,120 @@ def _feeds(plan: Plan, shape: dict[str, int]) -> dict[str, np.ndarray]:
     return {s.name: s.sample(shape, rng) for s in plan.model.inputs()}
 
 
-def _measure_shape(plan: Plan, weights, shape, peak, progress) -> tuple[list[dict], dict]:
-    """Every form on every backend and every peer at ``shape``: the rows, and
-    each measured row's interleaved times (by ``row_key``) for pairing."""
-    from ..report.traffic import total_bytes
+def _oracle(graph: Graph, weights, feeds) -> dict[str, np.ndarray]:
     from ..runtime.reference import run_reference
+    return run_reference(graph, weights, feeds, float64=True)
+
+
+def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: Progress,
+             where: str) -> tuple[dict[str, list], int]:
+    """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
+    within the memory budget (``compare/memory.py``). The first block also
+    checks each session's outputs against ``oracle`` (its row's error and
+    kernel count) and measures what each session holds, cutting a group
+    whose measured memory passes the budget; later blocks keep its groups.
+    Returns ``{key: [Interleaved or None per block]}`` (each tagged with
+    ``.group``, unique across blocks) and the largest group's estimate."""
     o = plan.options
-    feeds = _feeds(plan, shape)
-    oracle = run_reference(plan.graphs["standard"], weights, feeds, float64=True)
-    contestants = []    # (row, how to prepare it)
-    for b, ok, _ in plan.backends:
-        for variant in (b.variants if ok else ()):
-            for form in FORMS:
-                if b.supports(form):
-                    g = plan.graphs[form]
-                    row = _row(b.name, variant, form, False, shape)
-                    row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
-                    contestants.append((row, lambda b=b, g=g, v=variant: b.compile(g, weights, variant=v,
-                                                                                   threads=o.threads)))
-    for p, ok, _ in plan.peers:
-        for variant in (p.variants if ok else ()):
-            contestants.append((_row(p.row_backend, variant, p.name, True, shape),
-                                lambda p=p, v=variant: p.compile(plan.graphs["standard"], weights, variant=v,
-                                                                 threads=o.threads)))
-    times = _time_contestants(contestants, feeds, oracle, o, peak, progress, _shape_text(shape))
-    rows = [row for row, _ in contestants]
-    _speedups(rows, times)
-    return rows, times
+    by_key = {c.key: c for c in contestants}
+    queue, too_big = memory.plan_groups({c.key: c.estimate for c in contestants}, plan.budget)
+    for key, need in too_big.items():
+        by_key[key].row.update(status="skipped", error=memory.over_budget_reason(need, plan.budget,
+                                                                                  plan.budget + plan.holding))
+    times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
+    order = np.random.default_rng(o.seed + 1)
+    largest, groups, serial = 0, [], 0
+    for block in range(o.blocks):
+        pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
+        for key in too_big:
+            progress.step(f"block {block + 1}/{o.blocks}: {key} skipped (memory) {where}")
+        while pending:
+            group = pending.pop(0)
+            keys = list(group.keys)
+            order.shuffle(keys)    # no one always gets the first, or the last, memory
+            ready, used = {}, 0
+            for i, key in enumerate(keys):
+                c = by_key[key]
+                progress.step(f"block {block + 1}/{o.blocks}: preparing {key} {where}")
+                if c.row["status"] != "ok":
+                    continue
+                before = memory.resident_bytes()
+                compiled = None
+                try:
+                    compiled = c.prepare(o.threads)
+                    if block == 0:
+                        c.row["kernels"] = compiled.kernels
+                        c.row["max_abs_error"] = _max_error(compiled.run(feeds), oracle)
+                    ready[key] = compiled
+                except (BlockcError, MemoryError) as e:
+                    c.row.update(status="error", error=(f"block {block + 1}: " if block else "")
+                                 + (str(e) or "out of memory"))
+                    if compiled is not None:
+                        compiled.close()
+                    continue
+                after = memory.resident_bytes()
+                used += max(c.estimate, (after - before) if before is not None and after is not None else 0)
+                rest = keys[i + 1:]
+                if block == 0 and plan.budget is not None and used > plan.budget and rest:
+                    # measured more than estimated: time what is ready, the rest form the next group
+                    pending.insert(0, memory.Group(rest, sum(by_key[k].estimate for k in rest)))
+                    keys = keys[:i + 1]
+                    break
+            if block == 0:
+                groups.append(memory.Group(keys, sum(by_key[k].estimate for k in keys)))
+                largest = max(largest, groups[-1].estimate)
+            for key, t in _time_group(ready, by_key, feeds, o, progress,
+                                      f"block {block + 1}/{o.blocks} {where}").items():
+                t.group = serial
+                times[key][block] = t
+            serial += 1
+    return times, largest
 
 
-def _time_contestants(contestants, feeds, oracle, o: CompareOptions, peak, progress, where: str) -> dict:
-    """Prepare each contestant (``o.sessions`` times) and check its outputs
-    against the oracle, then time them in interleaved rounds; failures land
-    in their rows.
-
-    Several sessions per contestant, pooled, average out where each one's
-    weights and packed GEMM panels land in memory: two ONNX Runtime sessions
-    of the same graph differ persistently by up to ~4% on this project's VM.
-
-    Contestants are timed together while memory lasts: each ONNX Runtime
-    session keeps an arena as large as its biggest run (a 2-layer GPT-2 at
-    batch 8, seq 512 holds ~2 GB of logits and probabilities), and ten of
-    them at once do not fit in 24 GiB. When less than ``_memory_floor``
-    remains, the sessions prepared so far are timed as one group and closed
-    before the next are prepared. Returns ``{row key: Interleaved}`` for the
-    rows that ran, each tagged with its group (``.group``).
-    """
-    from ..runtime.timing import Interleaved
-    measured: dict = {}            # "row key#session" -> Interleaved
-    group: dict = {}
-    groups, biggest = 0, 0
-    rows = {row_key(row): row for row, _ in contestants}
-    for row, prepare in contestants:
-        for i in range(o.sessions):
-            if row["status"] != "ok":
-                break
-            progress(f"preparing {row_key(row)} {where}")
-            before = available_memory()
-            compiled = None
-            try:
-                compiled = prepare()
-                row["kernels"] = compiled.kernels
-                err = _max_error(compiled.run(feeds), oracle)
-                row["max_abs_error"] = max(err, row["max_abs_error"] or 0.0)
-                group[f"{row_key(row)}#{i}"] = compiled
-            except (BlockcError, MemoryError) as e:
-                row["status"], row["error"] = "error", str(e) or "out of memory"
-                if compiled is not None:
-                    compiled.close()
-            after = available_memory()
-            if before is not None and after is not None:
-                biggest = max(biggest, before - after)
-                if after < _memory_floor(biggest) and group:
-                    measured.update(_time_group(group, groups, rows, feeds, o, progress, where))
-                    group, groups = {}, groups + 1
-    if group:
-        measured.update(_time_group(group, groups, rows, feeds, o, progress, where))
-
-    times = {}
-    for key, row in rows.items():
-        parts = [t for k, t in measured.items() if k.rsplit("#", 1)[0] == key]
-        if row["status"] != "ok" or not parts:
-            continue
-        groups = {t.group for t in parts}
-        pooled = Interleaved([x for t in parts for x in t.samples],
-                             [float(np.median(r)) for r in zip(*(t.round_medians for t in parts))],
-                             group=groups.pop() if len(groups) == 1 else None)  # None: split, pairs with none
-        times[key] = pooled
-        lat = pooled.timing
-        row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
-                             "repeats": lat.repeats, "round_medians": [x * 1e3 for x in pooled.round_medians]}
-        if row["bytes_modelled"] is not None and lat.median_s > 0:
-            row["bandwidth_gbps"] = row["bytes_modelled"] / lat.median_s / 1e9
-            if peak:
-                row["fraction_of_peak"] = row["bandwidth_gbps"] / peak
-    return times
-
-
-def _memory_floor(biggest: int) -> int:
-    """Keep room for two more of the largest contestant seen, and 2 GiB."""
-    return max(2 * biggest, 2 << 30)
-
-
-def _time_group(group: dict, group_id: int, rows: dict, feeds, o: CompareOptions, progress,
-                where: str) -> dict:
-    """Time one group's sessions interleaved and close them; a session that
-    fails marks its row. Returns ``{"row key#session": Interleaved}``."""
-    from ..runtime.timing import Interleaved, measure_interleaved
-
-    def row_of(k: str) -> dict:
-        return rows[k.rsplit("#", 1)[0]]
-    measured: dict = {}
+def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptions, progress: Progress,
+                where: str) -> dict[str, Interleaved]:
+    """Time one group's sessions interleaved, then close them; a session that
+    fails marks its row."""
+    measured: dict[str, Interleaved] = {}
     try:
-        on_host = {k: (lambda r=r: r.run(feeds)) for k, r in group.items() if not r.times_itself}
+        on_host = {k: (lambda r=r: r.run(feeds)) for k, r in ready.items() if not r.times_itself}
         try:
             measured.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup,
                                                 min_repeats=o.min_repeats, min_time_s=o.min_time_s,
-                                                on_round=lambda i: progress(f"timing round {i + 1}/{o.rounds} "
-                                                                            f"{where}")))
+                                                on_round=lambda i: progress.note(f"timing round {i + 1}/{o.rounds}, "
+                                                                                 f"{where}")))
         except BlockcError as e:  # a runtime that ran once but fails later: every host row says so
             for k in on_host:
-                row_of(k).update(status="error", error=f"failed while timing: {e}")
-        for k, r in group.items():
+                by_key[k].row.update(status="error", error=f"failed while timing: {e}")
+        for k, r in ready.items():
             if r.times_itself:  # a device clock, or a child process: the runtime times itself
-                progress(f"timing {k.rsplit('#', 1)[0]} {where}")
+                progress.note(f"timing {k}, {where}")
                 try:
                     samples = r.time(feeds, warmup=o.warmup, min_repeats=o.min_repeats,
                                      min_time_s=o.min_time_s).samples
                     measured[k] = Interleaved(samples, [float(np.median(samples))] * o.rounds)
                 except BlockcError as e:
-                    row_of(k).update(status="error", error=f"failed while timing: {e}")
-        for t in measured.values():
-            t.group = group_id
-        return measured
+                    by_key[k].row.update(status="error", error=f"failed while timing: {e}")
+        return {k: t for k, t in measured.items() if by_key[k].row["status"] == "ok"}
     finally:
-        for r in group.values():
+        for r in ready.values():
             r.close()
+
+
+def _latencies(contestants: list[Contestant], times: dict, peak) -> None:
+    """Each row's latency: every timed run of every block, pooled."""
+    for c in contestants:
+        ran = [t for t in times[c.key] if t is not None]
+        if c.row["status"] != "ok" or not ran:
+            continue
+        pooled = Interleaved([x for t in ran for x in t.samples], [m for t in ran for m in t.round_medians])
+        lat = pooled.timing
+        c.row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
+                               "repeats": lat.repeats, "round_medians": [x * 1e3 for x in pooled.round_medians]}
+        if c.row["bytes_modelled"] is not None and lat.median_s > 0:
+            c.row["bandwidth_gbps"] = c.row["bytes_modelled"] / lat.median_s / 1e9
+            if peak:
+                c.row["fraction_of_peak"] = c.row["bandwidth_gbps"] / peak
 
 
 def _shape_text(shape: dict[str, int]) -> str:
@@ -375,24 +506,36 @@ def row_key(row: dict) -> str:
     return f"{row['backend']}/{row['variant']}/{row['form']}"
 
 
-def _speedup(times: dict, base: str, other: str) -> tuple[float, bool]:
-    """(how much faster ``other`` is than ``base``, whether it was paired round
-    by round): paired when both were timed in the same group, else the ratio
-    of their medians."""
-    from ..runtime.timing import paired_speedup
-    a, b = times[base], times[other]
-    if a.group is not None and a.group == b.group:
-        return paired_speedup(a, b), True
-    return a.timing.median_s / b.timing.median_s, False
+def _interval(times: dict, base: str, other: str) -> tuple[RatioInterval, bool] | None:
+    """How much faster ``other`` is than ``base``: one ratio per block in
+    which both ran -- paired round by round where they were timed in the
+    same group, else the ratio of their medians -- as a geometric mean with a
+    95% interval over blocks; and whether every block's ratio was paired."""
+    ratios, paired = [], True
+    for a, b in zip(times.get(base, ()), times.get(other, ())):
+        if a is None or b is None:
+            continue
+        if a.group == b.group:
+            ratios.append(paired_speedup(a, b))
+        else:
+            ratios.append(a.timing.median_s / b.timing.median_s)
+            paired = False
+    return (ratio_interval(ratios), paired) if ratios else None
 
 
-def _speedups(rows: list[dict], times: dict) -> None:
+def _speedups(rows: list[dict]) -> None:
     """Each row against the standard form's row of the same backend and
-    variant, paired round by round (see ``runtime.timing.paired_speedup``)."""
+    variant: the ratio of the two medians the table prints beside it."""
+    medians = {row_key(r): r["latency_ms"]["median"] for r in rows if r["latency_ms"]}
     for r in rows:
         base = f"{r['backend']}/{r['variant']}/standard"
-        if row_key(r) in times and base in times and r["backend"] != "torch":
-            r["speedup_vs_standard"] = _speedup(times, base, row_key(r))[0]
+        if row_key(r) in medians and base in medians and not r["peer"]:
+            r["speedup_vs_standard"] = medians[base] / medians[row_key(r)]
+
+
+def _interval_doc(iv: RatioInterval, paired: bool) -> dict:
+    return {"speedup": iv.ratio, "low": iv.low, "high": iv.high, "blocks": iv.n, "verdict": iv.verdict,
+            "paired": paired}
 
 
 def _ratios(rows: list[dict], times: dict, shape) -> list[dict]:
@@ -404,35 +547,60 @@ def _ratios(rows: list[dict], times: dict, shape) -> list[dict]:
             continue
         for other in ("standard", "decomposed"):
             pairs.append((row_key(r), f"{r['backend']}/{r['variant']}/{other}"))
-        if r["backend"] == "ort-cpu":
-            pairs.append((row_key(r), f"ort-cpu/{r['variant']}/ort-optimizer"))
-            pairs += [(row_key(r), f"torch//{peer}") for peer in ("torch-eager", "torch-compile")]
+        pairs += [(row_key(r), row_key(p)) for p in rows
+                  if p["peer"] and p["backend"] == r["backend"] and p["variant"] in ("", r["variant"])]
+        if r["backend"] == "ort-cpu":   # torch's rows run on the same CPU
+            pairs += [(row_key(r), row_key(p)) for p in rows if p["peer"] and p["backend"] == "torch"]
     out = []
     for a, b in pairs:
-        if a in times and b in times:
-            speedup, paired = _speedup(times, b, a)
-            out.append({"shape": dict(shape), "a": a, "b": b, "speedup": speedup, "paired": paired})
+        got = _interval(times, b, a)
+        if got is not None:
+            out.append({"shape": dict(shape), "a": a, "b": b, **_interval_doc(*got)})
     return out
 
 
-def _measure_kernels(plan: Plan, weights, shape, peak, progress) -> list[dict]:
-    from ..runtime.reference import run_reference
-    from .kernels import first_fused_nodes, isolate, kernel_cost, sample_feeds
+def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
+    """Per backend and variant: what fusion bought (fused against standard),
+    the A/A control beside it, what it cost in accuracy, and whether the
+    difference is resolved."""
+    rows = {c.key: c.row for c in contestants}
+    out = []
+    for c in contestants:
+        if not c.key.endswith(AA):
+            continue
+        standard = c.key[:-len(AA)]
+        fused = standard.rsplit("/", 1)[0] + "/fused"
+        fusion, aa = _interval(times, standard, fused), _interval(times, standard, c.key)
+        if fusion is None or aa is None:
+            continue
+        resolved = fusion[0].verdict in ("faster", "slower") and aa[0].verdict == "no difference resolved"
+        out.append({"shape": dict(shape), "backend": c.row["backend"], "variant": c.row["variant"],
+                    "fusion": _interval_doc(*fusion), "aa": _interval_doc(*aa), "resolved": resolved,
+                    "max_abs_error": {"fused": rows[fused]["max_abs_error"],
+                                      "standard": rows[standard]["max_abs_error"]}})
+    return out
+
+
+def _measure_kernels(plan: Plan, weights, shape, peak, progress: Progress) -> list[dict]:
+    from .kernels import kernel_cost, sample_feeds
     o = plan.options
     entries = []
-    for label, node in first_fused_nodes(plan.kernel_graphs):
-        g = isolate(node, f"{node.op}_alone")
+    for label, node, contestants in _kernel_contestants(plan):
+        g = contestants[0].graph if contestants else None
+        if g is None:
+            continue
         feeds = sample_feeds(g, shape, np.random.default_rng(o.seed))
         params = {name: weights[name] for name in g.params}
         nbytes, flops = kernel_cost(g.nodes[0], shape)
-        oracle = run_reference(g, params, feeds, float64=True)
-        contestants = []
-        for b, variant in _kernel_backends(plan):
-            row = _row(b.name, variant, node.op, False, shape)
-            row["bytes_modelled"] = nbytes
-            contestants.append((row, lambda b=b, v=variant: b.compile(g, params, variant=v, threads=o.threads)))
-        _time_contestants(contestants, feeds, oracle, o, peak, progress, f"kernel {_shape_text(shape)}")
-        for row, _ in contestants:
+        for c in contestants:
+            c.params = params
+            c.row.update(shape=dict(shape), bytes_modelled=nbytes)
+            c.estimate = memory.session_bytes(c.backend, g, shape)
+        times, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
+                            f"kernel {_shape_text(shape)}")
+        _latencies(contestants, times, peak)
+        for c in contestants:
+            row = c.row
             entries.append({"backend": row["backend"], "variant": row["variant"], "op": node.op, "shape": dict(shape),
                             "node": label, "status": row["status"], "error": row["error"],
                             "median_ms": row["latency_ms"]["median"] if row["latency_ms"] else None,

@@ -24,7 +24,7 @@ from ..ir.graph import Graph
 from . import plots
 from .traffic import human_bytes
 
-SCHEMA = "blockc.compare/1"
+SCHEMA = "blockc.compare/2"
 INDEX = "index.html"
 
 
@@ -117,8 +117,13 @@ def _view(report: Mapping) -> dict:
                         "intensity": f"{flops / nbytes:.3g}" if flops and nbytes else "—",
                         "gbps": _num(k.get("bandwidth_gbps")), "peak": _pct(k.get("fraction_of_peak"))})
     ratios = [{"shape": plots.shape_label(q.get("shape")), "a": q.get("a"), "b": q.get("b"),
-               "speedup": _times(q.get("speedup")), "cls": _speed_class(q.get("speedup"))}
-              for q in report.get("ratios") or []]
+               **_interval(q)} for q in report.get("ratios") or []]
+    verdicts = [{"backend": "/".join(x for x in (v.get("backend"), v.get("variant")) if x),
+                 "shape": plots.shape_label(v.get("shape")), **_interval(v.get("fusion") or {}),
+                 "aa": _interval(v.get("aa") or {}), "resolved": bool(v.get("resolved")),
+                 "fused_error": _sci((v.get("max_abs_error") or {}).get("fused")),
+                 "standard_error": _sci((v.get("max_abs_error") or {}).get("standard"))}
+                for v in report.get("verdicts") or []]
     forms = [{"name": name, "ir_nodes": f.get("ir_nodes"),
               "ops": ", ".join(f"{op} {n}" for op, n in sorted((f.get("ops") or {}).items())) or "—"}
              for name, f in (report.get("forms") or {}).items()]
@@ -140,7 +145,7 @@ def _view(report: Mapping) -> dict:
         "timing": [(k, "—" if v is None else v) for k, v in timing.items()],
         "shapes": [plots.shape_label(s) for s in report.get("shapes") or []],
         "forms": forms, "backends": [_entry(b, "backend") for b in backends] + [_entry(p, "peer") for p in peers],
-        "rows": rows, "ratios": ratios, "kernels": kernels,
+        "rows": rows, "ratios": ratios, "verdicts": verdicts, "kernels": kernels,
         "roofline_omitted": plots.roofline_omission(report), "roofline_left_off": left_off,
         "errors": sum(1 for r in rows if r["kind"] == "error"),
         "skipped": sum(1 for r in rows if r["kind"] == "skipped"),
@@ -153,8 +158,21 @@ def _entry(b: Mapping, what: str) -> dict:
     return {"name": b.get("name", ""), "what": what, "available": available, "text": text}
 
 
+def _interval(q: Mapping) -> dict:
+    """A ratio with its 95% interval over blocks and what it says."""
+    low, high = q.get("low"), q.get("high")
+    return {"speedup": _times(q.get("speedup")), "cls": _speed_class(q.get("speedup")),
+            "interval": f"{low:.2f}–{high:.2f}" if low is not None and high is not None else "—",
+            "verdict": q.get("verdict") or "—", "blocks": q.get("blocks"),
+            "paired": q.get("paired", True)}
+
+
 def _result_row(r: Mapping) -> dict:
     t = r.get("latency_ms") or {}
+    if r.get("status") == "skipped":
+        return {"kind": "skipped", "name": f"{r.get('backend', '')}/{r.get('variant', '')}/{r.get('form', '')} "
+                                           f"{plots.shape_label(r.get('shape'))}",
+                "what": "row", "reason": r.get("error") or "no reason given"}
     row = {"kind": "error" if r.get("status") == "error" else "ok", "backend": r.get("backend", ""),
            "variant": r.get("variant", ""), "form": r.get("form", ""), "peer": bool(r.get("peer")),
            "shape": plots.shape_label(r.get("shape")), "error": r.get("error") or "no reason given",
@@ -281,8 +299,25 @@ img { max-width: 100%; height: auto; border: 1px solid var(--rule); }
 </table>
 </div>
 
+<h2>Verdict</h2>
+{% if r.verdicts %}
+<p class="note">Fused against standard on each backend: the geometric mean over blocks of fresh sessions of each
+block's ratio, with its 95% interval. A/A: a second session of the standard form, timed the same way; a difference
+counts as resolved when fusion's interval lies on one side of 1 and the A/A control's does not.</p>
+<table>
+<tr><th>backend</th><th>shape</th><th>fused vs standard</th><th>95% interval</th><th>blocks</th><th>A/A</th>
+<th>verdict</th><th>max abs error fused</th><th>unfused</th></tr>
+{% for v in r.verdicts %}<tr><td>{{ v.backend }}</td><td class="shape">{{ v.shape }}</td>
+<td class="n {{ v.cls }}">{{ v.speedup }}</td><td class="n">{{ v.interval }}</td><td class="n">{{ v.blocks }}</td>
+<td class="n">{{ v.aa.speedup }} ({{ v.aa.interval }})</td>
+<td>{{ v.verdict }}{% if v.resolved %}, resolved{% else %}, not resolved{% endif %}</td>
+<td class="n">{{ v.fused_error }}</td><td class="n">{{ v.standard_error }}</td></tr>
+{% endfor %}
+</table>
+{% else %}<p class="note">No verdict: no backend ran both the standard and the fused form.</p>{% endif %}
+
 <h2>Results</h2>
-<p class="note">Latency in milliseconds: median [min–max] over the repeats. Speedup: the standard form's median
+<p class="note">Latency in milliseconds: median [min–max] over the repeats of every block. Speedup: the standard form's median
 on the same backend, variant and shape divided by this row's. Bytes moved: the traffic model at this shape.
 {% if r.errors or r.skipped %}<strong class="why">{{ r.errors }} row(s) failed and {{ r.skipped }} backend(s) or
 peer(s) did not run; their reasons are in the table.</strong>{% endif %}</p>
@@ -314,11 +349,13 @@ peer(s) did not run; their reasons are in the table.</strong>{% endif %}</p>
 
 <h2>Ratios</h2>
 {% if r.ratios %}
-<p class="note">How much faster <em>a</em> is than <em>b</em> at the same shape; above 1: <em>a</em> is faster.</p>
+<p class="note">How much faster <em>a</em> is than <em>b</em> at the same shape; above 1: <em>a</em> is faster. The
+geometric mean over blocks of each block's ratio (paired round by round where the two were timed together), with
+its 95% interval.</p>
 <table>
-<tr><th>shape</th><th>a</th><th>b</th><th>speedup of a over b</th></tr>
-{% for q in r.ratios %}<tr><td>{{ q.shape }}</td><td><code>{{ q.a }}</code></td><td><code>{{ q.b }}</code></td>
-<td class="n {{ q.cls }}">{{ q.speedup }}</td></tr>
+<tr><th>shape</th><th>a</th><th>b</th><th>speedup of a over b</th><th>95% interval</th><th>verdict</th></tr>
+{% for q in r.ratios %}<tr><td>{{ q.shape }}</td><td><code>{{ q.a }}</code></td><td><code>{{ q.b }}</code>{% if not q.paired %} (unpaired){% endif %}</td>
+<td class="n {{ q.cls }}">{{ q.speedup }}</td><td class="n">{{ q.interval }}</td><td>{{ q.verdict }}</td></tr>
 {% endfor %}
 </table>
 {% else %}<p class="note">No ratios: no pair of rows ran at the same shape.</p>{% endif %}

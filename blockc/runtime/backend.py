@@ -93,6 +93,12 @@ class Backend:
     kernel_variant: str | None = None    # the variant compare times fused kernels alone on; None: not here
     clock = HOST_CLOCK                   # how a run is timed, in words (compare's report records it)
     on_gpu = False                       # runs on a GPU (compare's report names the GPU)
+    # For planning memory (``compare/memory.py``): the host copies of the weights a compiled graph
+    # keeps beside the caller's -- measured per backend on a 2-layer GPT-2 (resident memory after
+    # compiling and one run), 1 where unmeasured -- and whether it keeps its activations' memory
+    # between runs (an arena) rather than freeing it; a GPU backend keeps them on the device.
+    weight_copies: float = 1.0
+    keeps_arena = True
 
     def __init__(self, **options):
         """``options`` this backend does not use are ignored (see the module docstring)."""

@@ -13,10 +13,12 @@ import pytest
 
 from blockc.cli import main
 from blockc.compare import CompareOptions, plan_comparison, planned_steps, run_comparison
+from blockc.compare import memory
+from blockc.compare.run import Progress
 from blockc.errors import BlockcError
 
 SMALL = ["d_model=32", "heads=2", "layers=1", "vocab=61", "max_positions=64"]
-QUICK = dict(warmup=1, min_repeats=2, min_time_s=0.0)
+QUICK = dict(warmup=1, min_repeats=2, min_time_s=0.0, blocks=2)
 
 
 def _schema() -> dict:
@@ -28,10 +30,15 @@ def report():
     plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("reference", "ort-cpu", "cuda"),
                                           peers=("ort-optimizer",), batches=(1, 2), seqs=(8,), threads=1,
                                           **QUICK))
-    steps = []
-    report = run_comparison(plan, steps.append)
+    steps = Steps()
+    report = run_comparison(plan, steps)
     report["_steps"] = (len(steps), planned_steps(plan))
     return report
+
+
+class Steps(Progress, list):
+    def step(self, description: str) -> None:
+        self.append(description)
 
 
 def test_report_follows_the_schema(report):
@@ -52,11 +59,13 @@ def test_every_form_backend_level_and_shape_is_measured(report):
 def test_numbers_hang_together(report):
     for r in report["results"]:
         lat = r["latency_ms"]
-        assert lat["min"] <= lat["median"] <= lat["max"] and lat["repeats"] >= 2
-        assert len(lat["round_medians"]) == report["timing"]["rounds"]
+        assert lat["min"] <= lat["median"] <= lat["max"] and lat["repeats"] >= 2 * report["timing"]["blocks"]
+        assert len(lat["round_medians"]) == report["timing"]["rounds"] * report["timing"]["blocks"]
         assert r["max_abs_error"] < 1e-4   # float32 against the float64 reference
-        if r["form"] == "standard":
-            assert r["speedup_vs_standard"] == pytest.approx(1.0)
+        if not r["peer"]:   # "vs standard" is the ratio of the two medians printed beside it
+            standard = next(s for s in report["results"] if s["shape"] == r["shape"] and s["form"] == "standard"
+                            and (s["backend"], s["variant"]) == (r["backend"], r["variant"]))
+            assert r["speedup_vs_standard"] == pytest.approx(standard["latency_ms"]["median"] / lat["median"])
         if not r["peer"]:
             assert r["bandwidth_gbps"] == pytest.approx(r["bytes_modelled"] / (lat["median"] / 1e3) / 1e9)
             assert r["fraction_of_peak"] is None   # a CPU's peak is unknown unless given
@@ -79,10 +88,16 @@ def test_ratios_pair_fused_with_standard_and_the_peer(report):
     assert ("ort-cpu/basic/fused", "ort-cpu/basic/standard", 1) in pairs
     assert ("ort-cpu/all/fused", "ort-cpu/all/ort-optimizer", 2) in pairs
     rows = {(r["backend"] + "/" + r["variant"] + "/" + r["form"], r["shape"]["batch"]): r for r in report["results"]}
+    rounds, blocks = report["timing"]["rounds"], report["timing"]["blocks"]
     for r in report["ratios"]:
         a, b = rows[(r["a"], r["shape"]["batch"])], rows[(r["b"], r["shape"]["batch"])]
-        per_round = [x / y for x, y in zip(b["latency_ms"]["round_medians"], a["latency_ms"]["round_medians"])]
-        assert r["speedup"] == pytest.approx(statistics.median(per_round))   # paired round by round
+        assert r["paired"] and r["blocks"] == blocks
+        per_block = []
+        for i in range(blocks):   # each block's ratio is paired round by round; the blocks' geometric mean
+            ra, rb = (x["latency_ms"]["round_medians"][i * rounds:(i + 1) * rounds] for x in (a, b))
+            per_block.append(statistics.median(y / x for x, y in zip(ra, rb)))
+        assert r["speedup"] == pytest.approx(statistics.geometric_mean(per_block))
+        assert r["low"] <= r["speedup"] <= r["high"]
 
 
 def test_fused_kernels_are_timed_alone(report):
@@ -143,17 +158,155 @@ def test_cli_writes_the_html_report(tmp_path, capsys):
     assert "tiny" in page and "ort-cpu" in page and page.count("data:image/png;base64,") >= 3
 
 
-def test_short_memory_times_in_groups(monkeypatch):
-    """With memory short after every contestant, each is timed alone and
-    closed before the next; ratios across groups say they are not paired."""
-    import blockc.compare.run as run
-    readings = iter([8 << 30, 1 << 30] * 100)   # before / after each prepare: 7 GiB taken, 1 GiB left
-    monkeypatch.setattr(run, "available_memory", lambda: next(readings))
-    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=(),
-                                          seqs=(8,), threads=1, kernels=False, **QUICK))
+def _plan(**kw):
+    return plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=kw.pop("backends", ("ort-cpu",)),
+                                          peers=(), seqs=(8,), threads=1, kernels=False, **{**QUICK, **kw}))
+
+
+def test_a_small_budget_times_in_groups():
+    """With room for one session at a time beside what compare holds, each
+    is prepared, timed and closed alone; ratios across groups say they are
+    not paired, and every row still ran."""
+    probe = _plan()
+    one = max(memory.session_bytes(b, probe.graphs["fused"], probe.shapes[0]) for b, _, _ in probe.backends)
+    plan = _plan(max_memory=probe.holding + int(one * 1.5))
     report = run_comparison(plan)
     assert all(r["status"] == "ok" and r["latency_ms"] for r in report["results"])
     assert report["ratios"] and not any(r["paired"] for r in report["ratios"])
+    assert report["memory"]["largest_group_bytes"] <= one * 1.5
+
+
+def test_a_session_over_the_budget_is_skipped_with_the_reason(capsys):
+    plan = _plan(max_memory=_plan().holding + 1000)
+    report = run_comparison(plan)
+    assert {r["status"] for r in report["results"]} == {"skipped"}
+    assert all("that the budget of" in r["error"] and "--max-memory" in r["error"] for r in report["results"])
+    assert main(["compare", "tiny", *sum((["--set", s] for s in SMALL), []), "--seq", "8", "--backends", "ort-cpu",
+                 "--peers", "none", "--no-kernels", "--no-progress", "--max-memory",
+                 str(plan.budget + plan.holding)]) == 0
+    out = capsys.readouterr().out
+    assert "over the budget, not run: ort-cpu/basic/decomposed" in out and "skipped, see below" in out
+
+
+def test_more_memory_than_estimated_cuts_the_group(monkeypatch):
+    """A session that holds more than its estimate (measured as it is
+    prepared) closes its group early: the rest are timed in a later group."""
+    readings = iter(range(0, 10 ** 15, 1 << 40))   # every reading 1 TiB above the last
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    plan = _plan(max_memory=8 << 30)
+    report = run_comparison(plan)
+    assert all(r["status"] == "ok" for r in report["results"])
+    assert not any(r["paired"] for r in report["ratios"])   # each session was timed alone
+
+
+def test_the_budget_that_holds_not_even_the_reference_is_refused():
+    with pytest.raises(BlockcError, match="float64 reference .* need about .* more than the budget"):
+        _plan(max_memory=1000)
+
+
+@pytest.mark.parametrize("text, size", [("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("4096", 4096)])
+def test_max_memory_sizes(text, size):
+    assert memory.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "8X", "-1G", "0"])
+def test_bad_max_memory_is_refused(text):
+    with pytest.raises(BlockcError, match="--max-memory"):
+        memory.parse_size(text)
+
+
+def test_blocks_prepare_fresh_sessions(monkeypatch):
+    """Each block prepares every contestant anew (an A/A control beside each
+    standard form), and the progress bar's count is right."""
+    from blockc.runtime.backends.ort import OrtBackend
+    made = []
+    real = OrtBackend.compile
+    monkeypatch.setattr(OrtBackend, "compile", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    plan = _plan(blocks=3)
+    steps = Steps()
+    report = run_comparison(plan, steps)
+    assert len(steps) == planned_steps(plan) == len(made) == 3 * (6 + 2)   # 2 levels x (3 forms + A/A)
+    assert report["timing"]["blocks"] == 3
+    assert not any(r["form"].endswith("(A/A)") for r in report["results"])   # the control has no row
+
+
+def test_the_verdict_names_fusion_and_its_control():
+    report = run_comparison(_plan(blocks=5))
+    assert {(v["backend"], v["variant"]) for v in report["verdicts"]} == {("ort-cpu", "basic"), ("ort-cpu", "all")}
+    for v in report["verdicts"]:
+        assert v["fusion"]["blocks"] == v["aa"]["blocks"] == 5
+        assert v["fusion"]["low"] <= v["fusion"]["speedup"] <= v["fusion"]["high"]
+        assert v["max_abs_error"]["fused"] < 1e-4
+        assert v["resolved"] == (v["fusion"]["verdict"] in ("faster", "slower")
+                                 and v["aa"]["verdict"] == "no difference resolved")
+
+
+def _verdict(fusion, aa, blocks=5):
+    def iv(verdict, x):
+        return {"speedup": x, "low": x * 0.97, "high": x * 1.03, "blocks": blocks, "verdict": verdict, "paired": True}
+    return {"fusion": iv(fusion, 1.2), "aa": iv(aa, 1.0),
+            "resolved": fusion in ("faster", "slower") and aa == "no difference resolved"}
+
+
+@pytest.mark.parametrize("fusion, aa, blocks, words", [
+    ("faster", "no difference resolved", 5, "faster, resolved"),
+    ("slower", "no difference resolved", 5, "slower, resolved"),
+    ("faster", "faster", 5, "not resolved: the A/A control differs too"),
+    ("no difference resolved", "no difference resolved", 5, "no difference resolved"),
+    ("too few repetitions", "too few repetitions", 3, "too few blocks to tell (3; --blocks 5 or more)"),
+])
+def test_verdict_words(fusion, aa, blocks, words):
+    from blockc.compare.table import verdict_words
+    assert verdict_words(_verdict(fusion, aa, blocks)).startswith(words)
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_the_table_fits_the_terminal(report, width):
+    """Every line fits the console's width and no figure is cut short; below
+    140 columns each shape's table is split in two."""
+    import io
+
+    from rich.console import Console
+
+    from blockc.compare.table import print_report
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=width, markup=False))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text
+    assert ("time and error" in text) == (width < 140)
+    median = f"{report['results'][0]['latency_ms']['median']:.3f}"
+    assert median in text.replace("\n", "")
+
+
+def test_the_plan_is_said_before_measuring():
+    from blockc.compare.run import describe_plan
+    lines = describe_plan(_plan(max_memory=8 << 30))
+    assert lines[0].startswith("measuring 6 contestants and 2 A/A control(s) at 1 shape(s)")
+    assert "the budget is 8 GiB" in lines[1] and lines[-1].startswith("time: about ")
+
+
+def test_readme_compare_examples_fit_the_memory_budget():
+    """Each `blockc compare` line in the README, planned here: no contestant
+    is over the default budget (half the memory available), so none is
+    skipped, and the largest group with the reference fits within it."""
+    import pathlib
+    import shlex
+
+    from blockc.cli import build_parser, compare_options
+    from blockc.compare.run import _contestants
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    lines = [line.split("#")[0].strip() for line in readme.splitlines() if line.strip().startswith("blockc compare")]
+    assert len(lines) >= 4
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        plan = plan_comparison(compare_options(args))
+        for shape in plan.shapes:
+            groups, too_big = memory.plan_groups({c.key: c.estimate for c in _contestants(plan, shape)}, plan.budget)
+            assert not too_big, line
+            assert max(g.estimate for g in groups) + plan.holding <= plan.budget + plan.holding, line
 
 
 def test_a_failing_row_prints_its_whole_reason(capsys):
@@ -168,18 +321,6 @@ def test_a_failing_row_prints_its_whole_reason(capsys):
     out = capsys.readouterr().out
     assert "error, see below" in out and "ort-cpu/basic/standard: error -- onnxruntime said no:" in out
     assert "x" * 150 in out.replace("\n", "")   # the whole reason, however the console folds it
-
-
-def test_sessions_are_pooled():
-    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=(),
-                                          seqs=(8,), threads=1, kernels=False, sessions=2, rounds=2, **QUICK))
-    steps = []
-    report = run_comparison(plan, steps.append)
-    assert len(steps) == planned_steps(plan)
-    assert report["timing"]["sessions"] == 2
-    for r in report["results"]:
-        assert r["latency_ms"]["repeats"] >= 2 * 2 and len(r["latency_ms"]["round_medians"]) == 2
-    assert all(r["paired"] for r in report["ratios"])
 
 
 def test_nothing_available_is_an_error_not_an_empty_table(capsys):

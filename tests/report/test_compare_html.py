@@ -69,7 +69,7 @@ def make_report(*, peak_gbps: float | None = 40.0) -> dict:
     for k in kernels:
         k["fraction_of_peak"] = None if p is None or k["bandwidth_gbps"] is None else k["bandwidth_gbps"] / p
     return copy.deepcopy({
-        "schema": "blockc.compare/1",
+        "schema": "blockc.compare/2",
         "model": HOSTILE,
         "settings": {"layers": "2", "<i>key</i>": "<img src=x onerror=alert(1)>"},
         "dtype": "float32",
@@ -79,7 +79,13 @@ def make_report(*, peak_gbps: float | None = 40.0) -> dict:
                     "python": "3.11.7", "gpu": None, "peak_gbps": p,
                     "peak_source": "--peak-gbps 40" if p else "unknown for a CPU; pass --peak-gbps"},
         "versions": {"blockc": "0.1.0", "numpy": "2.4.6", "onnxruntime": "1.31.0", "torch": None},
-        "timing": {"warmup": 3, "min_repeats": 10, "min_time_s": 0.5, "threads": 2, "clock": "time.perf_counter"},
+        "timing": {"blocks": 5, "rounds": 2, "warmup": 2, "min_repeats": 4, "min_time_s": 0.2, "threads": 2,
+                   "clock": "time.perf_counter", "planned_s": 50.0, "elapsed_s": 47.0},
+        "memory": {"budget_bytes": 12 << 30, "holding_bytes": 1 << 20, "largest_group_bytes": 5 << 20,
+                   "peak_growth_bytes": 9 << 20},
+        "verdicts": [{"shape": dict(SHAPE1), "backend": "ort-cpu", "variant": "basic",
+                      "fusion": _iv(1.08, 1.05, 1.11, "faster"), "aa": _iv(1.0, 0.98, 1.02, "no difference resolved"),
+                      "resolved": True, "max_abs_error": {"fused": 1.9e-6, "standard": 2.0e-6}}],
         "shapes": [dict(SHAPE1), dict(SHAPE2)],
         "forms": {"standard": {"ir_nodes": 34, "ops": {"matmul": 8, "softmax": 1}},
                   "decomposed": {"ir_nodes": 61, "ops": {}},
@@ -97,11 +103,16 @@ def make_report(*, peak_gbps: float | None = 40.0) -> dict:
              "reason": "torch is not installed (pip install torch) <script>x()</script>", "detail": ""}],
         "results": results,
         "ratios": [
-            {"shape": dict(SHAPE1), "a": "ort-cpu/basic/fused", "b": "ort-cpu/basic/standard", "speedup": 3.35 / 3.1},
+            {"shape": dict(SHAPE1), "a": "ort-cpu/basic/fused", "b": "ort-cpu/basic/standard",
+             **_iv(3.35 / 3.1, 1.05, 1.11, "faster")},
             {"shape": dict(SHAPE1), "a": "ort-cpu/basic/fused", "b": "ort-cpu/basic/ort-optimizer",
-             "speedup": 3.22 / 3.1}],
+             **_iv(3.22 / 3.1, 0.99, 1.09, "no difference resolved", paired=False)}],
         "kernels": kernels,
     })
+
+
+def _iv(speedup, low, high, verdict, paired=True) -> dict:
+    return {"speedup": speedup, "low": low, "high": high, "blocks": 5, "verdict": verdict, "paired": paired}
 
 
 class _Tables(html.parser.HTMLParser):
@@ -175,7 +186,11 @@ def test_results_table_has_every_row_and_reason(written):
 def test_other_tables_and_settings(written):
     page = written.read_text()
     cells = [c for t in tables_of(page) for _, row in t for c in row]
-    assert "ort-cpu/basic/ort-optimizer" in cells and "1.04×" in cells     # ratios
+    assert "ort-cpu/basic/ort-optimizer (unpaired)" in cells and "1.04×" in cells     # ratios, with intervals
+    assert "0.99–1.09" in cells and "no difference resolved" in cells
+    verdict = next(t for t in tables_of(page) if t[0][1][:3] == ["backend", "shape", "fused vs standard"])
+    assert verdict[1][1] == ["ort-cpu/basic", "batch=1, seq=128", "1.08×", "1.05–1.11", "5", "1.00× (0.98–1.02)",
+                             "faster, resolved", "1.9e-06", "2e-06"]
     assert "not installed" in cells and "time.perf_counter" in cells       # versions, timing
     assert "40 GB/s" in cells and "--peak-gbps 40" in cells                # machine
     assert "add_layernorm 1, attention 1, matmul_bias_act 1" in cells      # forms
@@ -270,8 +285,8 @@ def test_a_failed_write_leaves_no_page_and_no_temporary_files(tmp_path, monkeypa
 
 
 def test_other_schema_is_refused(tmp_path):
-    with pytest.raises(BlockcError, match="reads blockc.compare/1 results; this one says 'blockc.compare/2'"):
-        write_html_report(dict(make_report(), schema="blockc.compare/2"), tmp_path, before=None, after=None)
+    with pytest.raises(BlockcError, match="reads blockc.compare/2 results; this one says 'blockc.compare/1'"):
+        write_html_report(dict(make_report(), schema="blockc.compare/1"), tmp_path, before=None, after=None)
 
 
 # -- the page in a real browser ----------------------------------------------------------------------
@@ -322,3 +337,12 @@ def test_page_renders_in_headless_chromium(written, tmp_path):
     assert ink > 0.02 and pixels.std() > 0.05, f"the screenshot looks blank ({ink:.1%} of pixels not white)"
     if os.environ.get("BLOCKC_KEEP_SCREENSHOT"):  # to look at it: BLOCKC_KEEP_SCREENSHOT=path pytest ...
         shutil.copy(shot, os.environ["BLOCKC_KEEP_SCREENSHOT"])
+
+
+def test_a_row_over_the_memory_budget_shows_as_skipped_with_its_reason(tmp_path):
+    report = make_report()
+    report["results"][0].update(status="skipped", error="needs about 9 GiB of memory, more than the budget of "
+                                "4 GiB (--max-memory)", latency_ms=None)
+    page = write_html_report(report, tmp_path, before=None, after=None).read_text()
+    skipped = [cells for cls, cells in results_table(page)[1:] if "skipped" in cls]
+    assert any(c[1] == "skipped row" and "more than the budget of 4 GiB" in c[2] for c in skipped)

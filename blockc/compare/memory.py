@@ -1,0 +1,114 @@
+"""Keeping ``blockc compare`` within a memory budget.
+
+Every contestant (one compiled session of a form on a backend, or a peer)
+gets an estimate before anything is prepared: the memory model
+(``report/footprint.py``: weights, peak live activations, outputs) at the
+shape, with the backend's own host copies of the weights
+(``Backend.weight_copies``, measured per backend) and its arena. Contestants are then
+timed in groups whose estimates add up to at most the budget -- by default
+half the memory available when compare starts, ``--max-memory`` to change
+-- beside what compare itself holds (the weights and the float64 oracle's
+outputs). A contestant that alone would exceed the budget is not run; its
+row says why.
+
+Estimates are checked as the run goes: each session's growth of this
+process's resident memory is measured when it is prepared
+(``resident_bytes``), and a group whose measured total passes the budget is
+cut there and timed before the next session is prepared.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import BlockcError
+from ..frontends.module import available_memory, format_bytes
+from ..report.footprint import footprint
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``8G``, ``512M``, ``1.5GiB``, ``2000000000`` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise BlockcError(f"--max-memory {text!r}: expected a positive size, e.g. 8G, 512M or 2000000000")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def default_budget() -> int | None:
+    """Half the memory available now; None where it cannot be known."""
+    have = available_memory()
+    return None if have is None else have // 2
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory, where the OS says (Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def session_bytes(backend, graph, shape: dict[str, int]) -> int:
+    """The host memory one compiled session of ``graph`` on ``backend`` keeps
+    while others run: its copies of the weights, and its activations where
+    its runtime keeps an arena between runs (``Backend.keeps_arena``)."""
+    fp = footprint(graph, shape)
+    arena = fp.activations if backend.keeps_arena and not backend.on_gpu else 0
+    return int(backend.weight_copies * fp.weights) + arena
+
+
+def run_bytes(graph, shape: dict[str, int]) -> int:
+    """What one run adds while it runs: its activations (the outputs among
+    them, which the caller receives) and its inputs."""
+    fp = footprint(graph, shape)
+    return fp.activations + fp.inputs
+
+
+def holding_bytes(graph, shape: dict[str, int], largest_run: int) -> int:
+    """What compare itself holds at ``shape`` besides its sessions: the
+    model's weights; at first the float64 reference run that checks every
+    session (the weights widened, its activations), then that run's outputs
+    while the sessions run one at a time."""
+    fp, fp64 = footprint(graph, shape), footprint(graph, shape, itemsize=8)
+    return fp.weights + max(fp64.weights + fp64.activations, fp64.outputs + largest_run)
+
+
+@dataclass
+class Group:
+    """Contestants prepared together and timed interleaved (pairable round by round)."""
+
+    keys: list[str]
+    estimate: int
+
+
+def plan_groups(estimates: dict[str, int], budget: int | None) -> tuple[list[Group], dict[str, int]]:
+    """Split contestants (in their order) into groups whose estimates
+    (``session_bytes``) add up to at most ``budget`` (what is left beside
+    ``holding_bytes``); returns the groups and those that alone exceed it."""
+    groups: list[Group] = []
+    too_big: dict[str, int] = {}
+    for key, need in estimates.items():
+        if budget is not None and need > budget:
+            too_big[key] = need
+        elif groups and (budget is None or groups[-1].estimate + need <= budget):
+            groups[-1].keys.append(key)
+            groups[-1].estimate += need
+        else:
+            groups.append(Group([key], need))
+    return groups, too_big
+
+
+def over_budget_reason(need: int, left: int, budget: int) -> str:
+    return (f"needs about {format_bytes(need)} of memory, more than the {format_bytes(left)} that the budget of "
+            f"{format_bytes(budget)} (--max-memory) leaves beside the weights and the float64 reference")
+
+
+def describe_budget(budget: int | None, given: bool) -> str:
+    if budget is None:
+        return "no memory budget (the memory available is unknown here; --max-memory sets one)"
+    return f"the budget is {format_bytes(budget)}" + ("" if given else ", half the memory available "
+                                                       "(--max-memory to change)")
