@@ -573,7 +573,11 @@ def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
         fusion, aa = _interval(times, standard, fused), _interval(times, standard, c.key)
         if fusion is None or aa is None:
             continue
-        resolved = fusion[0].verdict in ("faster", "slower") and aa[0].verdict == "no difference resolved"
+        f, a = fusion[0], aa[0]
+        # resolved: fusion's interval is off 1, the control's is not, and the two do not overlap (an
+        # A/A spread as wide as fusion's effect says the machine cannot tell them apart)
+        resolved = (f.verdict in ("faster", "slower") and a.verdict == "no difference resolved"
+                    and (f.low > a.high or f.high < a.low))
         out.append({"shape": dict(shape), "backend": c.row["backend"], "variant": c.row["variant"],
                     "fusion": _interval_doc(*fusion), "aa": _interval_doc(*aa), "resolved": resolved,
                     "max_abs_error": {"fused": rows[fused]["max_abs_error"],

@@ -85,7 +85,9 @@ def verdict_words(v: dict) -> str:
     if v["resolved"]:
         return f"{f['verdict']}, resolved"
     if f["verdict"] != "no difference resolved":
-        return f"not resolved: the A/A control differs too ({aa['verdict']}): a noisy machine"
+        if aa["verdict"] != "no difference resolved":
+            return f"not resolved: the A/A control differs too ({aa['verdict']}): a noisy machine"
+        return "not resolved: within the A/A control's spread"
     return "no difference resolved"
 
 

@@ -237,15 +237,17 @@ def test_the_verdict_names_fusion_and_its_control():
         assert v["fusion"]["blocks"] == v["aa"]["blocks"] == 5
         assert v["fusion"]["low"] <= v["fusion"]["speedup"] <= v["fusion"]["high"]
         assert v["max_abs_error"]["fused"] < 1e-4
-        assert v["resolved"] == (v["fusion"]["verdict"] in ("faster", "slower")
-                                 and v["aa"]["verdict"] == "no difference resolved")
+        f, aa = v["fusion"], v["aa"]
+        assert v["resolved"] == (f["verdict"] in ("faster", "slower") and aa["verdict"] == "no difference resolved"
+                                 and (f["low"] > aa["high"] or f["high"] < aa["low"]))
 
 
-def _verdict(fusion, aa, blocks=5):
-    def iv(verdict, x):
-        return {"speedup": x, "low": x * 0.97, "high": x * 1.03, "blocks": blocks, "verdict": verdict, "paired": True}
-    return {"fusion": iv(fusion, 1.2), "aa": iv(aa, 1.0),
-            "resolved": fusion in ("faster", "slower") and aa == "no difference resolved"}
+def _verdict(fusion, aa, blocks=5, aa_spread=0.03):
+    def iv(verdict, x, spread=0.03):
+        return {"speedup": x, "low": x * (1 - spread), "high": x * (1 + spread), "blocks": blocks,
+                "verdict": verdict, "paired": True}
+    return {"fusion": iv(fusion, 1.2), "aa": iv(aa, 1.0, aa_spread),
+            "resolved": fusion in ("faster", "slower") and aa == "no difference resolved" and aa_spread < 0.1}
 
 
 @pytest.mark.parametrize("fusion, aa, blocks, words", [
@@ -258,6 +260,29 @@ def _verdict(fusion, aa, blocks=5):
 def test_verdict_words(fusion, aa, blocks, words):
     from blockc.compare.table import verdict_words
     assert verdict_words(_verdict(fusion, aa, blocks)).startswith(words)
+
+
+def test_an_effect_within_the_controls_spread_is_not_resolved():
+    """Fusion 1.20x [1.16-1.24] beside an A/A of 1.00x [0.80-1.20]: both
+    intervals taken alone look fine, but the control's spread reaches the
+    effect, so the verdict does not call it."""
+    import numpy as np
+
+    from blockc.compare.run import _verdicts
+    from blockc.compare.table import verdict_words
+    from blockc.runtime.timing import Interleaved
+
+    def blocks(ratios):   # one block per ratio: the standard at 1 s, the other at 1/ratio
+        return [Interleaved([1 / r], [1 / r], group=i) for i, r in enumerate(ratios)]
+    rng = np.random.default_rng(0)
+    times = {"x//standard": blocks([1.0] * 8), "x//fused": blocks(1.2 * np.exp(rng.normal(0, 0.01, 8))),
+             "x//standard (A/A)": blocks([0.7, 1.45, 0.75, 1.4, 1.0, 0.8, 1.35, 1.1])}
+    contestants = [type("C", (), {"key": k, "row": {"backend": "x", "variant": "", "max_abs_error": 0.0}})()
+                   for k in times]
+    (v,) = _verdicts(contestants, times, {"batch": 1})
+    assert v["fusion"]["verdict"] == "faster" and v["aa"]["verdict"] == "no difference resolved"
+    assert v["aa"]["high"] > v["fusion"]["low"] and not v["resolved"]
+    assert verdict_words(v) == "not resolved: within the A/A control's spread"
 
 
 @pytest.mark.parametrize("width", [80, 100, 200])
