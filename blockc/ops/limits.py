@@ -10,7 +10,8 @@ generated C API) enforces the same ones, whatever model the graph came from:
   position table sliced to ``seq``) bounds that end: ``seq <= 1024``.
 
 ``runtime/bindings.bind_inputs`` checks them before any run;
-``codegen/cuda/lower`` renders the dim limits into ``blockc_run``.
+``codegen/cuda/lower`` renders the dim limits into ``blockc_run``, and has
+the gathers of an id input report an id out of range to it.
 """
 from __future__ import annotations
 

@@ -78,3 +78,93 @@ def test_the_c_api_checks_dims_against_the_model_limits(tiny):
     assert all(np.isfinite(out).all() for out in run(4)[2:])
     with pytest.raises(CudaRunError, match=r"dimension 'seq' is 200, over the model's maximum of 128"):
         run(200)
+
+
+@pytest.fixture
+def c_api_alone(monkeypatch):
+    """``run_model`` with the Python check (``check_limits``) switched off, so
+    the feeds reach ``blockc_create``/``blockc_run`` and the error is the C
+    API's own, read from ``blockc_last_error``."""
+    import blockc.runtime.bindings as bindings
+    monkeypatch.setattr(bindings, "check_limits", lambda graph, feeds, dims: None)
+
+
+@needs_gxx
+@pytest.mark.parametrize("ids, first", [([[3, -1, 7, 9]], "at position 1, is -1"),
+                                        ([[3, 7, 9, 2], [5, 256, 1, -4]], "at position 5, is 256")])
+def test_the_c_api_refuses_ids_outside_the_vocabulary(tiny, c_api_alone, ids, first):
+    """blockc_run returns 1 with a message for ids the gather cannot read
+    (the first bad one, by position), instead of NaN rows and a 0."""
+    from blockc.codegen.cuda.lower import generate
+    from blockc.runtime.cuda_runner import CudaRunError, emulated_library, run_model
+    _, graph, weights = tiny
+    model = generate(graph, weights)
+    so = emulated_library(model)
+    feeds = {"input_ids": np.array(ids, np.int64)}
+    with pytest.raises(CudaRunError, match=r"blockc_run in .* returned 1 \(input 'input_ids': ids out of range "
+                                           rf"\[0, 256\) \(the first, {first}; it indexes 'tok.weight', which "
+                                           r"has 256 rows\)\)"):
+        run_model(model, so, feeds, emulated=True)
+    good = {"input_ids": np.where((feeds["input_ids"] < 0) | (feeds["input_ids"] >= 256), 0, feeds["input_ids"])}
+    out, _ = run_model(model, so, good, emulated=True)
+    ref = blockc.run_reference(graph, weights, good)
+    for name in ref:
+        np.testing.assert_allclose(out[name], ref[name], rtol=1e-4, atol=1e-5)
+
+
+ODD = 'in"put*/\nx'   # a name that must reach the C source escaped
+
+
+def _two_id_inputs():
+    """ids (int64) indexes a 10-row and a 50-row table, the input named
+    ``ODD`` (int32) a 4-row one: two flags, one shared by two gathers."""
+    from blockc.ir.dims import Sym
+    from blockc.ir.dtypes import DType
+    from blockc.ir.graph import Graph
+    from blockc.ir.types import TensorType
+    g = Graph("two_ids")
+    n = Sym.var("n")
+    ids = g.add_input("ids", TensorType(DType.int64, (n,)))
+    other = g.add_input(ODD, TensorType(DType.int32, (n,)))
+    tables = {name: g.add_param(name, TensorType(DType.float32, (rows, 8)))
+              for name, rows in (("small", 10), ('*/ "t"%s', 4), ("big", 50))}
+    y = g.op("add", g.op("add", g.op("gather", tables["small"], ids), g.op("gather", tables['*/ "t"%s'], other)),
+             g.op("gather", tables["big"], ids))
+    g.set_outputs([("y", y)])
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal(v.type.concrete_shape({})).astype(np.float32) for name, v in g.params.items()}
+    return g, weights
+
+
+
+@needs_gxx
+@pytest.mark.parametrize("ids, other, message", [
+    ([1, 2, 30, 3], [0, 1, 2, 3], r"input 'ids': ids out of range \[0, 10\) \(the first, at position 2, is 30; "
+                                  r"it indexes 'small', which has 10 rows\)"),
+    ([1, 2, 3, 4], [0, 1, 2, -7], r"input 'in\"put\*\?\?x': ids out of range \[0, 4\) \(the first, at position 3, "
+                                  r"is -7; it indexes '\*\? \"t\"%s', which has 4 rows\)"),
+])
+def test_the_c_api_checks_every_id_input_against_its_smallest_table(c_api_alone, ids, other, message):
+    from blockc.codegen.cuda.lower import generate
+    from blockc.runtime.cuda_runner import CudaRunError, emulated_library, run_model
+    g, weights = _two_id_inputs()
+    assert {k: high for k, (high, _) in graph_limits(g).ids.items()} == {"ids": 10, ODD: 4}
+    model = generate(g, weights)
+    assert ODD not in model.source and '*/ "t"' not in model.source
+    so = emulated_library(model)
+    feeds = {"ids": np.array(ids, np.int64), ODD: np.array(other, np.int32)}
+    with pytest.raises(CudaRunError, match=r"blockc_run in .* returned 1 \(" + message):
+        run_model(model, so, feeds, emulated=True)
+    good = {"ids": np.array([9, 0, 5, 1], np.int64), ODD: np.array([3, 0, 2, 1], np.int32)}
+    out, _ = run_model(model, so, good, emulated=True)
+    np.testing.assert_allclose(out["y"], blockc.run_reference(g, weights, good)["y"], rtol=1e-6)
+
+
+def test_a_graph_without_id_inputs_pays_nothing_for_the_id_check(tiny):
+    """No flags, no read back, no wait on the stream: blockc_run stays asynchronous."""
+    from blockc.codegen.cuda.lower import generate
+    _, graph, weights = tiny
+    assert "cudaStreamSynchronize" in generate(graph, weights).source
+    g = blockc.parse_graph("graph g(%x: f32[4,8]) {\n  %0:f32[4,8] = exp %x\n  return y=%0\n}\n")
+    source = generate(g, {}).source
+    assert "id_errors" not in source and "first_bad" not in source and "cudaStreamSynchronize" not in source

@@ -52,6 +52,13 @@ def c_comment(text: str) -> str:
     return re.sub(r"[^ -~]", "?", text).replace("*/", "*?").replace("/*", "?*").replace("\\", "?")
 
 
+def c_string(text: str) -> str:
+    """A C string literal holding ``text`` made safe as ``c_comment`` makes it
+    (so no label reaches the source raw), its quotes and question marks escaped.
+    Pass it as a ``%s`` argument, never as a format: ``%`` is kept."""
+    return '"' + c_comment(text).replace('"', '\\"').replace("?", "\\?") + '"'
+
+
 def ctype(dtype: DType) -> str:
     try:
         return CTYPES[dtype]
@@ -77,6 +84,20 @@ class LowerContext:
     def __init__(self, symbols: list[str]):
         self.symbols = list(symbols)
         self._ptrs: dict[int, str] = {}
+        self._id_flags: dict[int, str] = {}
+        self.checked_ids: list[Value] = []     # slot k of the run function's id_errors is checked_ids[k]
+
+    def check_ids(self, value: Value) -> None:
+        """Kernels that index with ``value`` (an input with an id range,
+        ``ops/limits.py``) record the first position of an id outside their
+        table in its own slot of ``id_errors``, which ``blockc_run`` reads."""
+        self._id_flags[id(value)] = f"(id_errors + {len(self.checked_ids)})"
+        self.checked_ids.append(value)
+
+    def id_flag(self, value: Value) -> str | None:
+        """Where a kernel indexing with ``value`` records a bad id (an
+        ``unsigned long long*``), or None when nobody reads it."""
+        return self._id_flags.get(id(value))
 
     def bind(self, value: Value, expr: str) -> None:
         self._ptrs[id(value)] = expr

@@ -32,7 +32,7 @@ from ...passes.dce import dce
 from ...passes.legalize import legalize
 from ...passes.manager import label_origins
 from .exprs import is_inline
-from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment
+from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype
 from .kernels.copy import emit_copy
 from .kernels.elementwise import emit_elementwise
 from .kernels.gemm import emit_gemm
@@ -235,8 +235,11 @@ def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: S
 def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buffers) -> LowerContext:
     """Where every value lives, as the C expression kernels are given."""
     ctx = LowerContext(g.symbols())
+    ids = graph_limits(g).ids
     for k, v in enumerate(g.inputs):
         ctx.bind(v, f"inputs[{k}]")
+        if v.name in ids:
+            ctx.check_ids(v)   # its gathers report a bad id to blockc_run
     for v in list(g.params.values()) + [o for n in g.nodes for o in n.outputs]:
         if id(v) in stored.index:
             ctx.bind(v, f"params[{stored.index[id(v)]}]")
@@ -294,7 +297,7 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                     dtype=c_comment(",".join(sorted({o.dtype.name for _, o in g.outputs}))),
                     sources=sources, steps=[{"comment": c_comment(f"{' '.join(c.nodes)}: {'+'.join(c.ops)}"),
                                              "call": c.call} for c in steps],
-                    slots=slots, symbols=g.symbols(), dim_limits=_dim_limits(g, ctx),
+                    slots=slots, symbols=g.symbols(), dim_limits=_dim_limits(g, ctx), id_limits=_id_limits(g, ctx),
                     cublas=gemm == "cublas", num_inputs=len(g.inputs),
                     num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
     return source, kernels
@@ -303,8 +306,16 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
 def _dim_limits(g: Graph, ctx: LowerContext) -> list[dict]:
     # blockc_run refuses dims over what the fixed-size tables hold (ops/limits.py,
     # the rule every Python backend applies too) instead of reading past them.
-    return [{"expr": ctx.dim(d.dim), "limit": d.limit, "why": c_comment(d.why),
-             "name": re.sub(r"[^A-Za-z0-9_ +*-]", "?", str(d.dim))} for d in graph_limits(g).dims]
+    return [{"expr": ctx.dim(d.dim), "limit": d.limit, "why": c_comment(d.why), "name": c_string(str(d.dim))}
+            for d in graph_limits(g).dims]
+
+
+def _id_limits(g: Graph, ctx: LowerContext) -> list[dict]:
+    # ...and ids outside the table they index, which the gathers flag (kernels/copy.py).
+    ids = graph_limits(g).ids
+    index = {id(v): k for k, v in enumerate(g.inputs)}
+    return [{"input": index[id(v)], "ctype": ctype(v.dtype), "name": c_string(v.name), "high": ids[v.name][0],
+             "why": c_string(ids[v.name][1])} for v in ctx.checked_ids]
 
 
 _NODES_LINE = re.compile(r"^// IR nodes:.*\n", re.M)

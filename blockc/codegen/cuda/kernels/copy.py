@@ -18,13 +18,14 @@ def _strides(shape, ctx: LowerContext) -> list[str]:
 
 
 
-def _copy(name, title, labels, ctx, in_v, out_v, iter_shape, in_off, out_off, op, value=None, index=None):
+def _copy(name, title, labels, ctx, in_v, out_v, iter_shape, in_off, out_off, op, value=None, index=None,
+          check=None, flag=None):
     T = ctype(out_v.dtype)
     source = render("copy.cu.j2", name=name, title=title, nodes=c_comment(" ".join(labels)), T=T,
-                    index_t=ctype(index.dtype) if index is not None else None,
-                    index_lines=index_lines(iter_shape, ctx, f"{out_off} {value or in_off}"), out_offset=out_off,
-                    value=value or f"in[{in_off}]", symbols=ctx.symbols)
-    args = [ctx.ptr(in_v)] + ([ctx.ptr(index)] if index is not None else []) + \
+                    index_t=ctype(index.dtype) if index is not None else None, check=check,
+                    index_lines=index_lines(iter_shape, ctx, f"{out_off} {value or in_off} {check or ''}"),
+                    out_offset=out_off, value=value or f"in[{in_off}]", symbols=ctx.symbols)
+    args = [ctx.ptr(in_v)] + ([ctx.ptr(index)] if index is not None else []) + ([flag] if check else []) + \
         [ctx.ptr(out_v), ctx.numel(iter_shape)] + [f"dim_{s}" for s in ctx.symbols]
     return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [op], [name])
 
@@ -79,9 +80,16 @@ def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCo
         rank = out.type.rank
         ids_off = _linear(_strides(ids.shape, ctx), ids.shape)
         rows, width = ctx.dim(table.shape[0]), ctx.dim(table.shape[1])
-        value = (f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows}) ? in[index[{ids_off}] * {width} + "
-                 f"idx{rank - 1}] : blockc_from_compute<{ctype(out.dtype)}>(NAN)")
+        ok = f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows})"
+        value = f"{ok} ? in[index[{ids_off}] * {width} + idx{rank - 1}] : blockc_from_compute<{ctype(out.dtype)}>(NAN)"
         name = f"gather_rows_{dt}_{shape_class(out.shape)}"
-        return [_copy(name, "embedding lookup (an out-of-range id gives NaN)", labels, ctx, table, out, out.shape,
-                      "", "i", node.op, value=value, index=ids)]
+        # Ids that blockc_run answers for (an input with an id range): the first
+        # position of a bad one goes to first_bad (once per id, from its row's
+        # column 0) and blockc_run refuses the run. Every gather of the input
+        # checks its own table; the smallest (the range the error names) flags first.
+        flag = ctx.id_flag(ids)
+        check = flag and f"if (idx{rank - 1} == 0 && !{ok}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
+        title = f"embedding lookup (an out-of-range id gives NaN{' and is reported' if flag else ''})"
+        return [_copy(name, title, labels, ctx, table, out, out.shape, "", "i", node.op, value=value, index=ids,
+                      check=check, flag=flag)]
     raise CudaCodegenError(f"no copy kernel for {node.op}")
