@@ -21,6 +21,7 @@ from ..ir.dims import Dim, Sym, evaluate
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 from ..ir.types import TensorType
+from ..progress import TRACING, Progress, ticker
 from .tensor import Tensor, current_graph, tracing
 
 Init = Callable[[tuple, np.random.Generator], np.ndarray]
@@ -63,8 +64,9 @@ class Parameter:
         return f"Parameter({list(self.shape)})"
 
 
-# The names and dtype of parameters of the model being traced.
-_PARAM_CTX: list[tuple[dict, DType]] = []
+# The names and dtype of parameters of the model being traced, and the tick
+# of its progress (parameters reached, of those declared).
+_PARAM_CTX: list[tuple[dict, DType, Callable[[int], None]]] = []
 
 
 class Module:
@@ -130,11 +132,14 @@ class Module:
 def _param_tensor(p: Parameter):
     if not _PARAM_CTX:
         return p
-    names, dtype = _PARAM_CTX[-1]
+    names, dtype, tick = _PARAM_CTX[-1]
     if id(p) not in names:
         raise ModelError(at_user_line(f"{p} is used by the model but not registered in any of its modules"))
     ptype = TensorType(p.dtype or dtype, p.shape)
-    return Tensor(current_graph().add_param(names[id(p)], ptype))
+    g = current_graph()
+    value = g.add_param(names[id(p)], ptype)
+    tick(len(g.params))
+    return Tensor(value)
 
 
 class ModuleList(Module):
@@ -205,14 +210,17 @@ class Model(Module):
         return {}
 
 
-def trace(model: Model, dtype: DType | str | None = None) -> Graph:
-    """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``."""
+def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:
+    """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``.
+    ``progress`` (``blockc.progress``) hears of the parameters reached, of
+    those declared."""
     if not isinstance(model, Model):
         raise ModelError(f"{type(model).__name__} is not a blockc Model (subclass blockc.Model and define inputs())")
     dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or model.dtype)
     g = Graph(model.name)
     names = {id(p): n for n, p in model.named_parameters()}
-    _PARAM_CTX.append((names, dtype))
+    tick = ticker(progress, TRACING, len(names))
+    _PARAM_CTX.append((names, dtype, tick))
     try:
         with tracing(g), user_code(f"{type(model).__name__}.inputs()/forward()"):
             args = [Tensor(g.add_input(s.name, s.type)) for s in model.inputs()]
@@ -232,6 +240,7 @@ def trace(model: Model, dtype: DType | str | None = None) -> Graph:
         if not isinstance(t, Tensor):
             raise ModelError(f"{type(model).__name__}.forward output {name!r} is a {type(t).__name__}, not a Tensor")
     g.set_outputs([(name, t.value) for name, t in outputs])
+    tick(len(names))  # the end, also where the forward leaves parameters unused
     return g
 
 
