@@ -212,10 +212,13 @@ class Model(Module):
 
 def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:
     """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``.
-    ``progress`` (``blockc.progress``) hears of the parameters reached, of
-    those declared."""
+
+    A model whose graph cannot fit in the memory available is refused first
+    (``check_graph_fits``). ``progress`` (``blockc.progress``) hears of the
+    parameters reached, of those declared."""
     if not isinstance(model, Model):
         raise ModelError(f"{type(model).__name__} is not a blockc Model (subclass blockc.Model and define inputs())")
+    check_graph_fits(model)  # every command that traces, and compare, goes through here
     dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or model.dtype)
     g = Graph(model.name)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -306,6 +309,45 @@ def check_weights_fit(model: Model, dtype: DType | None = None) -> None:
         raise ModelError(f"{model.name}'s weights would take {format_bytes(need)} ({count:,} parameters as "
                          f"{(dtype or model.dtype).name}), more than the {format_bytes(have)} of memory available; "
                          f"make the model smaller with --set, or export it with --no-weights")
+
+
+# What tracing a model and exporting its graph hold in memory, per parameter
+# the model declares (not per element: a graph's size follows its layers,
+# not their width). Counted per parameter because that is known without
+# tracing, and the built-in models trace to about two IR nodes per parameter
+# (a Linear is a matmul and an add for its two, a norm one node for two,
+# attention's shape ops ride on its projections). Measured by
+# bench/graph_memory.py (docs/PERFORMANCE.md, "Memory of a deep graph"): the
+# peak of trace, form and ONNX export over the built model, 15-28 KiB a
+# parameter on gpt2, bert-base and tiny at 512 and 2,000 layers; this is the
+# worst form's (decomposed), rounded up. A forward that calls one module many
+# times (weights shared across layers) makes more graph than its parameters
+# say, and is not seen here.
+GRAPH_BYTES_PER_PARAMETER = 30 * 1024
+
+
+def graph_nbytes(model: Model) -> int:
+    """About what tracing ``model`` and exporting its graph will hold in
+    memory (counted from the declarations: nothing is traced)."""
+    return sum(1 for _ in model.named_parameters()) * GRAPH_BYTES_PER_PARAMETER
+
+
+def check_graph_fits(model: Model) -> None:
+    """Refuse, with the estimated size, a model whose graph cannot be traced
+    and exported in the memory available: ``gpt2 --set layers=100000`` is an
+    error up front, not minutes of tracing into an out-of-memory kill."""
+    need, have = graph_nbytes(model), available_memory()
+    if have is None or need <= have:
+        return
+    layers = getattr(getattr(model, "cfg", None), "layers", None)
+    if isinstance(layers, int) and layers > 0:
+        who, per = f"{model.name} with {layers:,} layers", f"~{format_bytes(need / layers)} a layer"
+    else:
+        count = need // GRAPH_BYTES_PER_PARAMETER
+        who, per = model.name, f"~{format_bytes(GRAPH_BYTES_PER_PARAMETER)} for each of its {count:,} parameters"
+    raise ModelError(f"{who} would need about {format_bytes(need)} to trace and export (the IR and the ONNX "
+                     f"graph, {per}), more than the {format_bytes(have)} of memory available; make it smaller "
+                     f"with --set (`blockc summary` counts its parameters without tracing)")
 
 
 class LazyWeights(Mapping):
