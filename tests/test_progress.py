@@ -1,9 +1,15 @@
 """Progress of long work: tracing, the passes, the ONNX export and each weight
-written report through one callback (blockc/progress.py) and print nothing."""
+written report through one callback (blockc/progress.py) and print nothing;
+`blockc export` draws them as a bar, on a terminal only."""
+import io
+import time
+
+import onnx
 import pytest
 
 import blockc
 from blockc import progress as stages
+from blockc.cli import _ProgressBar, main
 from blockc.codegen.onnx_export import export_onnx, save_onnx
 from blockc.codegen.onnx_weights_file import save_onnx_weights
 from blockc.passes.pipeline import default_pipeline
@@ -92,3 +98,48 @@ def test_weights_written_later_are_reported_each(tmp_path):
     save_onnx_weights(tmp_path / "m.onnx", weights, progress=rec)
     n = len(graph.params)
     assert rec.calls == [(stages.WRITING_WEIGHTS, done, n) for done in range(n + 1)]
+
+
+# -- the bar --------------------------------------------------------------------------------------
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def export_with(bar: _ProgressBar, tmp_path) -> None:
+    with bar:
+        model = blockc.build_model("tiny")
+        graph = blockc.to_form(blockc.trace(model, progress=bar), "fused", progress=bar)
+        save_onnx(graph, blockc.init_weights(model), tmp_path / "m.onnx", progress=bar)
+
+
+def test_the_bar_draws_every_stage_on_a_terminal(tmp_path):
+    screen = Terminal()
+    export_with(_ProgressBar(stream=screen, delay=0), tmp_path)
+    for stage in (stages.TRACING, stages.OPTIMIZING, stages.BUILDING_ONNX, stages.CHECKING_ONNX,
+                  stages.WRITING_WEIGHTS):
+        assert stage in screen.getvalue()
+
+
+def test_the_bar_waits_for_a_slow_job_and_never_draws_into_a_pipe(tmp_path, monkeypatch):
+    screen = Terminal()
+    export_with(_ProgressBar(stream=screen, delay=3600), tmp_path)  # a quick job: no bar
+    assert screen.getvalue() == ""
+    pipe = io.StringIO()
+    export_with(_ProgressBar(stream=pipe, delay=0), tmp_path)
+    assert pipe.getvalue() == ""
+    # a job that has run past the delay shows the stages it already began
+    clock = iter([0.0, 0.0, 10.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock, 10.0))
+    bar = _ProgressBar(stream=screen, delay=1.0)
+    with bar:
+        bar(stages.TRACING, 36, 36)
+        bar(stages.BUILDING_ONNX, 0, 75)
+    assert stages.TRACING in screen.getvalue() and stages.BUILDING_ONNX in screen.getvalue()
+
+
+def test_blockc_export_into_a_pipe_prints_no_bar(tmp_path, capsys):
+    assert main(["export", "tiny", "-o", str(tmp_path / "m.onnx")]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("wrote ") and err == ""
+    onnx.checker.check_model(str(tmp_path / "m.onnx"))
