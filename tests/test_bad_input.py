@@ -197,7 +197,7 @@ def test_a_graph_too_big_from_a_model_without_layers_names_its_parameters(tmp_pa
     """)
     code, _, err = run(capsys, "show", f"{path}:Deep")
     one_line_error(code, err, "model would need about 117 MiB to trace and export (the IR and the ONNX graph, "
-                   "~30 KiB for each of its 4,000 parameters), more than the 64 MiB of memory available")
+                   "~30 KiB for each of its 4,000 parameter tensors), more than the 64 MiB of memory available")
 
 
 def test_a_shape_past_int64_is_refused(capsys):

@@ -344,7 +344,7 @@ def check_graph_fits(model: Model) -> None:
         who, per = f"{model.name} with {layers:,} layers", f"~{format_bytes(need / layers)} a layer"
     else:
         count = need // GRAPH_BYTES_PER_PARAMETER
-        who, per = model.name, f"~{format_bytes(GRAPH_BYTES_PER_PARAMETER)} for each of its {count:,} parameters"
+        who, per = model.name, f"~{format_bytes(GRAPH_BYTES_PER_PARAMETER)} for each of its {count:,} parameter tensors"
     raise ModelError(f"{who} would need about {format_bytes(need)} to trace and export (the IR and the ONNX "
                      f"graph, {per}), more than the {format_bytes(have)} of memory available; make it smaller "
                      f"with --set (`blockc summary` counts its parameters without tracing)")
