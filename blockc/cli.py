@@ -164,24 +164,71 @@ def _built(args):
     return build_model(args.model, parse_sets(args.set))
 
 
-def _model(args):
+def _model(args, progress=None):
+    """The model and its trace (refused first if its graph cannot fit: ``trace``)."""
     from .frontends import trace
     model = _built(args)
-    return model, trace(model)
+    return model, trace(model, progress=progress)
 
 
-def _graph(args):
+def _graph(args, progress=None):
     from .passes.forms import to_form
     from .ir.verify import verify
 
-    model, traced = _model(args)
+    model, traced = _model(args, progress)
     form = getattr(args, "form", "standard")
     if form != "fused" and (getattr(args, "disable", None) or getattr(args, "print_after", None)
                             or getattr(args, "print_after_all", False)):
         raise BlockcError("--disable/--print-after apply to --form fused")
-    graph = to_form(traced, form, **(_optimize_options(args) if form == "fused" else {}))
+    graph = to_form(traced, form, progress=progress, **(_optimize_options(args) if form == "fused" else {}))
     verify(graph)
     return model, graph
+
+
+# A job that ends sooner than this shows no progress bar: a quick export
+# prints what it always did, with no bar flashing by.
+PROGRESS_DELAY_S = 1.0
+
+
+class _ProgressBar:
+    """A ``blockc.progress`` callback that draws a rich progress bar, one line
+    a stage, on ``stream`` (stderr), and only where that is a terminal and the
+    job has run ``delay`` seconds: pipes, files and tests see nothing. Stages
+    reported before the bar appears are shown as they stand. A context
+    manager: the bar is removed when the job ends, however it ends."""
+
+    def __init__(self, stream=None, delay: float = PROGRESS_DELAY_S, show: bool = True):
+        self.stream = stream if stream is not None else sys.stderr
+        self.show = show and self.stream.isatty()
+        self.delay, self.started = delay, time.perf_counter()
+        self.stages: dict[str, tuple[int, int]] = {}
+        self.bar, self.tasks = None, {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.show:
+            return
+        self.stages[stage] = (done, total)
+        if self.bar is None:
+            if time.perf_counter() - self.started < self.delay:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            # time remaining, not elapsed: a stage begun before the bar appeared would show too little
+            self.bar = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), transient=True,
+                                console=Console(file=self.stream, force_terminal=True))
+            self.bar.start()
+        for name, (done, total) in self.stages.items():  # a handful: every stage the job has begun
+            if name not in self.tasks:
+                self.tasks[name] = self.bar.add_task(name, total=total)
+            self.bar.update(self.tasks[name], completed=done, total=total)
+
+    def __enter__(self) -> "_ProgressBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _weights(args, model):
@@ -280,12 +327,14 @@ def cmd_export(args) -> int:
     from .codegen.onnx_export import save_onnx
     if args.no_weights and args.weights:
         raise BlockcError("--no-weights and --weights contradict each other")
-    model, graph = _graph(args)
-    weights = None if args.no_weights else _weights(args, model)
-    t0 = time.perf_counter()
-    decisions: list = []
-    save_onnx(graph, weights, args.output, opset=args.opset, fused_as=args.fused_as, provider=args.provider,
-              decisions=decisions)
+    # --print-after writes the IR to the terminal as the passes run: no bar under it
+    with _ProgressBar(show=not (args.print_after or args.print_after_all)) as progress:
+        model, graph = _graph(args, progress)
+        weights = None if args.no_weights else _weights(args, model)
+        t0 = time.perf_counter()
+        decisions: list = []
+        save_onnx(graph, weights, args.output, opset=args.opset, fused_as=args.fused_as, provider=args.provider,
+                  decisions=decisions, progress=progress)
     forms = sorted({f"{d['op']}: {d['form']}" for d in decisions})
     print(f"wrote {args.output}: {len(graph.nodes)} IR nodes, {len(graph.params)} parameters, "
           f"{time.perf_counter() - t0:.2f} s" + (f"; fused ops as {', '.join(forms)}" if forms else ""))

@@ -114,16 +114,90 @@ def test_weights_too_big_for_memory_are_refused_with_their_size(capsys):
 
 def test_weights_over_the_available_memory(monkeypatch, capsys):
     from blockc.frontends import module
-    monkeypatch.setattr(module, "available_memory", lambda: 1 << 18)
-    code, _, err = run(capsys, "run", "tiny", "--backend", "reference")
-    one_line_error(code, err, "tiny's weights would take 487 KiB (124,672 parameters as float32), more than "
-                   "the 256 KiB of memory available")
+    # a vocabulary big enough that the weights, not the graph (about 1 MiB traced), are what cannot fit
+    monkeypatch.setattr(module, "available_memory", lambda: 1 << 22)
+    code, _, err = run(capsys, "run", "tiny", "--set", "vocab=100000", "--backend", "reference")
+    one_line_error(code, err, "tiny's weights would take 24.8 MiB (6,508,288 parameters as float32), more than "
+                   "the 4 MiB of memory available")
     # a weight made alone is held to the same rule (the Python API makes them lazily)
     import blockc
     weights = blockc.init_weights(blockc.build_model("tiny"))
     monkeypatch.setattr(module, "available_memory", lambda: 1 << 17)
     with pytest.raises(module.ModelError, match=r"weight 'tok.weight' \[256, 64\] would take 192 KiB"):
         weights["tok.weight"]
+
+
+# gpt2 with 1,000 layers (16,004 parameters) and 64 MiB of memory: too big a graph, and quick to build
+GRAPH_TOO_BIG = ("gpt2 with 1,000 layers would need about 469 MiB to trace and export (the IR and the ONNX graph, "
+                 "~480 KiB a layer), more than the 64 MiB of memory available")
+
+
+def no_tracing(monkeypatch):
+    """Memory as if 64 MiB were free, and a test failure if tracing begins."""
+    from blockc.frontends import module
+    monkeypatch.setattr(module, "available_memory", lambda: 64 << 20)
+
+    def tracing(graph):
+        raise AssertionError("tracing began: the graph should have been refused before it")
+    monkeypatch.setattr(module, "tracing", tracing)
+
+
+@pytest.mark.parametrize("command", [
+    ["show"], ["export", "--no-weights", "-o", "OUT/m.onnx"], ["run", "--backend", "reference"],
+    ["fusions", "--no-onnx-forms"], ["check", "--backend", "reference"], ["cuda", "--no-compile", "-o", "OUT/b"],
+    ["compare", "--backends", "reference", "--peers", "none"],
+])
+def test_a_graph_too_big_for_memory_is_refused_before_tracing(command, tmp_path, monkeypatch, capsys):
+    no_tracing(monkeypatch)
+    argv = [a.replace("OUT", str(tmp_path)) for a in command]
+    code, out, err = run(capsys, argv[0], "gpt2", "--set", "layers=1000", *argv[1:])
+    one_line_error(code, err, GRAPH_TOO_BIG, "make it smaller with --set")
+    assert out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_summary_of_a_graph_too_big_to_trace_still_counts_it(monkeypatch, capsys):
+    no_tracing(monkeypatch)  # summary counts the module tree; it never traces
+    code, out, _ = run(capsys, "summary", "gpt2", "--set", "layers=1000")
+    d = 768
+    total = (50257 + 1024) * d + 1000 * (12 * d * d + 13 * d) + 2 * d  # tables, blocks, the final norm
+    assert code == 0 and out.startswith(f"gpt2 (DecoderLM): {total:,} parameters")
+
+
+def test_a_graph_that_fits_is_traced(monkeypatch):
+    import blockc
+    from blockc.frontends import module
+    model = blockc.build_model("tiny")
+    need = module.graph_nbytes(model)
+    assert need == 36 * module.GRAPH_BYTES_PER_PARAMETER  # 2 blocks of 16, two tables, the final norm's 2
+    monkeypatch.setattr(module, "available_memory", lambda: need)
+    assert len(blockc.trace(model).nodes) == 75
+    monkeypatch.setattr(module, "available_memory", lambda: need - 1)
+    with pytest.raises(module.ModelError, match=r"^tiny with 2 layers would need about 1.05 MiB to trace"):
+        blockc.trace(model)
+    monkeypatch.setattr(module, "available_memory", lambda: None)  # unknown: nothing to refuse on
+    assert len(blockc.trace(model).nodes) == 75
+
+
+def test_a_graph_too_big_from_a_model_without_layers_names_its_parameters(tmp_path, monkeypatch, capsys):
+    no_tracing(monkeypatch)
+    path = model_file(tmp_path, """
+        import blockc
+        from blockc.frontends import InputSpec, Linear, ModuleList
+        from blockc.ir.dtypes import DType
+        class Deep(blockc.Model):
+            def __init__(self):
+                super().__init__()
+                self.steps = ModuleList([Linear(8, 8) for _ in range(2000)])
+            def inputs(self):
+                return [InputSpec("x", DType.float32, (2, 8))]
+            def forward(self, x):
+                for step in self.steps:
+                    x = step(x)
+                return x
+    """)
+    code, _, err = run(capsys, "show", f"{path}:Deep")
+    one_line_error(code, err, "model would need about 117 MiB to trace and export (the IR and the ONNX graph, "
+                   "~30 KiB for each of its 4,000 parameter tensors), more than the 64 MiB of memory available")
 
 
 def test_a_shape_past_int64_is_refused(capsys):

@@ -13,7 +13,7 @@ import blockc
 # lower line; packages on one line are peers and may not import each other.
 # "blockc" is the package's facade (blockc/__init__.py): only the CLI is above it.
 LAYERS = [
-    ("errors", "version"),
+    ("errors", "version", "progress"),
     ("files",),
     ("ir",),
     ("ops",),

@@ -29,6 +29,7 @@ from ..ir.dims import Dim, Sym, is_plain_symbol
 from ..ir.graph import Graph
 from ..ops import registry
 from ..passes.legalize import legalize
+from ..progress import BUILDING_ONNX, Progress, ticker
 
 
 class OnnxEmitter:
@@ -206,11 +207,14 @@ def lower_composites(graph: Graph, keep: Iterable[str] = ()) -> Graph:
     return graph
 
 
-def lower_nodes(e: OnnxEmitter, graph: Graph, names: dict, lower: Callable | None = None) -> None:
+def lower_nodes(e: OnnxEmitter, graph: Graph, names: dict, lower: Callable | None = None,
+                progress: Progress | None = None) -> None:
     """Lower every node of ``graph`` into ``e``, in order. ``names`` maps
     ``id(value)`` to its ONNX name, inputs and parameters already in; each
     node's results are added. Nodes whose op has no ``onnx_fn`` go to
-    ``lower(e, node, input_names, index)``."""
+    ``lower(e, node, input_names, index)``. ``progress`` (``blockc.progress``)
+    hears of the nodes lowered."""
+    tick = ticker(progress, BUILDING_ONNX, len(graph.nodes))
     for index, node in enumerate(graph.nodes):
         e.scope = f"n{index}.{node.op}"
         ins = [names[id(v)] for v in node.inputs]
@@ -221,6 +225,7 @@ def lower_nodes(e: OnnxEmitter, graph: Graph, names: dict, lower: Callable | Non
                               f"results for {len(node.outputs)} outputs")
         for value, name in zip(node.outputs, outs):
             names[id(value)] = name
+        tick(index + 1)
 
 
 def name_outputs(e: OnnxEmitter, outputs: list[tuple[str, str]]) -> list:

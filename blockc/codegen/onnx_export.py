@@ -30,6 +30,7 @@ from ..files import replace_together
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ops.registry import fused_ops
+from ..progress import CHECKING_ONNX, WRITING_WEIGHTS, Progress, ticker
 from .fused_encodings import FusedLowering, check_encoding, pick_opset
 from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
 from .onnx_weights_file import check_location, external_initializers, plan_layout, write_slots
@@ -54,7 +55,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
                 provider: str = "cpu", opset: int | None = None, decisions: list | None = None,
                 external_data: bool | None = None,
                 external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                data_location: str | None = None) -> onnx.ModelProto:
+                data_location: str | None = None, progress: Progress | None = None) -> onnx.ModelProto:
     """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked.
 
     ``weights`` maps every parameter name to an array of exactly the
@@ -86,6 +87,9 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     writer that follows the declared offsets) ONNX Runtime loads it as it
     is. Without the file the model is checked by ``check_model(weightless=
     True)``, which is everything but the bytes.
+
+    ``progress`` (``blockc.progress``) hears of the nodes lowered, the check,
+    and each weight added. Nothing is printed.
     """
     if weights is None and external_data is False:
         raise BlockcError("ONNX export: a weightless export declares its weights as external data; "
@@ -107,7 +111,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     fused = FusedLowering(fused_as, provider, opset)
     names: dict[int, str] = {id(v): v.name for v in graph.inputs}
     names.update({id(v): name for name, v in graph.params.items()})
-    lower_nodes(e, graph, names, fused)
+    lower_nodes(e, graph, names, fused, progress=progress)
 
     nodes = name_outputs(e, [(name, names[id(v)]) for name, v in graph.outputs])
     model = helper.make_model(
@@ -122,16 +126,18 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     if weights is None:
         model.graph.initializer.extend(external_initializers(plan_layout(graph), data_location))
         model.graph.initializer.extend(e.initializers)
-        check_model(model, weightless=True)
+        weightless = True
     else:
-        _add_weights(model.graph, graph, weights)
+        _add_weights(model.graph, graph, weights, progress)
         model.graph.initializer.extend(e.initializers)
         size = initializer_bytes(model)
-        big = size > external_threshold
-        if big and external_data is False:
+        weightless = size > external_threshold
+        if weightless and external_data is False:
             raise BlockcError(f"ONNX export: the weights take {size / 2**30:.2f} GiB, more than "
                               "one protobuf holds; export with external_data=True (or None)")
-        check_model(model, weightless=big)
+    checked = ticker(progress, CHECKING_ONNX, 1)
+    check_model(model, weightless=weightless)
+    checked(1)
     if decisions is not None:
         decisions.extend(fused.decisions)
     return model
@@ -139,7 +145,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
 
 def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike, *,
               external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-              **kw) -> None:
+              progress: Progress | None = None, **kw) -> None:
     """Export and write to ``path`` atomically.
 
     Weights go to ``<name>.onnx.data`` next to the model when
@@ -150,7 +156,8 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
     temporary names in the destination folder and renamed into place together
     (``files.replace_together``), replacing a previous export's: on any error
     nothing at the destination changes. ``kw`` goes to ``export_onnx`` (``fused_as``,
-    ``provider``, ``opset``, ``decisions``).
+    ``provider``, ``opset``, ``decisions``). ``progress`` (``blockc.progress``)
+    hears of each stage of the export and of each weight written.
 
     ``weights=None`` writes only the model, its parameters declared in
     ``<name>.onnx.data`` (see ``export_onnx``), which is not written: fill it
@@ -163,25 +170,27 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
     folder, base = os.path.split(path)
     location = base + ".data"
     if weights is None:
-        model = export_onnx(graph, None, external_data=external_data, data_location=location, **kw)
+        model = export_onnx(graph, None, external_data=external_data, data_location=location, progress=progress,
+                            **kw)
         write_model(model, path, external_data=False)
         return
     if external_data is None:
         external_data = _param_bytes(graph) > external_threshold
     if not external_data:
-        model = export_onnx(graph, weights, external_data=False, external_threshold=external_threshold, **kw)
+        model = export_onnx(graph, weights, external_data=False, external_threshold=external_threshold,
+                            progress=progress, **kw)
         write_model(model, path, external_data=False)
         return
     # External data: the model declares the layout (as a weightless export
     # does) and the weights are written into it one at a time, straight from
     # numpy. They never pass through protobuf, so a tensor of any size works
     # (protobuf refuses a message over 2 GiB) and no second copy is made.
-    model = export_onnx(graph, None, data_location=location, **kw)
+    model = export_onnx(graph, None, data_location=location, progress=progress, **kw)
     if not os.path.isdir(folder):
         raise BlockcError(f"cannot write {path}: folder {folder} does not exist")
     with replace_together([path, os.path.join(folder, location)]) as (tmp_model, tmp_data):
         with open(tmp_data, "wb") as f:
-            write_slots(f, plan_layout(graph), weights)
+            write_slots(f, plan_layout(graph), weights, progress)
         try:
             onnx.save_model(model, tmp_model)
         except Exception as err:  # protobuf's and onnx's errors share no base class
@@ -269,11 +278,13 @@ def _check_names(graph: Graph) -> None:
             raise BlockcError("ONNX export: a graph output has an empty name")
 
 
-def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np.ndarray]) -> None:
+def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np.ndarray],
+                 progress: Progress | None) -> None:
     """One initializer per parameter, added one at a time so that at most one
     extra copy of one weight is alive; every problem reported at once."""
     problems = []
-    for name, v in graph.params.items():
+    tick = ticker(progress, WRITING_WEIGHTS, len(graph.params), every=1)  # a weight is made, then copied
+    for done, (name, v) in enumerate(graph.params.items(), 1):
         try:
             w = weights[name]  # read once: a lazy mapping may compute it
         except KeyError:
@@ -288,6 +299,7 @@ def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np
             # add + CopyFrom, not append: append serializes, which fails past 2 GiB
             target.initializer.add().CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w), name))
         del w
+        tick(done)
     if problems:
         raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))
 

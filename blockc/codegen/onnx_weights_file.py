@@ -33,6 +33,7 @@ from onnx import TensorProto, helper
 from ..errors import BlockcError, WeightsError
 from ..files import atomic_write
 from ..ir.graph import Graph
+from ..progress import WRITING_WEIGHTS, Progress, ticker
 
 ALIGN = 64
 LARGE_ALIGN = 64 * 1024
@@ -126,7 +127,8 @@ def read_layout(model: onnx.ModelProto) -> tuple[str, list[Slot]]:
     return location, slots
 
 
-def save_onnx_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> str:
+def save_onnx_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray], *,
+                      progress: Progress | None = None) -> str:
     """Write ``weights`` into the weights file that the ONNX model at ``path``
     (exported with ``weights=None``) declares; returns the file's path.
 
@@ -134,6 +136,7 @@ def save_onnx_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]
     memory at a time (``weights`` may be lazy). Every missing or mismatched
     weight is reported at once. The file is written under a temporary name
     and renamed into place: on any error no new file is left behind.
+    ``progress`` (``blockc.progress``) hears of each weight written.
     """
     path = os.path.abspath(os.fspath(path))
     try:
@@ -149,15 +152,17 @@ def save_onnx_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]
     # killed run removed first), then renamed into place, with the usual
     # permissions (files.atomic_write).
     with atomic_write(target, "wb") as f:
-        write_slots(f, slots, weights)
+        write_slots(f, slots, weights, progress)
     return target
 
 
-def write_slots(f, slots: list[Slot], weights: Mapping[str, np.ndarray]) -> None:
+def write_slots(f, slots: list[Slot], weights: Mapping[str, np.ndarray], progress: Progress | None = None) -> None:
     """Write each weight at its slot in the open binary file ``f``, each read
-    once; every missing or mismatched weight is reported at once (WeightsError)."""
+    once; every missing or mismatched weight is reported at once (WeightsError).
+    ``progress`` hears of each one."""
     problems, end = [], 0
-    for s in sorted(slots, key=lambda s: s.offset):
+    tick = ticker(progress, WRITING_WEIGHTS, len(slots), every=1)  # a weight is made, then written
+    for done, s in enumerate(sorted(slots, key=lambda s: s.offset), 1):
         try:
             w = np.asarray(weights[s.name])  # read once: a lazy mapping may compute it
         except KeyError:
@@ -171,6 +176,7 @@ def write_slots(f, slots: list[Slot], weights: Mapping[str, np.ndarray]) -> None
         f.write(np.ascontiguousarray(w).reshape(-1).view(np.uint8))  # row-major, as ONNX stores it
         end = max(end, s.offset + s.length)
         del w
+        tick(done)
     if problems:
         raise WeightsError(f"{len(problems)} weight(s) do not match the model:\n  " + "\n  ".join(problems))
     f.truncate(end)

@@ -21,6 +21,7 @@ from ..ir.dims import Dim, Sym, evaluate
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 from ..ir.types import TensorType
+from ..progress import TRACING, Progress, ticker
 from .tensor import Tensor, current_graph, tracing
 
 Init = Callable[[tuple, np.random.Generator], np.ndarray]
@@ -63,8 +64,9 @@ class Parameter:
         return f"Parameter({list(self.shape)})"
 
 
-# The names and dtype of parameters of the model being traced.
-_PARAM_CTX: list[tuple[dict, DType]] = []
+# The names and dtype of parameters of the model being traced, and the tick
+# of its progress (parameters reached, of those declared).
+_PARAM_CTX: list[tuple[dict, DType, Callable[[int], None]]] = []
 
 
 class Module:
@@ -130,11 +132,14 @@ class Module:
 def _param_tensor(p: Parameter):
     if not _PARAM_CTX:
         return p
-    names, dtype = _PARAM_CTX[-1]
+    names, dtype, tick = _PARAM_CTX[-1]
     if id(p) not in names:
         raise ModelError(at_user_line(f"{p} is used by the model but not registered in any of its modules"))
     ptype = TensorType(p.dtype or dtype, p.shape)
-    return Tensor(current_graph().add_param(names[id(p)], ptype))
+    g = current_graph()
+    value = g.add_param(names[id(p)], ptype)
+    tick(len(g.params))
+    return Tensor(value)
 
 
 class ModuleList(Module):
@@ -205,14 +210,20 @@ class Model(Module):
         return {}
 
 
-def trace(model: Model, dtype: DType | str | None = None) -> Graph:
-    """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``."""
+def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:
+    """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``.
+
+    A model whose graph cannot fit in the memory available is refused first
+    (``check_graph_fits``). ``progress`` (``blockc.progress``) hears of the
+    parameters reached, of those declared."""
     if not isinstance(model, Model):
         raise ModelError(f"{type(model).__name__} is not a blockc Model (subclass blockc.Model and define inputs())")
+    check_graph_fits(model)  # every command that traces, and compare, goes through here
     dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or model.dtype)
     g = Graph(model.name)
     names = {id(p): n for n, p in model.named_parameters()}
-    _PARAM_CTX.append((names, dtype))
+    tick = ticker(progress, TRACING, len(names))
+    _PARAM_CTX.append((names, dtype, tick))
     try:
         with tracing(g), user_code(f"{type(model).__name__}.inputs()/forward()"):
             args = [Tensor(g.add_input(s.name, s.type)) for s in model.inputs()]
@@ -232,6 +243,7 @@ def trace(model: Model, dtype: DType | str | None = None) -> Graph:
         if not isinstance(t, Tensor):
             raise ModelError(f"{type(model).__name__}.forward output {name!r} is a {type(t).__name__}, not a Tensor")
     g.set_outputs([(name, t.value) for name, t in outputs])
+    tick(len(names))  # the end, also where the forward leaves parameters unused
     return g
 
 
@@ -297,6 +309,45 @@ def check_weights_fit(model: Model, dtype: DType | None = None) -> None:
         raise ModelError(f"{model.name}'s weights would take {format_bytes(need)} ({count:,} parameters as "
                          f"{(dtype or model.dtype).name}), more than the {format_bytes(have)} of memory available; "
                          f"make the model smaller with --set, or export it with --no-weights")
+
+
+# What tracing a model and exporting its graph hold in memory, per parameter
+# the model declares (not per element: a graph's size follows its layers,
+# not their width). Counted per parameter because that is known without
+# tracing, and the built-in models trace to about two IR nodes per parameter
+# (a Linear is a matmul and an add for its two, a norm one node for two,
+# attention's shape ops ride on its projections). Measured by
+# bench/graph_memory.py (docs/PERFORMANCE.md, "Memory of a deep graph"): the
+# peak of trace, form and ONNX export over the built model, 15-28 KiB a
+# parameter on gpt2, bert-base and tiny at 512 and 2,000 layers; this is the
+# worst form's (decomposed), rounded up. A forward that calls one module many
+# times (weights shared across layers) makes more graph than its parameters
+# say, and is not seen here.
+GRAPH_BYTES_PER_PARAMETER = 30 * 1024
+
+
+def graph_nbytes(model: Model) -> int:
+    """About what tracing ``model`` and exporting its graph will hold in
+    memory (counted from the declarations: nothing is traced)."""
+    return sum(1 for _ in model.named_parameters()) * GRAPH_BYTES_PER_PARAMETER
+
+
+def check_graph_fits(model: Model) -> None:
+    """Refuse, with the estimated size, a model whose graph cannot be traced
+    and exported in the memory available: ``gpt2 --set layers=100000`` is an
+    error up front, not minutes of tracing into an out-of-memory kill."""
+    need, have = graph_nbytes(model), available_memory()
+    if have is None or need <= have:
+        return
+    layers = getattr(getattr(model, "cfg", None), "layers", None)
+    if isinstance(layers, int) and layers > 0:
+        who, per = f"{model.name} with {layers:,} layers", f"~{format_bytes(need / layers)} a layer"
+    else:
+        count = need // GRAPH_BYTES_PER_PARAMETER
+        who, per = model.name, f"~{format_bytes(GRAPH_BYTES_PER_PARAMETER)} for each of its {count:,} parameter tensors"
+    raise ModelError(f"{who} would need about {format_bytes(need)} to trace and export (the IR and the ONNX "
+                     f"graph, {per}), more than the {format_bytes(have)} of memory available; make it smaller "
+                     f"with --set (`blockc summary` counts its parameters without tracing)")
 
 
 class LazyWeights(Mapping):

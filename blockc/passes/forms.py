@@ -8,19 +8,25 @@ from __future__ import annotations
 
 from ..errors import BlockcError
 from ..ir.graph import Graph
+from ..progress import DECOMPOSING, Progress, ticker
 from .decompose import decompose
 from .manager import optimize
 
 FORMS = ("decomposed", "standard", "fused")  # least to most optimized
 
 
-def to_form(graph: Graph, form: str, **optimize_options) -> Graph:
+def to_form(graph: Graph, form: str, *, progress: Progress | None = None, **optimize_options) -> Graph:
     """``graph`` (a standard-form trace) in ``form``; ``optimize_options`` go
-    to ``blockc.passes.manager.optimize`` for the fused form."""
+    to ``blockc.passes.manager.optimize`` for the fused form. ``progress``
+    (``blockc.progress``) hears of each pass of the fused form, and of the
+    decomposition as one step."""
     if form == "standard":
         return graph
     if form == "decomposed":
-        return decompose(graph).graph
+        tick = ticker(progress, DECOMPOSING, 1)
+        graph = decompose(graph).graph
+        tick(1)
+        return graph
     if form == "fused":
-        return optimize(graph, **optimize_options).graph
+        return optimize(graph, progress=progress, **optimize_options).graph
     raise BlockcError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")

@@ -13,6 +13,7 @@ from ..errors import BlockcError
 from ..ir.graph import Graph
 from ..ir.printer import result_numbers
 from ..ir.verify import verify
+from ..progress import OPTIMIZING, Progress, ticker
 from .pipeline import default_pipeline
 from .rewrite import Site
 
@@ -52,12 +53,14 @@ def label_origins(graph: Graph, *, keep: bool = False) -> Graph:
 
 
 def optimize(graph: Graph, *, disable: Iterable[str] = (), print_after: Iterable[str] = (),
-             print_after_all: bool = False, check: bool = True, out: TextIO | None = None) -> OptimizeResult:
+             print_after_all: bool = False, check: bool = True, out: TextIO | None = None,
+             progress: Progress | None = None) -> OptimizeResult:
     """Run the default pipeline on ``graph`` (which is not changed).
 
     ``disable`` names passes to skip; ``print_after`` names passes whose
     output IR is printed to ``out`` (stdout by default); ``check`` runs the
-    verifier after every pass.
+    verifier after every pass; ``progress`` (``blockc.progress``) hears of
+    each pass done.
     """
     names = pass_names()
     disable, print_after = list(disable), list(print_after)
@@ -66,7 +69,7 @@ def optimize(graph: Graph, *, disable: Iterable[str] = (), print_after: Iterable
         raise BlockcError(f"unknown pass {', '.join(repr(n) for n in unknown)}; passes: {', '.join(names)}")
     out = out or sys.stdout
     with _collector_paused():
-        return _run_pipeline(graph, disable, print_after, print_after_all, check, out)
+        return _run_pipeline(graph, disable, print_after, print_after_all, check, out, progress)
 
 
 @contextlib.contextmanager
@@ -93,14 +96,14 @@ def _collector_paused():
 
 
 def _run_pipeline(graph: Graph, disable: list, print_after: list, print_after_all: bool, check: bool,
-                  out: TextIO) -> OptimizeResult:
+                  out: TextIO, progress: Progress | None) -> OptimizeResult:
     g = label_origins(graph)
     result = OptimizeResult(g, disabled=disable)
     verified = None  # a pass that changes nothing returns its input: verified already
-    for p in default_pipeline():
+    passes = [p for p in default_pipeline() if p.__name__ not in disable]
+    tick = ticker(progress, OPTIMIZING, len(passes))
+    for done, p in enumerate(passes, 1):
         name = p.__name__
-        if name in disable:
-            continue
         before = len(g.nodes)
         t0 = time.perf_counter()
         r = p(g)
@@ -118,5 +121,6 @@ def _run_pipeline(graph: Graph, disable: list, print_after: list, print_after_al
         result.stats.append(PassStat(name, seconds, r.changed, before, len(g.nodes)))
         if print_after_all or name in print_after:
             out.write(f"// ----- after {name} ({'changed' if r.changed else 'no change'}) -----\n{g}")
+        tick(done)
     result.graph = g
     return result
