@@ -201,13 +201,13 @@ class _ProgressBar:
         self.stream = stream if stream is not None else sys.stderr
         self.show = show and self.stream.isatty()
         self.delay, self.started = delay, time.perf_counter()
-        self.stages: dict[str, tuple[int, int]] = {}
+        self.stages: dict[str, tuple[int, int, str]] = {}
         self.bar, self.tasks = None, {}
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
+    def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
         if not self.show:
             return
-        self.stages[stage] = (done, total)
+        self.stages[stage] = (done, total, detail)
         if self.bar is None:
             if time.perf_counter() - self.started < self.delay:
                 return
@@ -215,13 +215,13 @@ class _ProgressBar:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
             # time remaining, not elapsed: a stage begun before the bar appeared would show too little
             self.bar = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-                                TimeRemainingColumn(), transient=True,
+                                TimeRemainingColumn(), TextColumn("{task.fields[detail]}"), transient=True,
                                 console=Console(file=self.stream, force_terminal=True))
             self.bar.start()
-        for name, (done, total) in self.stages.items():  # a handful: every stage the job has begun
+        for name, (done, total, detail) in self.stages.items():  # a handful: every stage the job has begun
             if name not in self.tasks:
-                self.tasks[name] = self.bar.add_task(name, total=total)
-            self.bar.update(self.tasks[name], completed=done, total=total)
+                self.tasks[name] = self.bar.add_task(name, total=total, detail=detail)
+            self.bar.update(self.tasks[name], completed=done, total=total, detail=detail)
 
     def __enter__(self) -> "_ProgressBar":
         return self
@@ -504,7 +504,7 @@ def compare_options(args) -> "CompareOptions":
 def cmd_compare(args) -> int:
     import json
 
-    from .compare import plan_comparison
+    from .compare import plan_comparison, run_comparison
     from .compare.run import describe_plan
     from .compare.table import make_console, print_report
     options = compare_options(args)
@@ -518,7 +518,8 @@ def cmd_compare(args) -> int:
     console = make_console()
     for line in describe_plan(plan):
         console.print(line)
-    report = _with_progress(plan, not args.no_progress)
+    with _ProgressBar(delay=0, show=not args.no_progress) as bar:
+        report = run_comparison(plan, bar)
     print_report(report, console)
     if args.json:
         _write_text(args.json, json.dumps(report, indent=2) + "\n")
@@ -531,34 +532,6 @@ def cmd_compare(args) -> int:
         print(f"wrote {page}")
     # a row the memory budget kept from running is "skipped", said in the table; only an error fails
     return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
-
-
-def _with_progress(plan, show: bool) -> dict:
-    from .compare import planned_steps, run_comparison
-    from .compare.run import Progress
-    if not show:
-        return run_comparison(plan)
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-    with Bar(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-             TimeRemainingColumn(), transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("preparing", total=planned_steps(plan))
-
-        class OnBar(Progress):
-            started = False
-
-            def step(self, description: str) -> None:
-                if self.started:
-                    bar.advance(task)
-                self.started = True
-                bar.update(task, description=description)
-
-            def note(self, description: str) -> None:
-                bar.update(task, description=description)
-        report = run_comparison(plan, OnBar())
-        bar.advance(task)
-    return report
 
 
 def _check_writable(path: str) -> None:

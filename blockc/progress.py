@@ -4,7 +4,9 @@ Work that grows with a model's depth or its weights (tracing, the
 optimization pipeline, building and checking an ONNX graph, writing weights)
 takes an optional ``progress`` callback, ``progress(stage, done, total)``:
 ``stage`` is one of the names below, ``done`` of ``total`` steps of it are
-finished (``done == total`` when it ends). The library calls it and prints
+finished (``done == total`` when it ends). Where a step is worth naming
+(``blockc compare``'s, each a session being prepared), it comes as a fourth
+argument, ``detail``: only callers that ask for such work need accept it. The library calls it and prints
 nothing; ``blockc export`` passes one that draws a progress bar on a
 terminal. It sits at the bottom of the layers so that every layer can take
 one: the frontends trace, the passes optimize, codegen exports.
@@ -21,6 +23,7 @@ OPTIMIZING = "optimizing"
 BUILDING_ONNX = "building the ONNX graph"
 CHECKING_ONNX = "checking the ONNX graph"
 WRITING_WEIGHTS = "writing weights"
+MEASURING = "measuring"
 
 # How many times, at most, a stage of cheap steps (a node, a parameter)
 # reports: a call per node would cost seconds on a model of millions of

@@ -37,6 +37,7 @@ from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
 from ..frontends.module import format_bytes
 from ..ir.graph import Graph
 from ..passes.forms import FORMS
+from ..progress import MEASURING, Progress
 from ..report.compare_html import SCHEMA
 from ..runtime.backend import HOST_CLOCK, Backend, Compiled, backend_names, compare_backends, make_backend
 from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
@@ -181,16 +182,27 @@ def plan_comparison(o: CompareOptions) -> Plan:
                 None if budget is None else budget - holding, holding)
 
 
-class Progress:
-    """What ``run_comparison`` tells a progress bar: ``step(text)`` as each
-    session is prepared (``planned_steps`` of them), ``note(text)`` as each
-    timing round starts."""
+class _Steps:
+    """``run_comparison``'s steps, told to a ``blockc.progress`` callback as
+    stage ``MEASURING``: ``step(detail)`` as each session is prepared (or
+    skipped), ``planned_steps`` in all; ``note(detail)`` as each timing
+    round starts, within the step under way."""
 
-    def step(self, description: str) -> None:
-        pass
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.done = progress, total, 0
 
-    def note(self, description: str) -> None:
-        pass
+    def step(self, detail: str) -> None:
+        if self.progress is not None:
+            self.progress(MEASURING, self.done, self.total, detail)
+        self.done += 1
+
+    def note(self, detail: str) -> None:
+        if self.progress is not None:
+            self.progress(MEASURING, max(0, self.done - 1), self.total, detail)
+
+    def end(self) -> None:
+        if self.progress is not None:
+            self.progress(MEASURING, self.total, self.total, "")
 
 
 def _contestants(plan: Plan, shape: dict[str, int]) -> list[Contestant]:
@@ -229,8 +241,8 @@ def _kernel_contestants(plan: Plan) -> list[tuple[str, object, list[Contestant]]
 
 
 def planned_steps(plan: Plan) -> int:
-    """How many ``Progress.step`` calls ``run_comparison`` makes: one per
-    session prepared (or skipped), in every block."""
+    """How many steps ``run_comparison`` reports: one per session prepared
+    (or skipped), in every block."""
     per_shape = len(_contestants(plan, plan.shapes[0]))
     if plan.options.kernels:
         per_shape += sum(len(c) for _, _, c in _kernel_contestants(plan))
@@ -290,11 +302,12 @@ def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
 
 
 def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
-    """Measure everything ``plan`` holds; returns the ``blockc.compare`` document."""
+    """Measure everything ``plan`` holds; returns the ``blockc.compare`` document.
+    ``progress`` (``blockc.progress``) is told each step, with a detail."""
     from ..frontends import init_weights
     from .machine import describe_machine, gpu_name, versions
     o = plan.options
-    progress = Progress() if progress is None else progress
+    steps = _Steps(progress, planned_steps(plan))
     started, resident = time.perf_counter(), memory.resident_bytes()
     # materialised once: every run reads them
     weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
@@ -324,7 +337,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
             c.params = weights
         feeds = _feeds(plan, shape)
         oracle = _oracle(plan.graphs["standard"], weights, feeds)
-        times, largest = _measure(contestants, feeds, oracle, plan, progress, _shape_text(shape))
+        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape))
         report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], largest)
         rows = [c.row for c in contestants if not c.key.endswith(AA)]
         _latencies(contestants, times, peak)
@@ -333,10 +346,11 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         report["ratios"].extend(_ratios(rows, times, shape))
         report["verdicts"].extend(_verdicts(contestants, times, shape))
         if o.kernels:
-            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, progress))
+            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps))
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
         if ok and getattr(p, "fused", None):
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
+    steps.end()
     report["timing"]["elapsed_s"] = time.perf_counter() - started
     peak_resident = _peak_resident()
     if resident is not None and peak_resident is not None:
@@ -366,7 +380,7 @@ def _oracle(graph: Graph, weights, feeds) -> dict[str, np.ndarray]:
     return run_reference(graph, weights, feeds, float64=True)
 
 
-def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: Progress,
+def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: _Steps,
              where: str) -> tuple[dict[str, list], int]:
     """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
     within the memory budget (``compare/memory.py``). The first block also
@@ -431,7 +445,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     return times, largest
 
 
-def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptions, progress: Progress,
+def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptions, progress: _Steps,
                 where: str) -> dict[str, Interleaved]:
     """Time one group's sessions interleaved, then close them; a session that
     fails marks its row."""
@@ -585,7 +599,7 @@ def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
     return out
 
 
-def _measure_kernels(plan: Plan, weights, shape, peak, progress: Progress) -> list[dict]:
+def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps) -> list[dict]:
     from .kernels import kernel_cost, sample_feeds
     o = plan.options
     entries = []

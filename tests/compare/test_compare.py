@@ -14,7 +14,7 @@ import pytest
 from blockc.cli import main
 from blockc.compare import CompareOptions, plan_comparison, planned_steps, run_comparison
 from blockc.compare import memory
-from blockc.compare.run import Progress
+from blockc.progress import MEASURING
 from blockc.errors import BlockcError
 
 SMALL = ["d_model=32", "heads=2", "layers=1", "vocab=61", "max_positions=64"]
@@ -31,14 +31,19 @@ def report():
                                           peers=("ort-optimizer",), batches=(1, 2), seqs=(8,), threads=1,
                                           **QUICK))
     steps = Steps()
+    steps.total = planned_steps(plan)
     report = run_comparison(plan, steps)
     report["_steps"] = (len(steps), planned_steps(plan))
     return report
 
 
-class Steps(Progress, list):
-    def step(self, description: str) -> None:
-        self.append(description)
+class Steps(list):
+    """A ``blockc.progress`` callback that keeps each step begun (its detail)."""
+
+    def __call__(self, stage, done, total, detail=""):
+        assert stage == MEASURING and 0 <= done <= total == self.total
+        if detail.startswith("block "):   # a step begun; "timing ..." notes come within one
+            self.append((done, detail))
 
 
 def test_report_follows_the_schema(report):
@@ -224,6 +229,7 @@ def test_blocks_prepare_fresh_sessions(monkeypatch):
     monkeypatch.setattr(OrtBackend, "compile", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
     plan = _plan(blocks=3)
     steps = Steps()
+    steps.total = planned_steps(plan)
     report = run_comparison(plan, steps)
     assert len(steps) == planned_steps(plan) == len(made) == 3 * (6 + 2)   # 2 levels x (3 forms + A/A)
     assert report["timing"]["blocks"] == 3
@@ -313,12 +319,15 @@ def test_the_plan_is_said_before_measuring():
 
 def test_readme_compare_examples_fit_the_memory_budget():
     """Each `blockc compare` line in the README, planned here: no contestant
-    is over the default budget (half the memory available), so none is
-    skipped, and the largest group with the reference fits within it."""
+    is over the default budget (half the memory available; taken as 45% of
+    this machine's memory, what an idle one has, so that other work running
+    beside the test does not change its answer), so none is skipped, and the
+    largest group with the reference fits within it."""
     import pathlib
     import shlex
 
     from blockc.cli import build_parser, compare_options
+    from blockc.compare.machine import memory_gib
     from blockc.compare.run import _contestants
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
     lines = [line.split("#")[0].strip() for line in readme.splitlines() if line.strip().startswith("blockc compare")]
@@ -327,11 +336,13 @@ def test_readme_compare_examples_fit_the_memory_budget():
         argv = shlex.split(line)[1:]
         args = build_parser().parse_args(argv)
         args.argv = argv
-        plan = plan_comparison(compare_options(args))
+        options = compare_options(args)
+        options.max_memory = int(0.45 * memory_gib() * (1 << 30))
+        plan = plan_comparison(options)
         for shape in plan.shapes:
             groups, too_big = memory.plan_groups({c.key: c.estimate for c in _contestants(plan, shape)}, plan.budget)
             assert not too_big, line
-            assert max(g.estimate for g in groups) + plan.holding <= plan.budget + plan.holding, line
+            assert max(g.estimate for g in groups) <= plan.budget, line
 
 
 def test_a_failing_row_prints_its_whole_reason(capsys):
