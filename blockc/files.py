@@ -13,6 +13,8 @@
   builds an entry in it under a lock, renames it into place when complete,
   records its size and SHA-256 beside it, and rebuilds an entry that no
   longer matches (a truncated or corrupted file).
+* ``format_bytes``: a size in bytes as people read it (``22.3 GiB``), the one
+  spelling every message and report uses.
 """
 from __future__ import annotations
 
@@ -28,6 +30,22 @@ from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
 from .errors import BlockcError
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units, to three significant digits: ``512 B``,
+    ``1.5 KiB``, ``22.3 GiB``, ``8 GiB``, ``1000 KiB``."""
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            break
+        n /= 1024
+    if unit == "B":
+        return f"{n:.0f} B"
+    # .3g would write what rounds to 1000..1023 as "1e+03"
+    return f"{n:.3g} {unit}" if abs(n) < 999.5 else f"{n:.0f} {unit}"
 
 
 def user_mode(executable: bool = False) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import BlockcError, ModelError, at_user_line, raised_at
+from ..files import format_bytes
 from ..ir.dims import Dim, Sym, evaluate
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -289,14 +290,6 @@ def available_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if n < 1024 or unit == "EiB":
-            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.3g} EiB"
 
 
 def check_weights_fit(model: Model, dtype: DType | None = None) -> None:

@@ -19,10 +19,9 @@ from typing import Mapping
 import jinja2
 
 from ..errors import BlockcError
-from ..files import user_mode
+from ..files import format_bytes, user_mode
 from ..ir.graph import Graph
 from . import plots
-from .traffic import human_bytes
 
 SCHEMA = "blockc.compare/2"
 INDEX = "index.html"
@@ -201,7 +200,7 @@ def _count(x) -> str:
 
 
 def _bytes(x) -> str:
-    return "—" if x is None else human_bytes(x)
+    return "—" if x is None else format_bytes(x)
 
 
 def _pct(x) -> str:

@@ -171,7 +171,7 @@ def test_results_table_has_every_row_and_reason(written):
     assert len(rows) == len(report["results"]) + 2   # plus the skipped backend and the skipped peer
     fused = next(cells for cls, cells in rows if cells[:4] == ["ort-cpu", "basic", "fused", "batch=1, seq=128"])
     assert fused[4] == "3.1 [2.94–3.72]" and fused[5] == "161" and fused[6] == "1.08×"
-    assert fused[7:10] == ["22", "19", "12.00 MiB"] and fused[11] == "10.1%" and fused[12] == "1.9e-06"
+    assert fused[7:10] == ["22", "19", "12 MiB"] and fused[11] == "10.1%" and fused[12] == "1.9e-06"
     error = next(cells for cls, cells in rows if "error" in cls)
     assert error[:3] == ["ort-cpu", "all", "fused"]
     assert error[4] == "error ONNX Runtime: <b>Fusion</b> node com.microsoft:Attention has no kernel"
