@@ -283,7 +283,8 @@ def _feeds(args, model, graph) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """``(feeds, bindings)``: the arrays of --inputs, checked against the
     graph's inputs (their shapes bind the dims), or inputs sampled as each
     ``InputSpec`` says from --seed at the --dim sizes."""
-    from .runtime.feeds import check_feeds, check_writable, load_npz
+    from .files import check_writable
+    from .runtime.feeds import check_feeds, load_npz
     if getattr(args, "save", None):
         check_writable(args.save)  # now, not after the run
     if not getattr(args, "inputs", None):
@@ -513,7 +514,8 @@ def cmd_compare(args) -> int:
         from .report.compare_html import check_report_dir
         check_report_dir(args.report)
     if args.json:
-        _check_writable(args.json)
+        from .files import check_writable
+        check_writable(args.json)
     plan = plan_comparison(options)
     console = make_console()
     for line in describe_plan(plan):
@@ -534,52 +536,16 @@ def cmd_compare(args) -> int:
     return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
 
 
-def _check_writable(path: str) -> None:
-    """Refuse now, before any work, a file that cannot be written."""
-    if os.path.isdir(path):
-        raise BlockcError(f"cannot write {path}: it is a folder")
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(directory):
-        raise BlockcError(f"cannot write {path}: " + _not_a_folder(directory))
-    if not os.access(directory, os.W_OK):
-        raise BlockcError(f"cannot write {path}: the folder {directory} is not writable")
-
-
-def _check_writable_dir(path: str) -> None:
-    """Refuse now a build folder that cannot be made or written into: a
-    file already there, a file where a parent folder should be, or a folder
-    that is not writable (the nearest one that exists, which will hold it)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise BlockcError(f"cannot write the build into {path}: it is a file, not a folder "
-                          "(give a new or existing folder with -o)")
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise BlockcError(f"cannot write the build into {path}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK):
-        raise BlockcError(f"cannot write the build into {path}: the folder {existing} is not writable")
-
-
-def _not_a_folder(directory: str) -> str:
-    """Why ``directory`` cannot hold a file: the file in its way, or that it is missing."""
-    up = directory
-    while up != os.path.dirname(up) and not os.path.exists(up):
-        up = os.path.dirname(up)
-    if os.path.exists(up) and not os.path.isdir(up):
-        return f"{up} is a file, not a folder"
-    return f"the folder {directory} does not exist"
-
-
 def _check_outputs(args) -> None:
     """Every path a command will write, checked before it does any work, so
     a bad -o costs nothing and never ends in a traceback halfway through."""
+    from .files import check_writable, check_writable_dir
     if args.command == "export":
-        _check_writable(args.output)
+        check_writable(args.output)
     elif args.command == "cuda":
-        _check_writable_dir(args.output)
+        check_writable_dir(args.output, "the build into", "-o")
     if getattr(args, "json", None):
-        _check_writable(args.json)
+        check_writable(args.json)
 
 
 def _write_text(path: str, text: str) -> None:

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import BlockcError, InputsError
-from ..files import atomic_write
+from ..files import atomic_write, check_writable
 from ..ir.dims import evaluate, is_plain_symbol
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -153,17 +153,6 @@ def check_feeds(graph: Graph, arrays: Mapping[str, np.ndarray], *,
         raise InputsError(f"{source} do not fit {graph.name}'s inputs ({count}):\n"
                           + "\n".join(f"  {p}" for p in problems), problems)
     return feeds, {k: v for k, v in bindings.items() if k in graph.symbols()}
-
-
-def check_writable(path: str) -> None:
-    """Fail now, not after a long run, when ``path`` cannot be written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise BlockcError(f"cannot write {path}: it is a folder")
-    if not os.path.isdir(directory):
-        raise BlockcError(f"cannot write {path}: the folder {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise BlockcError(f"cannot write {path}: the folder {directory} is not writable")
 
 
 def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
