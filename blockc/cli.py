@@ -268,13 +268,14 @@ def _asked_dims(args, graph) -> dict[str, int]:
     return dims
 
 
-def _bindings(args, model, graph) -> dict[str, int]:
-    """The command's default sizes (declared with its --dim), overridden by --dim."""
+def _bindings(args, graph) -> dict[str, int]:
+    """The command's default sizes (declared with its --dim), overridden by
+    --dim, held to the limits the graph's tables set (``ops/limits.py``)."""
+    from .ops.limits import graph_limits
     bindings = dict(args.dim_defaults)
     bindings.update(_asked_dims(args, graph))
-    for k, limit in model.max_dims().items():
-        if bindings.get(k, 0) > limit:
-            raise BlockcError(f"--dim {k}={bindings[k]} exceeds the model's maximum of {limit}")
+    for limit, n in graph_limits(graph).dims_over(bindings):
+        raise BlockcError(f"--dim {limit.dim}={n} exceeds the model's maximum of {limit.limit}")
     symbols = graph.symbols()
     return {k: v for k, v in bindings.items() if k in symbols}
 
@@ -288,13 +289,11 @@ def _feeds(args, model, graph) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     if getattr(args, "save", None):
         check_writable(args.save)  # now, not after the run
     if not getattr(args, "inputs", None):
-        bindings = _bindings(args, model, graph)
+        bindings = _bindings(args, graph)
         rng = np.random.default_rng(args.seed)
         return {s.name: s.sample(bindings, rng) for s in model.inputs()}, bindings
-    # InputSpec.sample draws ids in [0, high): the ids the model has embeddings for.
-    ranges = {s.name: (0, s.high) for s in model.inputs() if s.kind == "ids"}
-    return check_feeds(graph, load_npz(args.inputs), value_ranges=ranges, max_dims=model.max_dims(),
-                       dims=_asked_dims(args, graph), source=f"the arrays of {args.inputs}")
+    return check_feeds(graph, load_npz(args.inputs), dims=_asked_dims(args, graph),
+                       source=f"the arrays of {args.inputs}")
 
 
 # ---- commands ----------------------------------------------------------------
@@ -407,7 +406,7 @@ def cmd_fusions(args) -> int:
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     result = optimize(graph, **_optimize_options(args))
-    bindings = _bindings(args, model, graph)
+    bindings = _bindings(args, graph)
     decisions: list = []
     if not args.no_onnx_forms:  # which ONNX form each fused op gets, and why
         from .codegen.onnx_export import export_onnx
@@ -459,7 +458,7 @@ def cmd_cuda(args) -> int:
         args.set = list(args.set) + [f"dtype={args.dtype}"]
     model, graph = _graph(args)
     weights = _weights(args, model)
-    bindings = _bindings(args, model, graph)
+    bindings = _bindings(args, graph)
     cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm)
     meta = cuda_build.write_build(cuda, args.output, archs=archs, gemm=args.gemm, bindings=bindings)
     summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs,

@@ -207,8 +207,12 @@ class Model(Module):
                          f"def inputs(self): return [InputSpec('x', DType.float32, (batch, seq, 64))]")
 
     def max_dims(self) -> dict[str, int]:
-        """Upper bounds on symbolic dims (e.g. seq <= max positions)."""
-        return {}
+        """Upper bounds on symbolic dims (``seq`` <= the position table's
+        rows), read from the traced graph: ``ops/limits.graph_limits`` is
+        where limits are stated. Only compare/run.py still asks this; once it
+        asks ``graph_limits(graph).dims_over(sizes)`` this goes."""
+        from ..ops.limits import graph_limits
+        return {str(d.dim): d.limit for d in graph_limits(trace(self)).dims}
 
 
 def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:
