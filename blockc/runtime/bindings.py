@@ -13,7 +13,6 @@ than the position table), each problem one message. Two paths read it:
 """
 from __future__ import annotations
 
-import weakref
 from typing import Iterator, Mapping
 
 import numpy as np
@@ -49,7 +48,8 @@ def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict
     if unexpected:
         yield (f"unexpected array{'s' if len(unexpected) > 1 else ''} {', '.join(map(repr, unexpected))} "
                f"(the graph takes {', '.join(f'{v.name}: {v.type}' for v in graph.inputs)})")
-    limits = _limits(graph)
+    limits = graph_limits(graph)   # each check, not cached: graphs change in place, and a check is
+                                   # once per run or runner, outside any timed loop
     seen: dict[str, list[tuple[str, int, int]]] = {}  # symbol -> (input, axis, size) where it appears
     compound = []
     for v in graph.inputs:
@@ -97,14 +97,3 @@ def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict
     for limit, n in limits.dims_over(bindings):
         yield f"dimension '{limit.dim}' is {n}, over the model's maximum of {limit.limit} ({limit.why})"
 
-
-_LIMITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _limits(graph: Graph):
-    # Once per graph, not per run: a session's run checks its feeds every time it is timed.
-    key = (len(graph.nodes), len(graph.inputs))
-    cached = _LIMITS.get(graph)
-    if cached is None or cached[0] != key:
-        cached = _LIMITS[graph] = (key, graph_limits(graph))
-    return cached[1]

@@ -88,7 +88,7 @@ def c_api_alone(monkeypatch):
     from ``blockc_last_error``."""
     import blockc.runtime.bindings as bindings
     from blockc.ops.limits import Limits
-    monkeypatch.setattr(bindings, "_limits", lambda graph: Limits({}, []))
+    monkeypatch.setattr(bindings, "graph_limits", lambda graph: Limits({}, []))
 
 
 @needs_gxx
@@ -226,3 +226,21 @@ def test_a_user_models_tables_set_its_limits_for_every_command(tmp_path, capsys)
     block = blockc.trace(blockc.build_model("gpt2-block", {"d_model": "32", "heads": "2"}))
     assert not graph_limits(block) and main(["fusions", "gpt2-block", "--set", "d_model=32", "--set", "heads=2",
                                              "--dim", "seq=4096", "--no-onnx-forms"]) == 0
+
+
+def test_limits_follow_a_graph_changed_in_place():
+    """Graphs are mutable: a table swapped through the graph's API, with the
+    same number of nodes and inputs, changes the limit at the next check (a
+    cache keyed on those counts once kept the old one)."""
+    from blockc.ir.types import TensorType
+    from blockc.runtime.bindings import bind_inputs
+    graph = blockc.trace(blockc.build_model("tiny", TINY))
+    ids = {"input_ids": np.array([[150]], np.int64)}
+    assert bind_inputs(graph, ids) == {"batch": 1, "seq": 1}   # inside the 256-row table
+    gather = next(n for n in graph.nodes if n.op == "gather" and n.inputs[1].name == "input_ids")
+    table = gather.inputs[0]
+    counts = (len(graph.nodes), len(graph.inputs))
+    graph.set_input(gather, 0, graph.add_param("small.weight", TensorType(table.dtype, (100, table.shape[1]))))
+    assert (len(graph.nodes), len(graph.inputs)) == counts
+    with pytest.raises(InputsError, match=r"ids out of range \[0, 100\) .*'small.weight', which has 100 rows"):
+        bind_inputs(graph, ids)
