@@ -424,13 +424,13 @@ def cmd_fusions(args) -> int:
 def cmd_check(args) -> int:
     from .codegen.fused_encodings import ENCODINGS
     from .passes.forms import to_form
-    from .report.numerics import check_fusions, format_check
+    from .report.numerics import check_fusions, format_check, fusion_variants
     from .runtime.backend import make_backend
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     weights = dict(_weights(args, model))
     feeds = _feeds(args, model, graph)[0]
-    ok, checked = True, set()
+    ok, checked, variants = True, set(), None
     for name in args.backend:
         # --fused-as all: each ONNX encoding in turn, where it changes what runs (the label says so)
         for encoding in (ENCODINGS if args.fused_as == "all" else (args.fused_as,)):
@@ -439,7 +439,8 @@ def cmd_check(args) -> int:
                 continue
             checked.add(backend.label)
             backend.require()
-            result = check_fusions(graph, weights, feeds, backend=backend.label,
+            variants = variants or fusion_variants(graph)   # the same graphs on every backend: made once
+            result = check_fusions(graph, weights, feeds, backend=backend.label, variants=variants,
                                    run=lambda g, backend=backend: backend.run(g, weights, feeds))
             print(format_check(result))
             ok &= result.passed
