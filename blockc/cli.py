@@ -509,13 +509,7 @@ def cmd_compare(args) -> int:
     from .compare.run import describe_plan
     from .compare.table import make_console, print_report
     options = compare_options(args)
-    # Everything a user can get wrong fails here, before any measuring.
-    if args.report:
-        from .report.compare_html import check_report_dir
-        check_report_dir(args.report)
-    if args.json:
-        from .files import check_writable
-        check_writable(args.json)
+    # Everything a user can get wrong fails here, before any measuring (the output paths in _check_outputs).
     plan = plan_comparison(options)
     console = make_console()
     for line in describe_plan(plan):
@@ -544,6 +538,9 @@ def _check_outputs(args) -> None:
         check_writable(args.output)
     elif args.command == "cuda":
         check_writable_dir(args.output, "the build into", "-o")
+    elif args.command == "compare" and args.report:
+        from .report.compare_html import check_report_dir
+        check_report_dir(args.report)
     if getattr(args, "json", None):
         check_writable(args.json)
 
