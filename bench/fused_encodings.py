@@ -143,7 +143,7 @@ def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_tim
                 reference = out
             else:  # every form computes the same thing, or its time means nothing
                 np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4, err_msg=form)
-        timed = median_ms({form: (lambda c=c: c.run(feeds)) for form, c in compiled.items()}, min_time=min_time)
+        timed = median_ms({form: c.runner(feeds) for form, c in compiled.items()}, min_time=min_time)
     finally:
         for c in compiled.values():
             c.close()

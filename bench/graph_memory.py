@@ -72,7 +72,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.child[2])))
         return
-    from blockc.frontends.module import GRAPH_BYTES_PER_PARAMETER, format_bytes
+    from blockc.files import format_bytes
+    from blockc.frontends.module import GRAPH_BYTES_PER_PARAMETER
     rows = []
     for model in args.models.split(","):
         for layers in map(int, args.layers.split(",")):

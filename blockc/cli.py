@@ -268,13 +268,14 @@ def _asked_dims(args, graph) -> dict[str, int]:
     return dims
 
 
-def _bindings(args, model, graph) -> dict[str, int]:
-    """The command's default sizes (declared with its --dim), overridden by --dim."""
+def _bindings(args, graph) -> dict[str, int]:
+    """The command's default sizes (declared with its --dim), overridden by
+    --dim, held to the limits the graph's tables set (``ops/limits.py``)."""
+    from .ops.limits import graph_limits
     bindings = dict(args.dim_defaults)
     bindings.update(_asked_dims(args, graph))
-    for k, limit in model.max_dims().items():
-        if bindings.get(k, 0) > limit:
-            raise BlockcError(f"--dim {k}={bindings[k]} exceeds the model's maximum of {limit}")
+    for limit, n in graph_limits(graph).dims_over(bindings):
+        raise BlockcError(f"--dim {limit.dim}={n} exceeds the model's maximum of {limit.limit}")
     symbols = graph.symbols()
     return {k: v for k, v in bindings.items() if k in symbols}
 
@@ -283,17 +284,16 @@ def _feeds(args, model, graph) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """``(feeds, bindings)``: the arrays of --inputs, checked against the
     graph's inputs (their shapes bind the dims), or inputs sampled as each
     ``InputSpec`` says from --seed at the --dim sizes."""
-    from .runtime.feeds import check_feeds, check_writable, load_npz
+    from .files import check_writable
+    from .runtime.feeds import check_feeds, load_npz
     if getattr(args, "save", None):
         check_writable(args.save)  # now, not after the run
     if not getattr(args, "inputs", None):
-        bindings = _bindings(args, model, graph)
+        bindings = _bindings(args, graph)
         rng = np.random.default_rng(args.seed)
         return {s.name: s.sample(bindings, rng) for s in model.inputs()}, bindings
-    # InputSpec.sample draws ids in [0, high): the ids the model has embeddings for.
-    ranges = {s.name: (0, s.high) for s in model.inputs() if s.kind == "ids"}
-    return check_feeds(graph, load_npz(args.inputs), value_ranges=ranges, max_dims=model.max_dims(),
-                       dims=_asked_dims(args, graph), source=f"the arrays of {args.inputs}")
+    return check_feeds(graph, load_npz(args.inputs), dims=_asked_dims(args, graph),
+                       source=f"the arrays of {args.inputs}")
 
 
 # ---- commands ----------------------------------------------------------------
@@ -406,7 +406,7 @@ def cmd_fusions(args) -> int:
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     result = optimize(graph, **_optimize_options(args))
-    bindings = _bindings(args, model, graph)
+    bindings = _bindings(args, graph)
     decisions: list = []
     if not args.no_onnx_forms:  # which ONNX form each fused op gets, and why
         from .codegen.onnx_export import export_onnx
@@ -424,13 +424,13 @@ def cmd_fusions(args) -> int:
 def cmd_check(args) -> int:
     from .codegen.fused_encodings import ENCODINGS
     from .passes.forms import to_form
-    from .report.numerics import check_fusions, format_check
+    from .report.numerics import check_fusions, format_check, fusion_variants
     from .runtime.backend import make_backend
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     weights = dict(_weights(args, model))
     feeds = _feeds(args, model, graph)[0]
-    ok, checked = True, set()
+    ok, checked, variants = True, set(), None
     for name in args.backend:
         # --fused-as all: each ONNX encoding in turn, where it changes what runs (the label says so)
         for encoding in (ENCODINGS if args.fused_as == "all" else (args.fused_as,)):
@@ -439,7 +439,8 @@ def cmd_check(args) -> int:
                 continue
             checked.add(backend.label)
             backend.require()
-            result = check_fusions(graph, weights, feeds, backend=backend.label,
+            variants = variants or fusion_variants(graph)   # the same graphs on every backend: made once
+            result = check_fusions(graph, weights, feeds, backend=backend.label, variants=variants,
                                    run=lambda g, backend=backend: backend.run(g, weights, feeds))
             print(format_check(result))
             ok &= result.passed
@@ -458,7 +459,7 @@ def cmd_cuda(args) -> int:
         args.set = list(args.set) + [f"dtype={args.dtype}"]
     model, graph = _graph(args)
     weights = _weights(args, model)
-    bindings = _bindings(args, model, graph)
+    bindings = _bindings(args, graph)
     cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm)
     meta = cuda_build.write_build(cuda, args.output, archs=archs, gemm=args.gemm, bindings=bindings)
     summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs,
@@ -508,12 +509,7 @@ def cmd_compare(args) -> int:
     from .compare.run import describe_plan
     from .compare.table import make_console, print_report
     options = compare_options(args)
-    # Everything a user can get wrong fails here, before any measuring.
-    if args.report:
-        from .report.compare_html import check_report_dir
-        check_report_dir(args.report)
-    if args.json:
-        _check_writable(args.json)
+    # Everything a user can get wrong fails here, before any measuring (the output paths in _check_outputs).
     plan = plan_comparison(options)
     console = make_console()
     for line in describe_plan(plan):
@@ -534,52 +530,19 @@ def cmd_compare(args) -> int:
     return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
 
 
-def _check_writable(path: str) -> None:
-    """Refuse now, before any work, a file that cannot be written."""
-    if os.path.isdir(path):
-        raise BlockcError(f"cannot write {path}: it is a folder")
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(directory):
-        raise BlockcError(f"cannot write {path}: " + _not_a_folder(directory))
-    if not os.access(directory, os.W_OK):
-        raise BlockcError(f"cannot write {path}: the folder {directory} is not writable")
-
-
-def _check_writable_dir(path: str) -> None:
-    """Refuse now a build folder that cannot be made or written into: a
-    file already there, a file where a parent folder should be, or a folder
-    that is not writable (the nearest one that exists, which will hold it)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise BlockcError(f"cannot write the build into {path}: it is a file, not a folder "
-                          "(give a new or existing folder with -o)")
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise BlockcError(f"cannot write the build into {path}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK):
-        raise BlockcError(f"cannot write the build into {path}: the folder {existing} is not writable")
-
-
-def _not_a_folder(directory: str) -> str:
-    """Why ``directory`` cannot hold a file: the file in its way, or that it is missing."""
-    up = directory
-    while up != os.path.dirname(up) and not os.path.exists(up):
-        up = os.path.dirname(up)
-    if os.path.exists(up) and not os.path.isdir(up):
-        return f"{up} is a file, not a folder"
-    return f"the folder {directory} does not exist"
-
-
 def _check_outputs(args) -> None:
     """Every path a command will write, checked before it does any work, so
     a bad -o costs nothing and never ends in a traceback halfway through."""
+    from .files import check_writable, check_writable_dir
     if args.command == "export":
-        _check_writable(args.output)
+        check_writable(args.output)
     elif args.command == "cuda":
-        _check_writable_dir(args.output)
+        check_writable_dir(args.output, "the build into", "-o")
+    elif args.command == "compare" and args.report:
+        from .report.compare_html import check_report_dir
+        check_report_dir(args.report)
     if getattr(args, "json", None):
-        _check_writable(args.json)
+        check_writable(args.json)
 
 
 def _write_text(path: str, text: str) -> None:

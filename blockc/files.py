@@ -13,6 +13,11 @@
   builds an entry in it under a lock, renames it into place when complete,
   records its size and SHA-256 beside it, and rebuilds an entry that no
   longer matches (a truncated or corrupted file).
+* ``check_writable`` and ``check_writable_dir``: whether a file, or a folder
+  to fill, can be written, asked before any work so that a bad output path
+  costs nothing; every command and report that writes asks these.
+* ``format_bytes``: a size in bytes as people read it (``22.3 GiB``), the one
+  spelling every message and report uses.
 """
 from __future__ import annotations
 
@@ -28,6 +33,22 @@ from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
 from .errors import BlockcError
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units, to three significant digits: ``512 B``,
+    ``1.5 KiB``, ``22.3 GiB``, ``8 GiB``, ``1000 KiB``."""
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            break
+        n /= 1024
+    if unit == "B":
+        return f"{n:.0f} B"
+    # .3g would write what rounds to 1000..1023 as "1e+03"
+    return f"{n:.3g} {unit}" if abs(n) < 999.5 else f"{n:.0f} {unit}"
 
 
 def user_mode(executable: bool = False) -> int:
@@ -75,6 +96,49 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         if isinstance(e, OSError):
             raise BlockcError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+# -- can it be written --------------------------------------------------------
+def check_writable(path: str | os.PathLike) -> None:
+    """Refuse now, before any work, a file that cannot be written: a folder
+    in its place, a folder to hold it that is missing (or is a file), or one
+    that is not writable."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise BlockcError(f"cannot write {path}: it is a folder")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        existing = _nearest_existing(directory)
+        raise BlockcError(f"cannot write {path}: " + (f"{existing} is a file, not a folder" if os.path.exists(existing)
+                                                      and not os.path.isdir(existing)
+                                                      else f"the folder {directory} does not exist"))
+    if not os.access(directory, os.W_OK):
+        raise BlockcError(f"cannot write {path}: the folder {directory} is not writable")
+
+
+def check_writable_dir(path: str | os.PathLike, what: str, flag: str) -> None:
+    """Refuse now a folder that cannot be made or written into: a file already
+    there, a file where a parent folder should be, or a folder that is not
+    writable (the nearest one that exists, which will hold it). ``what`` and
+    ``flag`` are for the message: ``cannot write {what} {path}: ...``, and the
+    option that named the folder."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BlockcError(f"cannot write {what} {path}: it is a file, not a folder "
+                          f"(give a new or existing folder with {flag})")
+    existing = _nearest_existing(path)
+    if not os.path.isdir(existing):
+        raise BlockcError(f"cannot write {what} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise BlockcError(f"cannot write {what} {path}: the folder {existing} is not writable")
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists, absolute."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    return path
 
 
 # -- partial files ------------------------------------------------------------

@@ -247,8 +247,9 @@ def test_run_inputs_lists_every_mismatch(tmp_path, capsys):
     lines = err.strip().splitlines()
     assert lines[0] == f"blockc: error: the arrays of {path} do not fit tiny's inputs (3 problems):"
     assert lines[1:] == ["  unexpected array 'mask' (the graph takes input_ids: i64[batch,seq])",
-                         "  input_ids: dtype int32, expected int64",
-                         "  input_ids: 1 of 3 values outside [0, 256) (min 1, max 999)"]
+                         "  input 'input_ids': dtype int32, expected int64",
+                         "  input 'input_ids': 1 of 3 ids out of range [0, 256) (min 1, max 999; it indexes "
+                         "'tok.weight', which has 256 rows)"]
     assert not (tmp_path / "out.npz").exists()
     np.savez(path, input_ids=np.zeros((1, 129), np.int64))  # past the model's 128 positions
     code, _, err = run(capsys, "run", *TINY, "--backend", "reference", "--inputs", str(path))

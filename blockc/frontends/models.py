@@ -92,9 +92,6 @@ class DecoderLM(Model):
     def inputs(self) -> list[InputSpec]:
         return [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
 
-    def max_dims(self) -> dict[str, int]:
-        return {"seq": self.cfg.max_positions}
-
     def forward(self, input_ids: Tensor):
         x = self.tok(input_ids) + self.pos(input_ids.shape[1])
         for block in self.blocks:
@@ -149,9 +146,6 @@ class Encoder(Model):
         specs.append(InputSpec("attention_mask", DType.int64, (BATCH, SEQ), "mask"))
         return specs
 
-    def max_dims(self) -> dict[str, int]:
-        return {"seq": self.cfg.max_positions}
-
     def forward(self, input_ids: Tensor, *rest: Tensor):
         token_type_ids, attention_mask = rest if self.cfg.type_vocab else (None, rest[0])
         x = self.tok(input_ids) + self.pos(input_ids.shape[1])
@@ -196,9 +190,6 @@ class BlockModel(Model):
 
     def inputs(self) -> list[InputSpec]:
         return [InputSpec("x", self.dtype, (BATCH, SEQ, self.cfg.d_model))]
-
-    def max_dims(self) -> dict[str, int]:
-        return {"seq": self.cfg.max_positions}
 
     def forward(self, x: Tensor):
         for block in self.blocks:

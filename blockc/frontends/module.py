@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import BlockcError, ModelError, at_user_line, raised_at
+from ..files import format_bytes
 from ..ir.dims import Dim, Sym, evaluate
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -206,8 +207,12 @@ class Model(Module):
                          f"def inputs(self): return [InputSpec('x', DType.float32, (batch, seq, 64))]")
 
     def max_dims(self) -> dict[str, int]:
-        """Upper bounds on symbolic dims (e.g. seq <= max positions)."""
-        return {}
+        """Upper bounds on symbolic dims (``seq`` <= the position table's
+        rows), read from the traced graph: ``ops/limits.graph_limits`` is
+        where limits are stated. Only compare/run.py still asks this; once it
+        asks ``graph_limits(graph).dims_over(sizes)`` this goes."""
+        from ..ops.limits import graph_limits
+        return {str(d.dim): d.limit for d in graph_limits(trace(self)).dims}
 
 
 def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:
@@ -289,14 +294,6 @@ def available_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if n < 1024 or unit == "EiB":
-            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.3g} EiB"
 
 
 def check_weights_fit(model: Model, dtype: DType | None = None) -> None:

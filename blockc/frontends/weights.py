@@ -18,22 +18,22 @@ Every output computed from them will be non-finite too, and ``blockc run
 --check`` and ``blockc check`` fail on it, naming the first node whose
 result is not finite.
 
-Saving is atomic: the data goes to a temporary file in the target directory
-that replaces the target only once it is complete, so a failed save leaves
-either the old file or nothing, never half a file.
+Saving is atomic (``files.replace_together``): the data goes to a temporary
+file in the target directory that replaces the target only once it is
+complete, so a failed save leaves either the old file or nothing, never half
+a file.
 """
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import warnings
 from typing import Mapping
 
 import numpy as np
 
-from ..errors import WeightsError, printable
-from ..files import user_mode
+from ..errors import BlockcError, WeightsError, printable
+from ..files import check_writable, replace_together
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 
@@ -67,27 +67,16 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
     bad = [f"{name} ({a.dtype})" for name, a in arrays.items() if a.dtype.kind not in "biuf" and not _is_ml_dtype(a)]
     if bad:
         raise WeightsError(f"cannot save non-numeric arrays: {', '.join(bad)}")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise WeightsError(f"cannot save weights to {path!r}: directory {directory!r} does not exist")
-    # Same directory, so os.replace is a rename within one filesystem (atomic on
-    # POSIX and Windows). A dot-name, so a half-written file is not mistaken for weights.
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    write = _write_safetensors if fmt == ".safetensors" else _write_npz
     try:
-        if fmt == ".safetensors":
-            _write_safetensors(tmp, arrays)
-        else:
-            _write_npz(tmp, arrays)
-        # safetensors creates its file 0600; give every save the mode open() would.
-        os.chmod(tmp, user_mode())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, WeightsError) or not isinstance(e, Exception):
-            raise
+        check_writable(path)
+        with replace_together([path]) as (staged,):
+            write(staged, arrays)
+    except WeightsError:
+        raise
+    except BlockcError as e:  # the folder, or an OSError while writing: files names the path
+        raise WeightsError(str(e)) from None
+    except Exception as e:
         raise WeightsError(f"cannot save weights to {path!r}: {type(e).__name__}: {e}") from e
 
 

@@ -9,15 +9,17 @@ generated C API) enforces the same ones, whatever model the graph came from:
 * **dims**: a ``slice`` of a fixed-size axis up to a symbolic end (the
   position table sliced to ``seq``) bounds that end: ``seq <= 1024``.
 
-``runtime/bindings.bind_inputs`` checks them before any run;
+``runtime/bindings.input_problems`` checks feeds against them before any
+run, and the CLI checks ``--dim`` sizes with ``dims_over``;
 ``codegen/cuda/lower`` renders the dim limits into ``blockc_run``, and has
 the gathers of an id input report an id out of range to it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
-from ..ir.dims import Dim, Sym
+from ..ir.dims import Dim, Sym, evaluate
 from ..ir.graph import Graph
 
 
@@ -37,6 +39,17 @@ class Limits:
 
     def __bool__(self) -> bool:
         return bool(self.ids or self.dims)
+
+    def dims_over(self, sizes: Mapping[str, int]) -> list[tuple[DimLimit, int]]:
+        """Each dim limit ``sizes`` exceed, with the dim's size there (a limit
+        on a dim ``sizes`` does not bind is passed over)."""
+        over = []
+        for d in self.dims:
+            if d.dim.symbols <= sizes.keys():
+                n = evaluate(d.dim, sizes)
+                if n > d.limit:
+                    over.append((d, n))
+        return over
 
 
 def _table(v) -> str:

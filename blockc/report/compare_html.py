@@ -11,34 +11,29 @@ crash) never sees a half-written page.
 from __future__ import annotations
 
 import base64
-import os
 import pathlib
-import tempfile
 from typing import Mapping
 
 import jinja2
 
 from ..errors import BlockcError
-from ..files import user_mode
+from ..files import check_writable_dir, format_bytes, replace_together
 from ..ir.graph import Graph
 from . import plots
-from .traffic import human_bytes
 
 SCHEMA = "blockc.compare/2"
 INDEX = "index.html"
 
 
 def check_report_dir(path) -> pathlib.Path:
-    """Make ``path`` (and its parents) if needed and prove a file can be
-    written there; the CLI calls this before measuring anything, so a bad
-    ``--report DIR`` fails in a second, not after the benchmark."""
+    """Check that ``path`` can hold the report (``files.check_writable_dir``)
+    and make it (and its parents) if needed; the CLI calls this before
+    measuring anything, so a bad ``--report DIR`` fails in a second, not
+    after the benchmark."""
     directory = pathlib.Path(path)
-    if directory.exists() and not directory.is_dir():
-        raise BlockcError(f"cannot write the report to {directory}: it exists and is not a directory")
+    check_writable_dir(directory, "the report to", "--report")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".blockc-check-", delete=True):
-            pass
     except OSError as e:
         raise BlockcError(f"cannot write the report to {directory}: {e.strerror or e}") from None
     return directory
@@ -62,24 +57,13 @@ def write_html_report(report: Mapping, directory, *, before: Graph | None = None
 
 # -- files --------------------------------------------------------------------------------------
 def _write_all(directory: pathlib.Path, files: dict[str, bytes]) -> None:
-    """Each file to a temporary name first, then all renamed, ``index.html``
-    last; on any failure the temporary files go and nothing is replaced."""
-    staged: list[tuple[str, pathlib.Path]] = []
-    try:
-        for name, data in files.items():
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-            staged.append((name, pathlib.Path(tmp)))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, user_mode())  # mkstemp makes 0600; the page is for sharing
-        for name, tmp in sorted(staged, key=lambda s: s[0] == INDEX):
-            os.replace(tmp, directory / name)
-    except OSError as e:
-        for _, tmp in staged:
-            tmp.unlink(missing_ok=True)
-        raise BlockcError(f"cannot write the report to {directory}: {e.strerror or e}") from None
+    """Every file staged, then all put in place together, ``index.html`` last
+    (``files.replace_together`` places its first target last); on any failure
+    nothing is replaced and nothing temporary is left."""
+    names = sorted(files, key=lambda name: name != INDEX)
+    with replace_together([directory / name for name in names]) as staged:
+        for name, tmp in zip(names, staged):
+            pathlib.Path(tmp).write_bytes(files[name])
 
 
 def _render_images(report: Mapping, before: Graph | None, after: Graph | None) -> dict[str, bytes | None]:
@@ -201,7 +185,7 @@ def _count(x) -> str:
 
 
 def _bytes(x) -> str:
-    return "—" if x is None else human_bytes(x)
+    return "—" if x is None else format_bytes(x)
 
 
 def _pct(x) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ..codegen.cuda.lower import CudaModel, ops_of
-from .traffic import human_bytes
+from ..files import format_bytes
 
 # The fused row kernels, which must never spill (tests hold the generator to
 # it): a row kernel is named after its op.
@@ -60,8 +60,8 @@ def format_cuda_summary(summary: dict) -> str:
     if "arena_bytes" in mp:
         dims = ", ".join(f"{k}={v}" for k, v in mp["dims"].items())
         saved = 1 - mp["arena_bytes"] / mp["naive_bytes"] if mp["naive_bytes"] else 0
-        lines.append(f"memory plan: {mp['buffers']} buffers in {mp['slots']} slots; arena {human_bytes(mp['arena_bytes'])}"
-                     f" against {human_bytes(mp['naive_bytes'])} for every buffer apart ({saved:.0%} less) at {dims}")
+        lines.append(f"memory plan: {mp['buffers']} buffers in {mp['slots']} slots; arena {format_bytes(mp['arena_bytes'])}"
+                     f" against {format_bytes(mp['naive_bytes'])} for every buffer apart ({saved:.0%} less) at {dims}")
     if summary.get("compiled") is None:
         lines.append(f"nvcc: {summary['nvcc']}")
         return "\n".join(lines)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Mapping
 
+from ..files import format_bytes
 from ..ir.graph import Graph
 from ..passes.manager import OptimizeResult
 from ..passes.pipeline import FUSIONS, RECOMPOSITIONS
-from .traffic import human_bytes, total_bytes
+from .traffic import total_bytes
 
 SCHEMA = "blockc.fusion-report/1"
 
@@ -76,7 +77,7 @@ def format_report(report: dict, *, verbose: bool = False) -> str:
     lines.append(f"{report['model']} ({report['form']} form), {dims}")
     lines.append(f"  nodes: {n['before']} -> {n['after']}")
     saved = t["saved"] / t["before"] if t["before"] else 0.0
-    lines.append(f"  modelled memory traffic: {human_bytes(t['before'])} -> {human_bytes(t['after'])} "
+    lines.append(f"  modelled memory traffic: {format_bytes(t['before'])} -> {format_bytes(t['after'])} "
                  f"({saved:.1%} less)")
     if report["disabled"]:
         lines.append(f"  disabled: {', '.join(report['disabled'])}")

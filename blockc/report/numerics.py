@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from ..passes.manager import label_origins, optimize
+from ..passes.manager import OptimizeResult, label_origins, optimize
 from ..passes.pipeline import FUSIONS
 from ..runtime.reference import run_reference
 
@@ -102,9 +102,11 @@ def first_non_finite(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Map
 
 def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
                   run: Callable[[Graph], dict] | None = None, backend: str = "reference",
-                  floor: float = FLOOR) -> CheckResult:
+                  floor: float = FLOOR, variants: list[FusionVariant] | None = None) -> CheckResult:
     """A/B every fusion on ``graph``. ``run(graph) -> outputs`` runs a graph on
-    the backend under test in float32 (default: the reference interpreter)."""
+    the backend under test in float32 (default: the reference interpreter).
+    ``variants``: ``fusion_variants(graph)``, made once by a caller that
+    checks several backends (None: made here)."""
     run = run or (lambda g: run_reference(g, weights, feeds, float64=False))
     oracle = run_reference(graph, weights, feeds, float64=True)
     base = run(graph)
@@ -123,44 +125,83 @@ def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
         result.variants.append(Variant("unfused", 0, base_err, dict(base_err), False, why))
         return result
     result.variants.append(Variant("unfused", 0, base_err, dict(base_err), True))
-    for name in list(FUSIONS) + ["all"]:
-        after = () if name == "all" else prerequisites(graph, name)
-        disable = [] if name == "all" else [f for f in FUSIONS if f != name and f not in after]
-        opt = optimize(graph, disable=disable)
-        fused = sum(1 for s in opt.sites if s.fused and (s.pass_name == name or (name == "all" and s.pass_name in FUSIONS)))
-        out = run(opt.graph)
+    for fv in variants if variants is not None else fusion_variants(graph):
+        out = run(fv.graph)
         errors = {k: _max_err(out[k], oracle[k]) for k in oracle}
         limits = {k: 2 * base_err[k] + floor for k in oracle}
         ok = all(errors[k] <= limits[k] for k in oracle)
-        v = Variant(name, fused, errors, limits, ok, after=after)
+        v = Variant(fv.name, fv.sites, errors, limits, ok, after=fv.after)
         if non_finite_outputs(out):
-            where = locate_divergence(graph, opt.graph, weights, feeds, floor, rounding="")
+            where = locate_divergence(graph, fv.graph, weights, feeds, floor, rounding="")
             v.divergence = (f"the outputs are not finite ({'; '.join(non_finite_outputs(out))}); "
                             + (where or "the reference interpreter runs this fused graph to finite values, so "
                                         f"{backend} made the NaN/Inf"))
         elif not ok:
-            v.divergence = locate_divergence(graph, opt.graph, weights, feeds, floor)
+            v.divergence = locate_divergence(graph, fv.graph, weights, feeds, floor)
         result.variants.append(v)
     return result
 
 
-def _sites(graph: Graph, fusion: str, enabled) -> int:
-    opt = optimize(graph, disable=[f for f in FUSIONS if f != fusion and f not in enabled])
-    return sum(1 for s in opt.sites if s.fused and s.pass_name == fusion)
+@dataclass
+class FusionVariant:
+    """One graph ``check_fusions`` runs: a fusion alone (after its
+    prerequisites), or all of them."""
+
+    name: str                  # a fusion pass name, or "all"
+    after: tuple               # the earlier fusions it runs after
+    graph: Graph               # ``graph`` optimized with just those enabled
+    sites: int                 # the sites it fused (all: every fusion's)
 
 
-def prerequisites(graph: Graph, fusion: str) -> tuple:
+def fusion_variants(graph: Graph) -> list[FusionVariant]:
+    """Each fusion after its ``prerequisites``, then all: what ``check_fusions``
+    runs, the same on every backend, so ``blockc check`` makes it once."""
+    pipelines = _Pipelines(graph)
+    variants = []
+    for name in FUSIONS:
+        after = prerequisites(graph, name, pipelines)
+        variants.append(FusionVariant(name, after, pipelines.result((name, *after)).graph,
+                                      pipelines.sites(name, after)))
+    everything = pipelines.result(FUSIONS)
+    variants.append(FusionVariant("all", (), everything.graph,
+                                  sum(1 for s in everything.sites if s.fused and s.pass_name in FUSIONS)))
+    return variants
+
+
+class _Pipelines:
+    """``graph`` optimized with a set of fusions enabled, once per set: finding
+    each fusion's prerequisites asks about the same sets again and again (the
+    same set, each time, for every fusion it enables)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._results: dict[frozenset, OptimizeResult] = {}
+
+    def result(self, enabled) -> OptimizeResult:
+        key = frozenset(enabled)
+        if key not in self._results:
+            self._results[key] = optimize(self.graph, disable=[f for f in FUSIONS if f not in key])
+        return self._results[key]
+
+    def sites(self, fusion: str, enabled) -> int:
+        """The sites ``fusion`` fuses with ``enabled`` fusions run too."""
+        return sum(1 for s in self.result((fusion, *enabled)).sites if s.fused and s.pass_name == fusion)
+
+
+def prerequisites(graph: Graph, fusion: str, pipelines: _Pipelines | None = None) -> tuple:
     """The fewest earlier fusions ``fusion`` must run after to find on
     ``graph`` the sites it finds in the whole pipeline: () when it finds them
-    alone; else every earlier fusion, each dropped in turn if the count stays."""
+    alone; else every earlier fusion, each dropped in turn if the count stays.
+    ``pipelines``: the optimized graphs already made for ``graph``."""
+    pipelines = pipelines or _Pipelines(graph)
     earlier = list(FUSIONS[:FUSIONS.index(fusion)])
-    target = _sites(graph, fusion, earlier)
-    if not earlier or _sites(graph, fusion, ()) == target:
+    target = pipelines.sites(fusion, earlier)
+    if not earlier or pipelines.sites(fusion, ()) == target:
         return ()
     needed = list(earlier)
     for f in earlier:
         trial = [g for g in needed if g != f]
-        if _sites(graph, fusion, trial) == target:
+        if pipelines.sites(fusion, trial) == target:
             needed = trial
     return tuple(needed)
 

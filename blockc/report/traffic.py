@@ -49,11 +49,3 @@ def graph_traffic(graph: Graph, bindings: Mapping[str, int]) -> list[NodeTraffic
 
 def total_bytes(graph: Graph, bindings: Mapping[str, int]) -> int:
     return sum(t.total for t in graph_traffic(graph, bindings))
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"

@@ -12,6 +12,7 @@ name happens once, here, in ``make_backend``::
     with backend.compile(graph, weights, variant="basic", threads=2) as compiled:
         outputs = compiled.run(feeds)       # {output name: array}
         timing = compiled.time(feeds)       # runtime.timing.Timing
+        run = compiled.runner(feeds)        # feeds checked once; run() runs them unchecked
 
 Adding a backend is one module: a ``Backend`` subclass and a
 ``register("name", TheBackend)`` call. The built-in ones live in
@@ -33,6 +34,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..ir.graph import Graph
+from .bindings import bind_inputs
 from .timing import Timing, measure
 
 HOST_CLOCK = "time.perf_counter"
@@ -44,32 +46,59 @@ Outputs = dict[str, np.ndarray]
 class Compiled:
     """A graph compiled for one backend: ``run(feeds)`` many times, ``time(feeds)``.
 
-    Subclasses override ``run`` (and ``time`` where the clock is not the
-    host's, ``close`` where something must be released); or a plain function
-    is wrapped: ``Compiled(fn, kernels=..., close=...)``.
+    Feeds are checked against the graph (``bindings.bind_inputs``: names,
+    dtypes, shapes, ids in range) here, at the boundary, once per ``run``,
+    ``runner`` or ``time`` call, and never inside a timed loop: ``runner``
+    checks once and returns a call that runs unchecked, which is what
+    ``time`` (and compare's interleaved timing) measures.
+
+    Subclasses override ``unchecked_runner`` (and ``time`` where the clock is
+    not the host's, ``close`` where something must be released); or a plain
+    function that runs checked feeds is wrapped: ``Compiled(fn, graph=...,
+    kernels=..., close=...)``.
     """
 
     kernels: int | None = None     # what the runtime executes per run, where it can be counted
     times_itself = False           # True: ``time`` measures where the run happens (a device's clock, a
                                    # child process); callers call it instead of timing ``run`` themselves
 
-    def __init__(self, run: Callable[[Feeds], Outputs] | None = None, *, kernels: int | None = None,
-                 close: Callable[[], None] | None = None):
-        self._run, self._close = run, close
+    def __init__(self, run: Callable[[Feeds], Outputs] | None = None, *, graph: Graph | None = None,
+                 kernels: int | None = None, close: Callable[[], None] | None = None):
+        """``run(feeds)`` runs feeds that fit ``graph`` without checking them;
+        ``graph`` is what they are checked against (None: not checked here,
+        ``run`` checks them itself or not at all)."""
+        self._run, self._close, self.graph = run, close, graph
         if kernels is not None:
             self.kernels = kernels
 
+    def check(self, feeds: Feeds) -> dict[str, int]:
+        """The symbol sizes ``feeds`` bind, once they are checked against the
+        graph (an ``InputsError`` for the first problem)."""
+        return bind_inputs(self.graph, feeds) if self.graph is not None else {}
+
     def run(self, feeds: Feeds) -> Outputs:
-        """The outputs for ``feeds``, by the graph's output names."""
+        """The outputs for ``feeds``, by the graph's output names (checked first)."""
+        return self.runner(feeds)()
+
+    def runner(self, feeds: Feeds) -> Callable[[], Outputs]:
+        """Check ``feeds`` once; a call that runs them, unchecked, as often as
+        timing wants. The arrays must not change while it is in use."""
+        return self.unchecked_runner(feeds, self.check(feeds))
+
+    def unchecked_runner(self, feeds: Feeds, bindings: Mapping[str, int]) -> Callable[[], Outputs]:
+        """A call that runs ``feeds``, already checked (``bindings``: the sizes
+        they bind), without checking them again. What a subclass overrides."""
         if self._run is None:
             raise NotImplementedError(f"{type(self).__name__} does not run")
-        return self._run(feeds)
+        run = self._run
+        return lambda: run(feeds)
 
     def time(self, feeds: Feeds, *, warmup: int = 3, min_repeats: int = 10, min_time_s: float = 1.0) -> Timing:
         """Seconds per run of ``feeds``: ``warmup`` untimed runs, then runs until
         both ``min_repeats`` and ``min_time_s`` are reached (``timing.measure``
-        on the host clock around ``run``, unless the backend has its own)."""
-        return measure(lambda: self.run(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s)
+        on the host clock around ``runner(feeds)``, unless the backend has its
+        own)."""
+        return measure(self.runner(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s)
 
     def close(self) -> None:
         """Release what the compiled graph holds (sessions, temporary files)."""
@@ -145,10 +174,9 @@ class Backend:
 
     def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:
         """Compile ``graph``, run it once on ``feeds``, release it."""
-        from .bindings import bind_inputs
-        bind_inputs(graph, feeds)   # before compiling: a bad feed should not cost a compile
+        bindings = bind_inputs(graph, feeds)   # before compiling: a bad feed should not cost a compile
         with self.compile(graph, weights) as compiled:
-            return compiled.run(feeds)
+            return compiled.unchecked_runner(feeds, bindings)()
 
 
 # ---- the registry ------------------------------------------------------------------------

@@ -1,101 +1,99 @@
-"""Binding symbolic dims to sizes from concrete input arrays, and the one
-check of every feed that every backend makes before it runs: names, ranks,
-dtypes, dims, and the limits the graph implies (``ops/limits.py``: ids
-inside their embedding table, a sequence no longer than the position
-table). A feed one backend refuses, every backend refuses, with the same
-message."""
+"""The one check of feeds against a graph's inputs, and the symbolic dims
+they bind.
+
+``input_problems`` is the checker: names, dtypes, ranks, sizes, dims that
+disagree between inputs, and the limits the graph implies
+(``ops/limits.py``: ids inside their embedding table, a sequence no longer
+than the position table), each problem one message. Two paths read it:
+
+* ``bind_inputs`` raises the first problem: every backend, before it runs,
+  so a feed one backend refuses, every backend refuses, with the same message;
+* ``runtime/feeds.check_feeds`` lists them all, for arrays a user gave
+  (``blockc run --inputs``).
+"""
 from __future__ import annotations
 
-import weakref
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
-from ..errors import BlockcError, InputsError
+from ..errors import InputsError
 from ..ir.dims import evaluate, is_plain_symbol
-from ..ir.dtypes import DType
 from ..ir.graph import Graph
 from ..ops.limits import graph_limits
 
 
 def bind_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
-    """Symbol values implied by ``feeds``; checks names, ranks, dtypes, dims
-    and the graph's limits (``check_limits``)."""
-    missing = [v.name for v in graph.inputs if v.name not in feeds]
-    extra = [k for k in feeds if k not in {v.name for v in graph.inputs}]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing inputs: {', '.join(missing)}")
-        if extra:
-            parts.append(f"unknown inputs: {', '.join(extra)}")
-        raise BlockcError("; ".join(parts) + f" (the graph takes {', '.join(v.name for v in graph.inputs)})")
+    """The symbol sizes ``feeds`` imply; the first way they do not fit
+    ``graph``'s inputs (``input_problems``) is raised as an ``InputsError``."""
     bindings: dict[str, int] = {}
-    deferred = []
-    for v in graph.inputs:
-        a = feeds[v.name]
-        if not isinstance(a, np.ndarray):
-            raise BlockcError(f"input {v.name!r} must be a numpy array, got {type(a).__name__}")
-        if a.ndim != v.type.rank:
-            raise BlockcError(f"input {v.name!r} has rank {a.ndim}, expected {v.type}")
-        try:
-            got = DType.from_numpy(a.dtype)
-        except KeyError:
-            got = None
-        if got != v.dtype:
-            raise BlockcError(f"input {v.name!r} has dtype {a.dtype}, expected {v.dtype.name}")
-        for axis, (d, n) in enumerate(zip(v.shape, a.shape)):
-            if isinstance(d, int):
-                if d != n:
-                    raise BlockcError(f"input {v.name!r} axis {axis} has size {n}, expected {d}")
-            elif is_plain_symbol(d):
-                sym = next(iter(d.symbols))
-                if bindings.setdefault(sym, n) != n:
-                    raise BlockcError(f"dimension '{sym}' is {bindings[sym]} in one input and {n} in "
-                                      f"input {v.name!r}")
-            else:
-                deferred.append((v.name, axis, d, n))
-    for name, axis, d, n in deferred:
-        try:
-            want = evaluate(d, bindings)
-        except BlockcError:
-            raise BlockcError(f"input {name!r} axis {axis} is '{d}', which no other input determines") from None
-        if want != n:
-            raise BlockcError(f"input {name!r} axis {axis} has size {n}, expected {d} = {want}")
-    check_limits(graph, feeds, bindings)
+    for problem in input_problems(graph, feeds, bindings):
+        raise InputsError(problem, [problem])
     return bindings
 
 
-_LIMITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict[str, int]) -> Iterator[str]:
+    """Each way ``feeds`` do not fit ``graph``'s inputs, one message each:
+    names, then each input's dtype, rank, sizes and ids, then the dims the
+    inputs share, then the graph's dim limits.
 
+    ``bindings`` comes in holding the sizes known beforehand (a ``--dim``,
+    which binds a dim no input shows on its own, as ``past`` inside
+    ``past+seq``) and is filled with the size of every dim an input shows,
+    which wins over a known one. A caller that stops at the first message
+    (``bind_inputs``) pays for no check after it.
+    """
+    takes = {v.name for v in graph.inputs}
+    unexpected = [name for name in feeds if name not in takes]
+    if unexpected:
+        yield (f"unexpected array{'s' if len(unexpected) > 1 else ''} {', '.join(map(repr, unexpected))} "
+               f"(the graph takes {', '.join(f'{v.name}: {v.type}' for v in graph.inputs)})")
+    limits = graph_limits(graph)   # each check, not cached: graphs change in place, and a check is
+                                   # once per run or runner, outside any timed loop
+    seen: dict[str, list[tuple[str, int, int]]] = {}  # symbol -> (input, axis, size) where it appears
+    compound = []
+    for v in graph.inputs:
+        if v.name not in feeds:
+            yield f"missing input {v.name!r}: {v.type}"
+            continue
+        a = feeds[v.name]
+        if not isinstance(a, np.ndarray):
+            yield f"input {v.name!r}: a {type(a).__name__}, not a numpy array"
+            continue
+        if a.dtype != v.dtype.numpy:
+            yield f"input {v.name!r}: dtype {a.dtype}, expected {v.dtype.name}"
+        if a.ndim != v.type.rank:
+            yield f"input {v.name!r}: rank {a.ndim} (shape {list(a.shape)}), expected rank {v.type.rank}: {v.type}"
+            continue
+        for axis, (d, n) in enumerate(zip(v.shape, a.shape)):
+            if isinstance(d, int):
+                if d != n:
+                    yield f"input {v.name!r}: axis {axis} is {n}, expected {d} ({v.type})"
+            elif is_plain_symbol(d):
+                seen.setdefault(next(iter(d.symbols)), []).append((v.name, axis, n))
+            else:
+                compound.append((v.name, axis, d, n))
+        if v.name in limits.ids and a.dtype.kind in "iu" and a.size:  # even at a wrong integer dtype
+            high, why = limits.ids[v.name]
+            low_id, high_id = a.min(), a.max()   # two reductions; the mask only when one is out
+            if low_id < 0 or high_id >= high:
+                outside = int(((a < 0) | (a >= high)).sum())
+                yield (f"input {v.name!r}: {outside} of {a.size} ids out of range [0, {high}) "
+                       f"(min {low_id}, max {high_id}; {why})")
 
-def _limits(graph: Graph):
-    # Once per graph, not per run: a session's run checks its feeds every time it is timed.
-    key = (len(graph.nodes), len(graph.inputs))
-    cached = _LIMITS.get(graph)
-    if cached is None or cached[0] != key:
-        cached = _LIMITS[graph] = (key, graph_limits(graph))
-    return cached[1]
-
-
-def check_limits(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: Mapping[str, int]) -> None:
-    """Refuse ids outside ``[0, rows)`` of the table they index and dims over
-    what the graph's fixed-size tables hold, before anything runs: out of
-    range, a backend would read out of bounds or wrap around silently."""
-    limits = _limits(graph)
-    problems = []
-    for d in limits.dims:
-        n = evaluate(d.dim, bindings)
-        if n > d.limit:
-            problems.append(f"dimension '{d.dim}' is {n}, over the model's maximum of {d.limit} ({d.why})")
-    for name, (high, why) in limits.ids.items():
-        a = feeds[name]
-        if a.size:
-            outside = (a < 0) | (a >= high)
-            if outside.any():
-                problems.append(f"input {name!r}: {int(outside.sum())} of {a.size} ids out of range [0, {high}) "
-                                f"(min {a.min()}, max {a.max()}; {why})")
-    if problems:
-        raise InputsError("; ".join(problems), problems)
-
+    for sym, where in seen.items():
+        sizes = sorted({n for _, _, n in where})
+        if len(sizes) > 1:
+            yield (f"dimension '{sym}' disagrees between inputs: "
+                   + ", ".join(f"{n} in {name} axis {axis}" for name, axis, n in where))
+            continue
+        bindings[sym] = sizes[0]
+    for name, axis, d, n in compound:
+        if not d.symbols <= bindings.keys():
+            missing = ", ".join(sorted(d.symbols - bindings.keys()))
+            yield f"input {name!r}: axis {axis} is '{d}', and no input determines {missing}"
+        elif evaluate(d, bindings) != n:
+            yield f"input {name!r}: axis {axis} is {n}, expected {d} = {evaluate(d, bindings)}"
+    for limit, n in limits.dims_over(bindings):
+        yield f"dimension '{limit.dim}' is {n}, over the model's maximum of {limit.limit} ({limit.why})"
 

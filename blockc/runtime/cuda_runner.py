@@ -247,7 +247,8 @@ def write_weights(model: CudaModel, directory: str) -> str:
 
 def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, np.ndarray], *,
               emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto",
-              weights: str | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
+              weights: str | None = None,
+              bindings: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
     """Run ``model``'s library ``so_path`` (``emulated_library`` or
     ``gpu_library``) on ``feeds`` in a child process: ``(outputs, times)``.
 
@@ -256,9 +257,12 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
     synchronize); ``times`` are then its seconds per run, else empty.
     ``sanitize``: the library's sanitizer (see ``run_child``). ``weights``:
     the model's weights file (``write_weights``), written once by a caller
-    that runs many times; None writes it for this run.
+    that runs many times; None writes it for this run. ``bindings``: the
+    sizes ``feeds`` bind, from a caller that has checked them against the
+    graph already (``Compiled.check``); None checks them here.
     """
-    bindings = bind_inputs(model.graph, feeds)
+    if bindings is None:
+        bindings = bind_inputs(model.graph, feeds)
     shapes = [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
         if weights is None:

@@ -127,9 +127,14 @@ class OrtSession:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs for ``feeds`` (checked against the graph inputs first)."""
+        bind_inputs(self.graph, feeds)
+        return self.run_unchecked(feeds)
+
+    def run_unchecked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs for ``feeds`` that were checked already (``Compiled`` checks
+        once, then times this)."""
         if self._session is None:
             raise BlockcError("this OrtSession is closed")
-        bind_inputs(self.graph, feeds)
         try:
             if not self._bfloat16:
                 outs = self._session.run(self._outputs, {v.name: feeds[v.name] for v in self.graph.inputs})
@@ -166,7 +171,7 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:
-        return s.run(feeds)
+        return s.run_unchecked(feeds)
 
 
 # -- numpy <-> OrtValue, for bfloat16 ----------------------------------------------

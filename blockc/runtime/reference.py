@@ -16,7 +16,7 @@ from ..ir.graph import Graph
 from ..ops.evaluate import Env, evaluate_node
 from .bindings import bind_inputs
 
-__all__ = ["Env", "run_reference"]
+__all__ = ["Env", "interpret", "run_reference"]
 
 
 def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
@@ -27,7 +27,14 @@ def run_reference(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
     graph's declared dtypes. ``capture``, if given, receives every node
     result as ``{Value: array}`` (for locating where two graphs diverge).
     """
-    bindings = bind_inputs(graph, feeds)
+    return interpret(graph, weights, feeds, bind_inputs(graph, feeds), float64=float64, capture=capture)
+
+
+def interpret(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
+              bindings: Mapping[str, int], *, float64: bool = True,
+              capture: dict | None = None) -> dict[str, np.ndarray]:
+    """``run_reference`` on feeds already checked against ``graph``
+    (``bindings``: the sizes they bind), without checking them again."""
     env = Env(bindings, float64)
     missing = [name for name in graph.params if name not in weights]
     if missing:

@@ -299,10 +299,16 @@ class TorchSession:
                                 for t in list(self.module.parameters()) + list(self.module.buffers())}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs for ``feeds`` by the graph's output names, as numpy arrays."""
+        """Outputs for ``feeds`` by the graph's output names, as numpy arrays
+        (checked against the graph inputs first)."""
+        bind_inputs(self.graph, feeds)
+        return self.run_unchecked(feeds)
+
+    def run_unchecked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``run`` for feeds that were checked already (``Compiled`` checks
+        once, then times this)."""
         from .torch_tensors import to_numpy, to_torch
         torch = self._torch
-        bind_inputs(self.graph, feeds)
         args = [to_torch(feeds[v.name], v.dtype, copy=False) for v in self.graph.inputs]
         old = torch.get_num_threads()
         if self.threads is not None and self.threads != old:
@@ -329,7 +335,7 @@ def run_torch(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[st
     """Lower ``graph``, run it once in PyTorch, return ``{output name: array}``;
     ``kw`` goes to ``TorchSession``."""
     bind_inputs(graph, feeds)  # before the lowering: a bad feed should not cost one
-    return TorchSession(graph, weights, **kw).run(feeds)
+    return TorchSession(graph, weights, **kw).run_unchecked(feeds)
 
 
 def _is_compile_error(err: Exception) -> bool:

@@ -125,7 +125,7 @@ def test_peak_bandwidth_given_makes_fractions():
 @pytest.mark.parametrize("argv, message", [
     (["--backends", "ort-cpu,tpu"], "unknown backend 'tpu'"),
     (["--peers", "tvm"], "unknown peer 'tvm'"),
-    (["--seq", "2000"], "seq=2000 exceeds gpt2-block's maximum of 1024"),
+    (["tiny", "--seq", "2000"], "seq=2000 exceeds tiny's maximum of 128"),   # its position table's rows
     (["--batch", "1,x"], "malformed --batch"),
     (["--batch", "0"], "--batch needs positive integers"),
     (["--set", "heads=5"], "not divisible"),

@@ -171,7 +171,7 @@ def test_results_table_has_every_row_and_reason(written):
     assert len(rows) == len(report["results"]) + 2   # plus the skipped backend and the skipped peer
     fused = next(cells for cls, cells in rows if cells[:4] == ["ort-cpu", "basic", "fused", "batch=1, seq=128"])
     assert fused[4] == "3.1 [2.94–3.72]" and fused[5] == "161" and fused[6] == "1.08×"
-    assert fused[7:10] == ["22", "19", "12.00 MiB"] and fused[11] == "10.1%" and fused[12] == "1.9e-06"
+    assert fused[7:10] == ["22", "19", "12 MiB"] and fused[11] == "10.1%" and fused[12] == "1.9e-06"
     error = next(cells for cls, cells in rows if "error" in cls)
     assert error[:3] == ["ort-cpu", "all", "fused"]
     assert error[4] == "error ONNX Runtime: <b>Fusion</b> node com.microsoft:Attention has no kernel"
@@ -252,9 +252,10 @@ def test_plots_on_their_own(block_graphs):
 def test_unwritable_directory_is_a_blockc_error(tmp_path):
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
-    with pytest.raises(BlockcError, match="cannot write the report to .*file.txt: it exists and is not a directory"):
+    with pytest.raises(BlockcError, match="cannot write the report to .*file.txt: it is a file, not a folder "
+                                          r"\(give a new or existing folder with --report\)"):
         check_report_dir(a_file)
-    with pytest.raises(BlockcError, match="cannot write the report to .*file.txt/sub: Not a directory"):
+    with pytest.raises(BlockcError, match="cannot write the report to .*file.txt/sub: .*file.txt is a file, not a folder"):
         check_report_dir(a_file / "sub")
     with pytest.raises(BlockcError, match="cannot write the report"):
         write_html_report(make_report(), a_file / "sub", before=None, after=None)
@@ -265,7 +266,7 @@ def test_unwritable_directory_is_a_blockc_error(tmp_path):
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory anyway")
 def test_read_only_directory_is_a_blockc_error(tmp_path):
     tmp_path.joinpath("ro").mkdir(mode=0o500)
-    with pytest.raises(BlockcError, match="Permission denied"):
+    with pytest.raises(BlockcError, match="is not writable"):
         check_report_dir(tmp_path / "ro")
 
 
@@ -277,11 +278,31 @@ def test_a_failed_write_leaves_no_page_and_no_temporary_files(tmp_path, monkeypa
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(compare_html.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(BlockcError, match="No space left on device"):
         write_html_report(make_report(), tmp_path, before=None, after=None)
     assert not (tmp_path / "index.html").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_failed_write_leaves_the_previous_report_whole(tmp_path, monkeypatch):
+    # The page and its pictures are replaced together or not at all: a new
+    # chart never sits beside the old page.
+    (tmp_path / "index.html").write_bytes(b"old page")
+    (tmp_path / "latency.png").write_bytes(b"old chart")
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if pathlib.Path(dst).name == "index.html" and ".old." not in pathlib.Path(src).name:
+            raise OSError(28, "No space left on device")  # the new page cannot be placed; the old one can come back
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(BlockcError, match="No space left on device"):
+        write_html_report(make_report(), tmp_path, before=None, after=None)
+    assert (tmp_path / "index.html").read_bytes() == b"old page"
+    assert (tmp_path / "latency.png").read_bytes() == b"old chart"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "latency.png"]
 
 
 def test_other_schema_is_refused(tmp_path):

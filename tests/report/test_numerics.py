@@ -107,3 +107,20 @@ def test_a_fusion_runs_after_the_fusions_it_builds_on_and_reports_its_true_count
     assert by_name["fuse_qkv_attention"].fused_sites == whole == 2
     assert by_name["fuse_qkv_attention"].after == ("fuse_qkv", "fuse_attention")
     assert "ran after fuse_qkv, fuse_attention" in format_check(result)
+
+
+def test_blockc_check_optimizes_each_set_of_fusions_once_per_graph(monkeypatch, capsys):
+    """Finding each fusion's prerequisites re-ran the pipeline for sets it had
+    run already, O(fusions²) times, and again for every backend checked."""
+    import blockc.report.numerics as numerics
+    asked = []
+    real = numerics.optimize
+
+    def counted(graph, **kw):
+        asked.append(frozenset(kw.get("disable", ())))
+        return real(graph, **kw)
+    monkeypatch.setattr(numerics, "optimize", counted)
+    assert main(["check", "tiny", "--set", "layers=1", "--backend", "reference", "--backend", "ort",
+                 "--fused-as", "function"]) == 0
+    assert capsys.readouterr().out.count("PASS") == 2
+    assert asked and len(asked) == len(set(asked))

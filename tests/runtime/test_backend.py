@@ -151,6 +151,36 @@ def test_every_host_backend_runs_and_times(name):
     assert t.repeats == 3 and t.min_s <= t.median_s <= t.max_s and not compiled.times_itself
 
 
+@pytest.mark.parametrize("name", ["reference", "ort-cpu", "torch-eager", "cuda-emu"])
+def test_feeds_are_checked_once_at_the_boundary_not_inside_the_timing(name, monkeypatch):
+    """``run`` checks every call; ``runner`` and ``time`` check once, so the
+    latency compare reports is the run's, not the check's (an id scan)."""
+    import blockc.runtime.bindings as bindings
+    backend = make_backend(name)
+    if not backend.availability()[0]:
+        pytest.skip(backend.availability()[1])
+    graph, weights, feeds = _tiny()
+    checks, real = [], bindings.input_problems
+
+    def counted(*args):
+        checks.append(1)
+        yield from real(*args)
+    monkeypatch.setattr(bindings, "input_problems", counted)
+    with backend.compile(graph, weights, threads=1) as compiled:
+        first = compiled.run(feeds)
+        compiled.run(feeds)
+        assert len(checks) == 2
+        run = compiled.runner(feeds)
+        assert len(checks) == 3
+        for _ in range(3):
+            out = run()
+        assert len(checks) == 3 and all(np.array_equal(out[k], first[k]) for k in first)
+        compiled.time(feeds, warmup=1, min_repeats=3, min_time_s=0.0)
+        assert len(checks) == 4
+        with pytest.raises(BlockcError, match="ids out of range"):   # a runner of a bad feed is never made
+            compiled.runner({"input_ids": feeds["input_ids"] + 1000})
+
+
 def test_emulated_cuda_times_itself_in_its_child_process():
     """The child runs blockc's one timing loop (runtime.timing.measure):
     per-run times there, not around a process start."""

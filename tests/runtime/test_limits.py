@@ -1,5 +1,5 @@
 """Feeds outside what the graph's tables hold are refused before running, by
-one rule (``ops/limits.py``, checked in ``runtime/bindings.bind_inputs``) on
+one rule (``ops/limits.py``, checked in ``runtime/bindings.input_problems``) on
 every backend, and by the generated C API's ``blockc_run`` itself."""
 from __future__ import annotations
 
@@ -82,11 +82,13 @@ def test_the_c_api_checks_dims_against_the_model_limits(tiny):
 
 @pytest.fixture
 def c_api_alone(monkeypatch):
-    """``run_model`` with the Python check (``check_limits``) switched off, so
-    the feeds reach ``blockc_create``/``blockc_run`` and the error is the C
-    API's own, read from ``blockc_last_error``."""
+    """``run_model`` with the Python check of the limits switched off (the
+    checker sees a graph with none), so the feeds reach
+    ``blockc_create``/``blockc_run`` and the error is the C API's own, read
+    from ``blockc_last_error``."""
     import blockc.runtime.bindings as bindings
-    monkeypatch.setattr(bindings, "check_limits", lambda graph, feeds, dims: None)
+    from blockc.ops.limits import Limits
+    monkeypatch.setattr(bindings, "graph_limits", lambda graph: Limits({}, []))
 
 
 @needs_gxx
@@ -168,3 +170,77 @@ def test_a_graph_without_id_inputs_pays_nothing_for_the_id_check(tiny):
     g = blockc.parse_graph("graph g(%x: f32[4,8]) {\n  %0:f32[4,8] = exp %x\n  return y=%0\n}\n")
     source = generate(g, {}).source
     assert "id_errors" not in source and "first_bad" not in source and "cudaStreamSynchronize" not in source
+
+
+# ---- one checker: the first problem a backend raises is the first one a file of inputs lists ----
+@pytest.mark.parametrize("feeds", [
+    {"input_ids": np.zeros((1, 3), np.int64), "mask": np.zeros(3)},          # a name the graph does not take
+    {},                                                                      # a missing input
+    {"input_ids": np.zeros((1, 3), np.int32)},                               # a dtype
+    {"input_ids": np.zeros((1, 3, 1), np.int64)},                            # a rank
+    {"input_ids": np.array([[3, 256, 7]], np.int64)},                        # an id past the table
+    {"input_ids": np.zeros((1, 200), np.int64)},                             # seq past the position table
+])
+def test_a_backend_and_a_file_of_inputs_refuse_a_feed_in_the_same_words(tiny, feeds):
+    from blockc.runtime.bindings import bind_inputs
+    from blockc.runtime.feeds import check_feeds
+    _, graph, _ = tiny
+    with pytest.raises(InputsError) as first:
+        bind_inputs(graph, feeds)
+    with pytest.raises(InputsError) as every:
+        check_feeds(graph, feeds)
+    assert str(first.value) == first.value.problems[0] == every.value.problems[0]
+
+
+USER_MODEL = """
+import blockc
+from blockc.frontends.layers import Embedding, LearnedPositionEmbedding
+from blockc.frontends.module import InputSpec
+from blockc.ir.dtypes import DType
+
+class M(blockc.Model):
+    # declares no limits of its own: its tables set them
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = Embedding(10, 8), LearnedPositionEmbedding(16, 8)
+
+    def inputs(self):
+        return [InputSpec("ids", DType.int64, (blockc.symbol("batch"), blockc.symbol("seq")), "ids", 10)]
+
+    def forward(self, ids):
+        return self.tok(ids) + self.pos(ids.shape[1])
+"""
+
+
+def test_a_user_models_tables_set_its_limits_for_every_command(tmp_path, capsys):
+    from blockc.cli import main
+    from blockc.runtime.feeds import check_feeds
+    path = tmp_path / "m.py"
+    path.write_text(USER_MODEL)
+    assert main(["fusions", f"{path}:M", "--dim", "seq=32"]) == 2
+    assert "--dim seq=32 exceeds the model's maximum of 16" in capsys.readouterr().err
+    graph = blockc.trace(blockc.build_model(f"{path}:M"))
+    with pytest.raises(InputsError, match=r"dimension 'seq' is 32, over the model's maximum of 16"):
+        check_feeds(graph, {"ids": np.zeros((1, 32), np.int64)})
+    # a block reads no table, so no seq is too long for it
+    block = blockc.trace(blockc.build_model("gpt2-block", {"d_model": "32", "heads": "2"}))
+    assert not graph_limits(block) and main(["fusions", "gpt2-block", "--set", "d_model=32", "--set", "heads=2",
+                                             "--dim", "seq=4096", "--no-onnx-forms"]) == 0
+
+
+def test_limits_follow_a_graph_changed_in_place():
+    """Graphs are mutable: a table swapped through the graph's API, with the
+    same number of nodes and inputs, changes the limit at the next check (a
+    cache keyed on those counts once kept the old one)."""
+    from blockc.ir.types import TensorType
+    from blockc.runtime.bindings import bind_inputs
+    graph = blockc.trace(blockc.build_model("tiny", TINY))
+    ids = {"input_ids": np.array([[150]], np.int64)}
+    assert bind_inputs(graph, ids) == {"batch": 1, "seq": 1}   # inside the 256-row table
+    gather = next(n for n in graph.nodes if n.op == "gather" and n.inputs[1].name == "input_ids")
+    table = gather.inputs[0]
+    counts = (len(graph.nodes), len(graph.inputs))
+    graph.set_input(gather, 0, graph.add_param("small.weight", TensorType(table.dtype, (100, table.shape[1]))))
+    assert (len(graph.nodes), len(graph.inputs)) == counts
+    with pytest.raises(InputsError, match=r"ids out of range \[0, 100\) .*'small.weight', which has 100 rows"):
+        bind_inputs(graph, ids)

@@ -193,7 +193,7 @@ def test_feeds_are_checked_against_the_graph():
     g, w = attention_block()
     good = feeds_for(g, {"batch": 2, "seq": 3, "past": 1})
     with OrtSession(g, w) as sess:
-        with pytest.raises(BlockcError, match="missing inputs: past_kv"):
+        with pytest.raises(BlockcError, match="missing input 'past_kv'"):
             sess.run({"ids": good["ids"]})
         with pytest.raises(BlockcError, match="dtype"):
             sess.run({**good, "past_kv": good["past_kv"].astype(np.float64)})

@@ -261,7 +261,7 @@ def test_bad_weights_and_feeds_are_blockc_errors():
     with pytest.raises(WeightsError, match="has shape"):
         TorchSession(graph, {**weights, "blocks.0.ln1.weight": np.ones(7, np.float32)})
     session = TorchSession(graph, weights)
-    with pytest.raises(BlockcError, match="has dtype float64"):
+    with pytest.raises(BlockcError, match="dtype float64, expected float32"):
         session.run({"x": np.ones((1, 3, 32))})
 
 

@@ -24,23 +24,23 @@ class CudaCompiled(Compiled):
         import tempfile
 
         from ..cuda_runner import write_weights
-        super().__init__(kernels=len(model.steps))
+        super().__init__(graph=model.graph, kernels=len(model.steps))
         self.model, self.library, self.emulated, self.sanitize = model, library, emulated, sanitize
         # The weights file is written once, here, not on every run.
         self._dir = tempfile.TemporaryDirectory(prefix="blockc-cuda-weights-")
         self._weights = write_weights(model, self._dir.name)
 
-    def _launch(self, feeds, **kw):
+    def _launch(self, feeds, bindings, **kw):
         from ..cuda_runner import run_model
         return run_model(self.model, self.library, feeds, emulated=self.emulated, sanitize=self.sanitize,
-                         weights=self._weights, **kw)
+                         weights=self._weights, bindings=bindings, **kw)
 
-    def run(self, feeds):
-        return self._launch(feeds)[0]
+    def unchecked_runner(self, feeds, bindings):
+        return lambda: self._launch(feeds, bindings)[0]
 
     def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0):
-        _, times = self._launch(feeds, timeout=600.0,
-                             time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
+        _, times = self._launch(feeds, self.check(feeds), timeout=600.0,
+                                time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
         return Timing.of(times)
 
     def close(self):

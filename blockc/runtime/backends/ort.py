@@ -81,7 +81,7 @@ class OrtBackend(Backend):
         def close():
             session.close()
             folder.cleanup()
-        return Compiled(session.run, kernels=count_onnx_nodes(optimized), close=close)
+        return Compiled(session.run_unchecked, graph=graph, kernels=count_onnx_nodes(optimized), close=close)
 
     def run(self, graph, weights, feeds):
         # One run needs no kernel count: skip writing ONNX Runtime's optimized model.

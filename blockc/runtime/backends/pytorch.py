@@ -38,7 +38,7 @@ class TorchBackend(Backend):
     def compile(self, graph, weights, *, variant=None, threads=None):
         from ..torch_runner import TorchSession
         session = TorchSession(graph, weights, compile=self.compile_module, threads=threads)
-        return Compiled(session.run)
+        return Compiled(session.run_unchecked, graph=graph)
 
 
 register("torch-eager", TorchBackend)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..backend import Backend, Compiled, register
-from ..reference import run_reference
+from ..reference import interpret
 
 
 class ReferenceBackend(Backend):
@@ -24,8 +24,18 @@ class ReferenceBackend(Backend):
                "call per IR node; numpy's BLAS picks its own thread count"
 
     def compile(self, graph, weights, *, variant=None, threads=None):
-        return Compiled(lambda feeds: run_reference(graph, weights, feeds, float64=self.float64),
-                        kernels=len(graph.nodes))
+        return ReferenceCompiled(graph, weights, float64=self.float64)
+
+
+class ReferenceCompiled(Compiled):
+    """The interpreter on one graph; it needs the sizes the feeds bind."""
+
+    def __init__(self, graph, weights, *, float64: bool):
+        super().__init__(graph=graph, kernels=len(graph.nodes))
+        self.weights, self.float64 = weights, float64
+
+    def unchecked_runner(self, feeds, bindings):
+        return lambda: interpret(self.graph, self.weights, feeds, bindings, float64=self.float64)
 
 
 register("reference", ReferenceBackend, compare=True)

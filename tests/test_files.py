@@ -1,0 +1,66 @@
+"""``blockc/files.py``: the one byte formatter, and the one answer to "can
+this path be written"."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from blockc.errors import BlockcError
+from blockc.files import check_writable, check_writable_dir, format_bytes
+
+
+@pytest.mark.parametrize("n, text", [
+    (0, "0 B"), (512, "512 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (128 << 10, "128 KiB"),
+    (int(22.3 * 2**30), "22.3 GiB"), (int(2.27 * 2**50), "2.27 PiB"), (12 << 20, "12 MiB"), (8 << 30, "8 GiB"),
+    (-3 << 20, "-3 MiB"), (1 << 70, "1024 EiB"),
+    # frontends/module's .3g once printed these as "1e+03 KiB"
+    (1000 << 10, "1000 KiB"), (int(999.7 * 1024), "1000 KiB"), (1023 << 20, "1023 MiB"),
+])
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+# -- can it be written: one rule for every command and report -------------------------
+def test_a_file_that_cannot_be_written_is_refused(tmp_path):
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    for path, why in [(tmp_path, "it is a folder"),
+                      (tmp_path / "no" / "such" / "x.npz", f"the folder {tmp_path / 'no' / 'such'} does not exist"),
+                      (a_file / "sub" / "x.npz", f"{a_file} is a file, not a folder")]:
+        with pytest.raises(BlockcError) as info:
+            check_writable(path)
+        assert str(info.value) == f"cannot write {path}: {why}"
+    check_writable(tmp_path / "new.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]   # asking writes nothing
+
+
+def test_a_folder_that_cannot_be_filled_is_refused(tmp_path):
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    with pytest.raises(BlockcError, match=r"cannot write the build into .*afile: it is a file, not a folder "
+                                          r"\(give a new or existing folder with -o\)"):
+        check_writable_dir(a_file, "the build into", "-o")
+    with pytest.raises(BlockcError, match=rf"cannot write the report to .*afile/a/b: {a_file} is a file"):
+        check_writable_dir(a_file / "a" / "b", "the report to", "--report")
+    check_writable_dir(tmp_path / "new" / "deeper", "the build into", "-o")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_folder_that_is_not_writable_is_refused(tmp_path, monkeypatch):
+    # Tests run as root, whom permission bits do not stop: make os.access say no.
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
+    with pytest.raises(BlockcError, match=f"cannot write .*x.npz: the folder {tmp_path} is not writable"):
+        check_writable(tmp_path / "x.npz")
+    with pytest.raises(BlockcError, match=f"the folder {tmp_path} is not writable"):
+        check_writable_dir(tmp_path / "build", "the build into", "-o")
+
+
+def test_saving_arrays_under_a_file_names_the_file(tmp_path):
+    # runtime/feeds once had its own check, which called this folder missing
+    from blockc.runtime.feeds import save_npz
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(BlockcError, match=f"{tmp_path / 'afile'} is a file, not a folder"):
+        save_npz(str(tmp_path / "afile" / "out.npz"), {"a": np.zeros(1)})
