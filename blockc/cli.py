@@ -243,8 +243,8 @@ def _feeds(args, model, graph) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         bindings = _bindings(args, model, graph)
         rng = np.random.default_rng(args.seed)
         return {s.name: s.sample(bindings, rng) for s in model.inputs()}, bindings
-    # InputSpec.sample draws ids in [0, high): the ids the model has embeddings for.
-    ranges = {s.name: (0, s.high) for s in model.inputs() if s.kind == "ids"}
+    # InputSpec.sample draws ids in [0, high): the ids (or positions) the model has rows for.
+    ranges = {s.name: s.value_range for s in model.inputs() if s.value_range}
     return check_feeds(graph, load_npz(args.inputs), value_ranges=ranges, max_dims=model.max_dims(),
                        dims=_asked_dims(args, graph), source=f"the arrays of {args.inputs}")
 

@@ -49,9 +49,12 @@ def rotary_problem(head_dim: int, rotary_dim: int, base: float, form: str = "rot
     the whole head. (The config check and the layer both ask this.)"""
     if form not in ROPE_FORMS:
         return f"rope_form must be one of {', '.join(ROPE_FORMS)}, got {form!r}"
+    if not rotary_dim and head_dim % 2:
+        return (f"the head size {head_dim} is odd, and RoPE turns pairs of dimensions: "
+                f"set rotary_dim to an even number below it")
+    if rotary_dim < 0 or rotary_dim % 2:
+        return f"rotary_dim={rotary_dim} must be a positive even number: RoPE turns pairs of dimensions"
     rd = rotary_dim or head_dim
-    if rotary_dim < 0 or rd % 2:
-        return f"rotary_dim={rd} must be a positive even number: RoPE turns pairs of dimensions"
     if rd > head_dim:
         return f"rotary_dim={rd} is more than the head size {head_dim}"
     if not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
