@@ -8,5 +8,6 @@ from .models import (BlockConfig, BlockModel, DecoderConfig, DecoderLM, Encoder,
 from .module import InputSpec, Model, Module, ModuleList, Parameter, init_weights, symbol, trace  # noqa: F401
 from .tensor import Tensor, causal_mask, concat, constant, where  # noqa: F401
 from .hf_gpt2 import gpt2_config_from_hf, load_hf_gpt2_state_dict  # noqa: F401
+from .hf_llama import llama_config_from_hf, load_hf_llama_state_dict  # noqa: F401
 from .summary import Summary, summarize  # noqa: F401
 from .weights import check_weights, load_weights, materialize, save_weights  # noqa: F401
