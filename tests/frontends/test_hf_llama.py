@@ -9,6 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_testing import randomise  # noqa: E402
+
 from blockc import optimize, run_reference, trace  # noqa: E402
 from blockc.errors import ModelError, WeightsError  # noqa: E402
 from blockc.frontends import DecoderLM  # noqa: E402
@@ -38,19 +40,9 @@ def hf_config(family="llama", **kw):
 
 
 def hf_model(family="llama", seed=0, **kw):
-    """A *ForCausalLM with every parameter random (HF starts norms at 1 and
-    biases at 0, which would hide a wrong norm or bias mapping)."""
+    """A *ForCausalLM with every parameter random (``hf_testing.randomise``)."""
     torch.manual_seed(seed)
-    model = getattr(transformers, FAMILIES[family][1])(hf_config(family, **kw))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif p.ndim == 1:
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-    return model.eval()
+    return randomise(getattr(transformers, FAMILIES[family][1])(hf_config(family, **kw)), torch)
 
 
 def inputs(seed=1, batch=2, seq=12):
@@ -149,13 +141,11 @@ def test_bad_state_dict_lists_every_problem():
     sd["model.extra.weight"] = torch.zeros(3)
     with pytest.raises(WeightsError) as info:
         load_hf_llama_state_dict(sd, DecoderLM(llama_config_from_hf(hf.config)))
-    message = str(info.value)
-    assert message.startswith("Llama-family state dict does not fit 'decoder' (4 problems):")
-    assert "missing: model.layers.1.self_attn.q_norm.weight" in message
-    assert "shape: model.layers.0.self_attn.k_proj.weight is [64, 24], expected [24, 64]" in message
-    assert "unexpected: model.layers.5.mlp.up_proj.weight" in message
-    assert "unexpected: model.extra.weight" in message
-    assert len(info.value.problems) == 4
+    problems = ["unexpected: model.layers.5.mlp.up_proj.weight", "unexpected: model.extra.weight",
+                "shape: model.layers.0.self_attn.k_proj.weight is [64, 24], expected [24, 64]",
+                "missing: model.layers.1.self_attn.q_norm.weight"]
+    assert str(info.value) == "Llama-family state dict does not fit 'decoder' (4 problems):\n  " + \
+        "\n  ".join(problems)
 
 
 def test_a_llama_checkpoint_lacks_qwen3s_norms():
