@@ -142,7 +142,8 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %55:f32[48,16] = transpose @w {perm=[1,0]}
   %56:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=2, sizes=[16,16,16], scale=0.35, causal=true}
   %57:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=4, sizes=[16,16,16]}
-  return qa=%56, qb=%57, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %58:f32[batch,seq,16] = silu %34
+  return qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 
