@@ -101,10 +101,10 @@ class RMSNorm(Module):
     The same as Hugging Face's ``LlamaRMSNorm`` (and Qwen's, OLMo's,
     Mistral's): eps inside the square root, the weight multiplying the
     normalised value and starting at 1 (not Gemma's ``1 + weight``). Llama
-    computes it in float32 whatever the model's dtype; blockc computes it in
-    the model's dtype on the reference and ONNX Runtime (the reference checks
-    run in float64), and the CUDA kernels accumulate float16/bfloat16 rows in
-    float32.
+    normalises in float32 whatever the model's dtype, then casts back before
+    the weight; blockc's reference interpreter and CUDA kernels also widen
+    float16/bfloat16 rows to float32, while ONNX Runtime runs the op in the
+    model's dtype.
     """
 
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -218,14 +218,9 @@ class MultiHeadAttention(Module):
             raise ModelError(at_user_line("rotary embeddings turn self-attention; keys from memory have no "
                                           "positions of this sequence"))
         kv = x if memory is None else memory
-        q, k = self.w_q(x), self.w_k(kv)
-        if self.qk_norm == "full":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = self.split_heads(q, self.d_k)
-        k = self.split_heads(k, self.d_k, self.kv_heads)
+        q = self._heads(self.w_q(x), "q_norm", self.heads)
+        k = self._heads(self.w_k(kv), "k_norm", self.kv_heads)
         v = self.split_heads(self.w_v(kv), self.d_v, self.kv_heads)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
             q, k = rotary.rotate(q), rotary.rotate(k)
         if self.kv_heads == self.heads:
@@ -238,6 +233,13 @@ class MultiHeadAttention(Module):
             o = o.reshape(0, self.heads, -1, self.d_v)
         o = o.permute(0, 2, 1, 3).reshape(0, 0, self.heads * self.d_v)
         return self.w_o(o)
+
+    def _heads(self, y: Tensor, norm: str, heads: int) -> Tensor:
+        """Queries or keys ``[b, s, heads*d_k]`` as ``[b, heads, s, d_k]``, normalised as ``qk_norm`` says."""
+        if self.qk_norm == "full":
+            y = getattr(self, norm)(y)
+        y = self.split_heads(y, self.d_k, heads)
+        return getattr(self, norm)(y) if self.qk_norm == "head" else y
 
     def _grouped_mask(self, mask: Tensor | None) -> Tensor | None:
         """A mask over ``[..., heads, q, k]`` as one over the grouped scores

@@ -49,6 +49,9 @@ def _blocks(cfg, *, norm_first: bool, causal: bool, **options) -> ModuleList:
         for _ in range(cfg.layers)])
 
 
+POSITIONS = ("learned", "sinusoidal", "rope")
+
+
 @dataclass
 class DecoderConfig:
     """A decoder-only language model. ``d_ff=0`` means ``4*d_model``.
@@ -115,9 +118,6 @@ class DecoderConfig:
                 raise ModelError(problem)
         elif self.rotary_dim:
             raise ModelError(f"rotary_dim={self.rotary_dim} applies to positions=rope, not {self.positions}")
-
-
-POSITIONS = ("learned", "sinusoidal", "rope")
 
 
 class DecoderLM(Model):
