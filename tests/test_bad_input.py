@@ -214,7 +214,8 @@ def test_error_messages_are_escaped_where_they_are_printed(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["show", "llama-tiny", "--set", "kv_heads=3"],
      "llama-tiny: heads=4 is not divisible by kv_heads=3: each key/value head serves a whole group"),
-    (["show", "llama-tiny", "--set", "kv_heads=-1"], "llama-tiny: kv_heads must be positive, or 0 for as many as heads"),
+    (["show", "llama-tiny", "--set", "kv_heads=-1"],
+     "llama-tiny: kv_heads must be positive, or 0 for as many as heads"),
     (["show", "llama-tiny", "--set", "rotary_dim=7"],
      "llama-tiny: rotary_dim=7 must be a positive even number: RoPE turns pairs of dimensions"),
     (["show", "llama-tiny", "--set", "rotary_dim=32"], "llama-tiny: rotary_dim=32 is more than the head size 16"),
@@ -224,7 +225,8 @@ def test_error_messages_are_escaped_where_they_are_printed(tmp_path, capsys):
     (["show", "llama-tiny", "--set", "rope_form=gptj"],
      "llama-tiny: rope_form must be one of rotate_half, interleaved, got 'gptj'"),
     (["show", "llama-tiny", "--set", "rope_theta=nan"], "llama-tiny: rope_theta must be a positive finite number"),
-    (["show", "llama-tiny", "--set", "qk_norm=both"], "llama-tiny: qk_norm must be one of none, head, full, got 'both'"),
+    (["show", "llama-tiny", "--set", "qk_norm=both"],
+     "llama-tiny: qk_norm must be one of none, head, full, got 'both'"),
     (["show", "llama-tiny", "--set", "positions=alibi"],
      "llama-tiny: positions must be one of learned, sinusoidal, rope, got 'alibi'"),
 ])
