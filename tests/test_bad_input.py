@@ -282,3 +282,37 @@ def test_error_messages_are_escaped_where_they_are_printed(tmp_path, capsys):
     code, _, err = run(capsys, "show", f"{path}:M")
     one_line_error(code, err, "ValueError: \\x1b[2J\\x1b[31mcleared")
     assert "\x1b" not in err
+
+
+# ---- the modern decoder's settings and inputs (llama-tiny: 4 heads of 16, 2 K/V heads, rope) ----------
+@pytest.mark.parametrize("argv, message", [
+    (["show", "llama-tiny", "--set", "kv_heads=3"],
+     "llama-tiny: heads=4 is not divisible by kv_heads=3: each key/value head serves a whole group"),
+    (["show", "llama-tiny", "--set", "kv_heads=-1"],
+     "llama-tiny: kv_heads must be positive, or 0 for as many as heads"),
+    (["show", "llama-tiny", "--set", "rotary_dim=7"],
+     "llama-tiny: rotary_dim=7 must be a positive even number: RoPE turns pairs of dimensions"),
+    (["show", "llama-tiny", "--set", "rotary_dim=32"], "llama-tiny: rotary_dim=32 is more than the head size 16"),
+    (["show", "llama-tiny", "--set", "head_dim=15"],
+     "llama-tiny: the head size 15 is odd, and RoPE turns pairs of dimensions: set rotary_dim to an even number"),
+    (["show", "gpt2", "--set", "rotary_dim=8"], "gpt2: rotary_dim=8 applies to positions=rope, not learned"),
+    (["show", "llama-tiny", "--set", "rope_form=gptj"],
+     "llama-tiny: rope_form must be one of rotate_half, interleaved, got 'gptj'"),
+    (["show", "llama-tiny", "--set", "rope_theta=nan"], "llama-tiny: rope_theta must be a positive finite number"),
+    (["show", "llama-tiny", "--set", "qk_norm=both"],
+     "llama-tiny: qk_norm must be one of none, head, full, got 'both'"),
+    (["show", "llama-tiny", "--set", "positions=alibi"],
+     "llama-tiny: positions must be one of learned, sinusoidal, rope, got 'alibi'"),
+])
+def test_bad_modern_settings(argv, message, capsys):
+    one_line_error(*run(capsys, *argv)[::2], message)
+
+
+def test_positions_past_the_rotary_table_are_refused(tmp_path, capsys):
+    path = tmp_path / "in.npz"
+    positions = np.arange(4)[None].repeat(2, 0)
+    positions[1, 3] = 128   # llama-tiny's tables have 128 rows
+    np.savez(path, input_ids=np.zeros((2, 4), np.int64), position_ids=positions)
+    code, _, err = run(capsys, "run", "llama-tiny", "--inputs", str(path))
+    assert code == 2 and err.startswith("blockc: error: ") and "Traceback" not in err   # the list of problems
+    assert "\n  position_ids: 1 of 8 values outside [0, 128) (min 0, max 128)" in err

@@ -32,9 +32,25 @@ def test_help_says_what_each_command_does(command, capsys):
 def test_models_lists_builtins(capsys):
     code, out, _ = run(capsys, "models")
     assert code == 0
-    for name in ("tiny", "gpt2", "bert-base", "gpt2-block"):
+    for name in ("tiny", "gpt2", "bert-base", "gpt2-block", "llama-tiny", "qwen3-tiny"):
         assert f"\n{name}" in "\n" + out
     assert "layers=12" in out and "vocab=50257" in out
+    llama = out.split("\nllama-tiny")[1].split("\nqwen3-tiny")[0]
+    for setting in ("kv_heads=2", "positions=rope", "gated_ffn=True", "activation=silu", "norm=rmsnorm",
+                    "tie_embeddings=False", "qkv_bias=False", "qk_norm=none"):
+        assert setting in llama
+    assert "qk_norm=head" in out.split("\nqwen3-tiny")[1]
+
+
+def test_set_overrides_the_modern_settings(capsys):
+    from blockc import parse_graph
+    code, out, err = run(capsys, "show", "llama-tiny", "--set", "layers=1", "--set", "kv_heads=1",
+                         "--set", "rope_form=interleaved", "--set", "rotary_dim=8", "--set", "rope_theta=500")
+    assert code == 0, err
+    g = parse_graph(out)
+    assert [tuple(g.params[f"blocks.0.attn.w_{p}.weight"].shape) for p in "qkv"] == [(64, 64), (64, 16), (64, 16)]
+    assert tuple(g.params["rope.cos"].shape) == (128, 8)
+    assert [v.name for v in g.inputs] == ["input_ids", "position_ids"]
 
 
 def test_show_prints_parsable_ir(capsys):
@@ -134,16 +150,45 @@ def test_check_passes_and_fails(capsys, monkeypatch):
     assert "first divergence at" in out and "(softmax), now computed by masked_softmax" in out
 
 
-@pytest.mark.parametrize("name", ["tiny", "gpt2", "gpt2-block", "bert-base"])
+@pytest.mark.parametrize("name", ["tiny", "gpt2", "gpt2-block", "bert-base", "llama-tiny", "qwen3-tiny"])
 def test_check_passes_for_every_model_in_every_form(name, capsys):
     sets = ["--set", "layers=2", "--set", "d_model=32", "--set", "heads=4"]
-    if name in ("gpt2", "bert-base", "tiny"):
+    if name in ("gpt2", "bert-base", "tiny", "llama-tiny", "qwen3-tiny"):
         sets += ["--set", "vocab=50"]
     code, out, _ = run(capsys, "check", name, *sets, "--dim", "seq=9")
     assert code == 0, out
     for form in ("function", "contrib", "onnx23", "auto"):
         assert f"--fused-as {form}" in out
     assert out.count("PASS") == 5 and "FAIL" not in out
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
+def test_fusions_give_every_site_that_does_not_fuse_a_reason(name, tmp_path, capsys):
+    import json
+    path = tmp_path / "r.json"
+    assert run(capsys, "fusions", name, "--json", str(path))[0] == 0
+    report = json.loads(path.read_text())
+    # per layer: Q/K/V merged and SwiGLU's gate/up merged (fuse_qkv takes any sibling projections),
+    # the attention core, and the residual add into the next RMSNorm (block 0's first norm reads no add)
+    assert fused_counts(report) == {"qkv": 4, "masked_softmax": 2, "attention": 2, "qkv_attention": 0,
+                                    "add_rmsnorm": 4}
+    rejected = [s for s in report["sites"] if s["status"] != "fused"]
+    assert rejected and all(s["reason"] for s in rejected)
+    # the packed projection + attention fusion declines the grouped heads, and says so, once per layer
+    grouped = [s for s in rejected if s["kind"] == "qkv_attention" and s["reason"] == (
+        "grouped-query attention (2 K/V heads, each shared by 2 query heads): qkv_attention takes one K/V "
+        "head per query head")]
+    assert len(grouped) == 2 and all(s["near_miss"] for s in grouped)
+
+
+def test_llama_tiny_runs_on_emulated_cuda(capsys):
+    from blockc.codegen.cuda import toolchain
+    if toolchain.find_gxx() is None:
+        pytest.skip("g++ not found")
+    code, out, err = run(capsys, "run", "llama-tiny", "--backend", "cuda-emu", "--form", "fused", "--check",
+                         "--dim", "seq=9", "--dim", "batch=2")
+    assert code == 0, err + out
+    assert "max |err| vs f64" in out and "[2, 9, 256]" in out
 
 
 def test_fusions_report_names_the_onnx_form(tmp_path, capsys):
@@ -169,7 +214,7 @@ def test_compare_with_no_arguments_prints_the_table():
     proc = subprocess.run([sys.executable, "-m", "blockc.cli", "compare"], capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for needle in ("gpt2-block (float32), batch 1, seq 128", "ort-cpu", "fused", "standard", "decomposed",
+    for needle in ("fusion's verdict", "gpt2-block (float32), batch=1, seq=128", "ort-cpu", "fused", "standard", "decomposed",
                    "vs standard", "max |err|", "fused against the rest"):
         assert needle in proc.stdout
 

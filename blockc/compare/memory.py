@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 
 from ..errors import BlockcError
-from ..frontends.module import available_memory, format_bytes
+from ..files import format_bytes
+from ..frontends.module import available_memory
 from ..report.footprint import footprint
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

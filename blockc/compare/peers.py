@@ -99,7 +99,7 @@ class OrtOptimizerPeer(Backend):
 
         def run(feeds):
             return dict(zip(names, session.run(names, {k: feeds[k] for k in inputs})))
-        return Compiled(run, kernels=count_onnx_nodes(saved), close=folder.cleanup)
+        return Compiled(run, graph=graph, kernels=count_onnx_nodes(saved), close=folder.cleanup)
 
 
 class TorchPeer(TorchBackend):

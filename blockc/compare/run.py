@@ -34,8 +34,9 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
-from ..frontends.module import format_bytes
+from ..files import format_bytes
 from ..ir.graph import Graph
+from ..ops.limits import graph_limits
 from ..passes.forms import FORMS
 from ..progress import MEASURING, Progress
 from ..report.compare_html import SCHEMA
@@ -138,15 +139,15 @@ def plan_comparison(o: CompareOptions) -> Plan:
     model = build_model(o.model, sets)
     traced = trace(model)
     symbols = traced.symbols()
-    limits = model.max_dims()
+    limits = graph_limits(traced)
     shapes = []
     for b in o.batches:
         for s in o.seqs:
             shape = {k: v for k, v in {"batch": b, "seq": s, **o.dims}.items() if k in symbols}
-            for k, v in shape.items():
-                if k in limits and v > limits[k]:
-                    raise BlockcError(f"{k}={v} exceeds {o.model}'s maximum of {limits[k]} "
-                                      f"(its max positions); use a smaller --{k if k in ('batch', 'seq') else 'dim'}")
+            for limit, n in limits.dims_over(shape):
+                k = str(limit.dim)
+                raise BlockcError(f"{k}={n} exceeds {o.model}'s maximum of {limit.limit} ({limit.why}); "
+                                  f"use a smaller --{k if k in ('batch', 'seq') else 'dim'}")
             missing = [k for k in symbols if k not in shape]
             if missing:
                 raise BlockcError(f"{o.model} has dimension(s) {', '.join(missing)} with no size: "
@@ -451,7 +452,8 @@ def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptio
     fails marks its row."""
     measured: dict[str, Interleaved] = {}
     try:
-        on_host = {k: (lambda r=r: r.run(feeds)) for k, r in ready.items() if not r.times_itself}
+        # feeds checked once here, not in every timed run
+        on_host = {k: r.runner(feeds) for k, r in ready.items() if not r.times_itself}
         try:
             measured.update(measure_interleaved(on_host, rounds=o.rounds, warmup=o.warmup,
                                                 min_repeats=o.min_repeats, min_time_s=o.min_time_s,

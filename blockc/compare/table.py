@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..frontends.module import format_bytes
+from ..files import format_bytes
 
 WIDE = 140   # at least this many columns: one table per shape
 

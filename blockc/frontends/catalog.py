@@ -28,6 +28,12 @@ class Builtin:
     about: str
 
 
+# Llama's choices at a size that runs in milliseconds (d_ff about 8/3 d, as Llama's SwiGLU keeps the
+# parameter count of a 4d MLP).
+LLAMA_TINY = dict(vocab=256, max_positions=128, d_model=64, layers=2, heads=4, kv_heads=2, d_ff=176,
+                  norm="rmsnorm", eps=1e-6, activation="silu", gated_ffn=True, positions="rope",
+                  qkv_bias=False, out_bias=False, ffn_bias=False, tie_embeddings=False)
+
 BUILTINS = {b.name: b for b in [
     Builtin("tiny", DecoderConfig, dict(vocab=256, max_positions=128, d_model=64, layers=2, heads=4),
             DecoderLM, "a small GPT-style decoder (2 layers, d=64, 4 heads, vocab 256) for quick runs"),
@@ -37,6 +43,12 @@ BUILTINS = {b.name: b for b in [
             "one GPT-2 block (pre-norm, causal, tanh-GELU, d=768, 12 heads) on x: f32[batch,seq,768]"),
     Builtin("bert-base", EncoderConfig, {}, Encoder,
             "BERT-base encoder: post-norm, GELU, 12 layers, d=768, 12 heads, padding mask"),
+    Builtin("llama-tiny", DecoderConfig, LLAMA_TINY, DecoderLM,
+            "a small Llama-style decoder: RMSNorm, rotary positions (rotate-half) from position_ids, "
+            "grouped-query attention (4 heads, 2 K/V heads), SwiGLU, no biases, untied head; "
+            "2 layers, d=64, vocab 256"),
+    Builtin("qwen3-tiny", DecoderConfig, dict(LLAMA_TINY, head_dim=32, qk_norm="head"), DecoderLM,
+            "llama-tiny with Qwen3's query/key RMSNorm per head and heads of 32 (wider than d/heads)"),
 ]}
 
 DEFAULT_MODEL = "gpt2-block"

@@ -32,10 +32,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ModelError, WeightsError
-from ..ir.dtypes import DType
+from ..errors import ModelError
+from .hf_common import Source, hf_setting, map_state_dict
 from .models import DecoderConfig, DecoderLM
-from .weights import check_weights
 
 # HF activation_function -> blockc activation. gelu_new, gelu_fast and
 # gelu_pytorch_tanh are all 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
@@ -69,12 +68,6 @@ _PREFIX = "transformer."
 _LM_HEAD = "lm_head.weight"
 
 
-def _get(cfg: Any, key: str, default=None):
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
 def gpt2_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "float32") -> DecoderConfig:
     """The ``DecoderConfig`` of a Hugging Face GPT-2 config.
 
@@ -84,35 +77,35 @@ def gpt2_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "fl
     express (no attention scaling, per-layer scaling, cross-attention, an
     untied head, another activation) raise ``ModelError``.
     """
-    model_type = _get(hf_config, "model_type", "gpt2")
+    model_type = hf_setting(hf_config, "model_type", "gpt2")
     if model_type != "gpt2":
         raise ModelError(f"not a GPT-2 config: model_type is {model_type!r}")
-    act = _get(hf_config, "activation_function", "gelu_new")
+    act = hf_setting(hf_config, "activation_function", "gelu_new")
     problems = []
     if act not in _ACTIVATIONS:
         problems.append(f"activation_function={act!r} (supported: {', '.join(_ACTIVATIONS)})")
-    if not _get(hf_config, "scale_attn_weights", True):
+    if not hf_setting(hf_config, "scale_attn_weights", True):
         problems.append("scale_attn_weights=False (blockc always scales scores by 1/sqrt(d_k))")
-    if _get(hf_config, "scale_attn_by_inverse_layer_idx", False):
+    if hf_setting(hf_config, "scale_attn_by_inverse_layer_idx", False):
         problems.append("scale_attn_by_inverse_layer_idx=True")
-    if _get(hf_config, "add_cross_attention", False):
+    if hf_setting(hf_config, "add_cross_attention", False):
         problems.append("add_cross_attention=True")
-    if not _get(hf_config, "tie_word_embeddings", True):
+    if not hf_setting(hf_config, "tie_word_embeddings", True):
         problems.append("tie_word_embeddings=False (DecoderLM's head is the token table)")
     if problems:
         raise ModelError("GPT-2 config not supported by blockc's DecoderLM: " + "; ".join(problems))
     cfg = DecoderConfig(
-        vocab=int(_get(hf_config, "vocab_size", 50257)),
-        max_positions=int(_get(hf_config, "n_positions", 1024)),
-        d_model=int(_get(hf_config, "n_embd", 768)),
-        layers=int(_get(hf_config, "n_layer", 12)),
-        heads=int(_get(hf_config, "n_head", 12)),
-        d_ff=int(_get(hf_config, "n_inner", None) or 0),
+        vocab=int(hf_setting(hf_config, "vocab_size", 50257)),
+        max_positions=int(hf_setting(hf_config, "n_positions", 1024)),
+        d_model=int(hf_setting(hf_config, "n_embd", 768)),
+        layers=int(hf_setting(hf_config, "n_layer", 12)),
+        heads=int(hf_setting(hf_config, "n_head", 12)),
+        d_ff=int(hf_setting(hf_config, "n_inner", None) or 0),
         norm_first=True,
         activation=_ACTIVATIONS[act],
         norm="layernorm",
         positions="learned",
-        eps=float(_get(hf_config, "layer_norm_epsilon", 1e-5)),
+        eps=float(hf_setting(hf_config, "layer_norm_epsilon", 1e-5)),
         probs=probs,
         dtype=dtype,
     )
@@ -120,22 +113,13 @@ def gpt2_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "fl
     return cfg
 
 
-def _to_numpy(t: Any) -> np.ndarray:
-    """A torch tensor (any device, any dtype, bfloat16 too) or array as numpy."""
-    if hasattr(t, "detach") and hasattr(t, "cpu"):
-        t = t.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":  # torch cannot hand bfloat16 to numpy
-            return t.float().numpy().astype(DType.bfloat16.numpy)
-        return t.numpy()
-    return np.asarray(t)
-
-
-def _hf_names(layers: int) -> dict[str, tuple[str, ...]]:
-    """Every HF tensor name a GPT-2 of ``layers`` layers has -> its DSL names."""
-    names = {_PREFIX + k: v for k, v in _TOP_LEVEL.items()}
+def _sources(layers: int) -> dict[str, Source]:
+    """Every HF tensor a GPT-2 of ``layers`` layers has -> what it becomes
+    (Conv1D weights are ``[in, out]`` already: nothing is transposed)."""
+    names = {_PREFIX + k: Source(v) for k, v in _TOP_LEVEL.items()}
     for i in range(layers):
         for k, v in _PER_BLOCK.items():
-            names[f"{_PREFIX}h.{i}.{k}"] = tuple(f"blocks.{i}.{n}" for n in v)
+            names[f"{_PREFIX}h.{i}.{k}"] = Source(tuple(f"blocks.{i}.{n}" for n in v))
     return names
 
 
@@ -153,48 +137,11 @@ def load_hf_gpt2_state_dict(state_dict: Mapping[str, Any], model: DecoderLM) -> 
     if not isinstance(model, DecoderLM):
         raise ModelError(f"GPT-2 weights load into a DecoderLM, not a {type(model).__name__}")
     cfg = model.cfg
-    if not (cfg.norm_first and cfg.norm == "layernorm" and cfg.positions == "learned"):
-        raise ModelError("GPT-2 weights need a pre-norm DecoderLM with layernorm and learned positions "
-                         "(build it with gpt2_config_from_hf)")
-    expected = dict(model.named_parameters())
-    dtype = model.dtype
-    hf_names = _hf_names(cfg.layers)
+    if not (cfg.norm_first and cfg.norm == "layernorm" and cfg.positions == "learned" and cfg.tie_embeddings
+            and not cfg.gated_ffn and cfg.qkv_bias and cfg.out_bias and cfg.ffn_bias
+            and cfg.kv_heads in (0, cfg.heads) and not cfg.head_dim and cfg.qk_norm == "none"):
+        raise ModelError("GPT-2 weights need a GPT-2-shaped DecoderLM: pre-norm, layernorm, learned positions, "
+                         "biases, a tied head (build it with gpt2_config_from_hf)")
     ignored = {f"{_PREFIX}h.{i}.{k}" for i in range(cfg.layers) for k in _IGNORED_PER_BLOCK}
-    problems: list[str] = []
-    found: dict[str, Any] = {}
-    lm_head = None
-    for key, value in state_dict.items():
-        name = key if key.startswith(_PREFIX) or key == _LM_HEAD else _PREFIX + key
-        if name == _LM_HEAD:
-            lm_head = value
-        elif name in hf_names:
-            found[name] = value
-        elif name in ignored:
-            continue
-        else:
-            problems.append(f"unexpected: {key}")
-    out: dict[str, np.ndarray] = {}
-    for hf_name, dsl_names in hf_names.items():
-        if hf_name not in found:
-            problems.append(f"missing: {hf_name}")
-            continue
-        array = _to_numpy(found[hf_name])
-        widths = [expected[n].shape[-1] for n in dsl_names]
-        want = expected[dsl_names[0]].shape[:-1] + (sum(widths),)
-        if tuple(array.shape) != want:
-            problems.append(f"shape: {hf_name} is {list(array.shape)}, expected {list(want)}")
-            continue
-        parts = np.split(array, np.cumsum(widths)[:-1], axis=-1) if len(dsl_names) > 1 else [array]
-        for n, part in zip(dsl_names, parts):
-            out[n] = np.ascontiguousarray(part).astype(dtype.numpy)
-    wte = _PREFIX + "wte.weight"
-    if lm_head is not None and wte in found:
-        head, table = _to_numpy(lm_head), _to_numpy(found[wte])
-        if head.shape != table.shape or not np.array_equal(head, table):
-            problems.append(f"untied: {_LM_HEAD} differs from {wte}; DecoderLM's head is the token table")
-    if problems:
-        err = WeightsError(f"GPT-2 state dict does not fit {model.name!r} ({len(problems)} problem"
-                           f"{'s' if len(problems) != 1 else ''}):\n  " + "\n  ".join(problems))
-        err.problems = problems
-        raise err
-    return dict(check_weights(model, out))
+    return map_state_dict(state_dict, model, _sources(cfg.layers), family="GPT-2", prefix=_PREFIX,
+                          ignored=ignored, tied=(_LM_HEAD, _PREFIX + "wte.weight"))

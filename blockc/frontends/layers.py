@@ -17,9 +17,11 @@ from ..ir.dims import Dim
 from ..ir.dtypes import DType
 from ..ops._rules import broadcast_shapes, fmt
 from .module import Module, Parameter
+from .rotary import Rotary
 from .tensor import Tensor, causal_mask, constant, gather, layer_norm, rms_norm, where
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+QK_NORMS = ("none", "head", "full")
 
 
 class Linear(Module):
@@ -94,7 +96,16 @@ class LayerNorm(Module):
 
 
 class RMSNorm(Module):
-    """``gamma * x / sqrt(mean(x^2) + eps)`` over the last axis."""
+    """``gamma * x / sqrt(mean(x^2) + eps)`` over the last axis.
+
+    The same as Hugging Face's ``LlamaRMSNorm`` (and Qwen's, OLMo's,
+    Mistral's): eps inside the square root, the weight multiplying the
+    normalised value and starting at 1 (not Gemma's ``1 + weight``). Llama
+    normalises in float32 whatever the model's dtype, then casts back before
+    the weight; blockc's reference interpreter and CUDA kernels also widen
+    float16/bfloat16 rows to float32, while ONNX Runtime runs the op in the
+    model's dtype.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -148,54 +159,136 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return scores.softmax(-1) @ v
 
 
+def heads_problem(heads: int, kv_heads: int) -> str | None:
+    """Why ``heads`` query heads cannot share ``kv_heads`` key/value heads, or None."""
+    if heads <= 0 or kv_heads <= 0:
+        return f"heads={heads} and kv_heads={kv_heads} must be positive"
+    if heads % kv_heads:
+        return f"heads={heads} is not divisible by kv_heads={kv_heads}: each key/value head serves a whole group"
+    return None
+
+
 class MultiHeadAttention(Module):
-    """``h`` heads of size ``d_k`` (queries/keys) and ``d_v`` (values), then ``W_O``."""
+    """``h`` heads of size ``d_k`` (queries/keys) and ``d_v`` (values), then ``W_O``.
+
+    ``kv_heads`` below ``heads`` is grouped-query attention: query head ``h``
+    reads key/value head ``h // (heads // kv_heads)`` (``kv_heads=1`` is
+    multi-query). The heads are grouped, not copied: queries are viewed as
+    ``[batch, kv_heads, group, seq, d_k]`` and keys as
+    ``[batch, kv_heads, 1, seq, d_k]``, and the batched product broadcasts.
+
+    ``bias`` puts biases on the q, k and v projections and, unless
+    ``out_bias`` says otherwise, on ``W_O`` (Llama: none; Qwen2: q, k, v
+    only). ``qk_norm`` normalises queries and keys with an RMSNorm before
+    the rotation: ``"head"`` over each head's ``d_k`` values (Qwen3),
+    ``"full"`` over the whole projection (OLMo 2). ``forward``'s ``rotary``
+    (from ``RotaryEmbedding.angles``) turns queries and keys by their positions.
+    """
 
     def __init__(self, d_model: int, heads: int, d_k: int | None = None, d_v: int | None = None,
-                 bias: bool = True, causal: bool = False):
+                 bias: bool = True, causal: bool = False, *, kv_heads: int | None = None,
+                 out_bias: bool | None = None, qk_norm: str = "none", eps: float = 1e-6):
         super().__init__()
         if heads <= 0 or (d_k is None and d_model % heads):
             raise ModelError(at_user_line(f"d_model={d_model} is not divisible by heads={heads}"))
-        self.heads, self.causal = heads, causal
+        problem = heads_problem(heads, heads if kv_heads is None else kv_heads)
+        if problem:
+            raise ModelError(at_user_line(problem))
+        if qk_norm not in QK_NORMS:
+            raise ModelError(at_user_line(f"unknown qk_norm {qk_norm!r}: use {', '.join(QK_NORMS)}"))
+        self.heads, self.causal, self.qk_norm = heads, causal, qk_norm
+        self.kv_heads = kv_heads or heads
         self.d_k = d_k or d_model // heads
         self.d_v = d_v or self.d_k
         self.w_q = Linear(d_model, heads * self.d_k, bias)
-        self.w_k = Linear(d_model, heads * self.d_k, bias)
-        self.w_v = Linear(d_model, heads * self.d_v, bias)
-        self.w_o = Linear(heads * self.d_v, d_model, bias)
+        self.w_k = Linear(d_model, self.kv_heads * self.d_k, bias)
+        self.w_v = Linear(d_model, self.kv_heads * self.d_v, bias)
+        self.w_o = Linear(heads * self.d_v, d_model, bias if out_bias is None else out_bias)
+        if qk_norm != "none":
+            self.q_norm = RMSNorm(self.d_k if qk_norm == "head" else heads * self.d_k, eps)
+            self.k_norm = RMSNorm(self.d_k if qk_norm == "head" else self.kv_heads * self.d_k, eps)
 
-    def split_heads(self, x: Tensor, size: int) -> Tensor:
+    def split_heads(self, x: Tensor, size: int, heads: int | None = None) -> Tensor:
         """``[b, s, h*size] -> [b, h, s, size]``."""
-        return x.reshape(0, 0, self.heads, size).permute(0, 2, 1, 3)
+        return x.reshape(0, 0, heads or self.heads, size).permute(0, 2, 1, 3)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, memory: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, memory: Tensor | None = None,
+                rotary: Rotary | None = None) -> Tensor:
+        if rotary is not None and memory is not None:
+            raise ModelError(at_user_line("rotary embeddings turn self-attention; keys from memory have no "
+                                          "positions of this sequence"))
         kv = x if memory is None else memory
-        q = self.split_heads(self.w_q(x), self.d_k)
-        k = self.split_heads(self.w_k(kv), self.d_k)
-        v = self.split_heads(self.w_v(kv), self.d_v)
-        o = scaled_dot_product_attention(q, k, v, mask, self.causal)
+        q = self._heads(self.w_q(x), "q_norm", self.heads)
+        k = self._heads(self.w_k(kv), "k_norm", self.kv_heads)
+        v = self.split_heads(self.w_v(kv), self.d_v, self.kv_heads)
+        if rotary is not None:
+            q, k = rotary.rotate(q), rotary.rotate(k)
+        if self.kv_heads == self.heads:
+            o = scaled_dot_product_attention(q, k, v, mask, self.causal)
+        else:
+            group = self.heads // self.kv_heads
+            q = q.reshape(0, self.kv_heads, group, -1, self.d_k)
+            k, v = k.reshape(0, self.kv_heads, 1, -1, self.d_k), v.reshape(0, self.kv_heads, 1, -1, self.d_v)
+            o = scaled_dot_product_attention(q, k, v, self._grouped_mask(mask), self.causal)
+            o = o.reshape(0, self.heads, -1, self.d_v)
         o = o.permute(0, 2, 1, 3).reshape(0, 0, self.heads * self.d_v)
         return self.w_o(o)
 
+    def _heads(self, y: Tensor, norm: str, heads: int) -> Tensor:
+        """Queries or keys ``[b, s, heads*d_k]`` as ``[b, heads, s, d_k]``, normalised as ``qk_norm`` says."""
+        if self.qk_norm == "full":
+            y = getattr(self, norm)(y)
+        y = self.split_heads(y, self.d_k, heads)
+        return getattr(self, norm)(y) if self.qk_norm == "head" else y
+
+    def _grouped_mask(self, mask: Tensor | None) -> Tensor | None:
+        """A mask over ``[..., heads, q, k]`` as one over the grouped scores
+        ``[..., kv_heads, group, q, k]``; masks without a heads axis broadcast as they are."""
+        if mask is None or mask.ndim < 3:
+            return mask
+        *lead, h, rows, cols = mask.shape
+        if h == 1:
+            return mask.reshape(*lead, 1, 1, rows, cols)
+        if h == self.heads:
+            return mask.reshape(*lead, self.kv_heads, self.heads // self.kv_heads, rows, cols)
+        raise ModelError(at_user_line(f"attention mask of shape {fmt(mask.shape)} has {h} heads, "
+                                      f"the attention {self.heads}"))
+
 
 class FeedForward(Module):
-    """``act(x W1 + b1) W2 + b2``; act is relu, gelu (erf) or gelu_tanh."""
+    """``act(x W1 + b1) W2 + b2``; act is relu, gelu (erf), gelu_tanh or silu.
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
+    ``gated=True`` is the gated form ``down(act(gate(x)) * up(x))``: with
+    silu, the SwiGLU of Llama, Qwen and Mistral (Shazeer 2020, "GLU Variants
+    Improve Transformer"). ``bias=False`` leaves the biases out (Llama's
+    feed-forward has none).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", *, gated: bool = False,
+                 bias: bool = True):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ModelError(at_user_line(f"unknown activation {activation!r}: use {', '.join(ACTIVATIONS)}"))
-        self.activation = activation
-        self.fc1 = Linear(d_model, d_ff)
-        self.fc2 = Linear(d_ff, d_model)
+        self.activation, self.gated = activation, gated
+        if gated:
+            self.gate = Linear(d_model, d_ff, bias)
+            self.up = Linear(d_model, d_ff, bias)
+            self.down = Linear(d_ff, d_model, bias)
+        else:
+            self.fc1 = Linear(d_model, d_ff, bias)
+            self.fc2 = Linear(d_ff, d_model, bias)
+
+    def act(self, h: Tensor) -> Tensor:
+        if self.activation == "relu":
+            return h.relu()
+        if self.activation == "silu":
+            return h.silu()
+        return h.gelu("tanh" if self.activation == "gelu_tanh" else "none")
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc1(x)
-        if self.activation == "relu":
-            h = h.relu()
-        else:
-            h = h.gelu("tanh" if self.activation == "gelu_tanh" else "none")
-        return self.fc2(h)
+        if self.gated:
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class TransformerBlock(Module):
@@ -203,21 +296,30 @@ class TransformerBlock(Module):
 
     post-norm: ``O = LN(X + MHA(X))``, ``H = LN(O + FFN(O))``;
     pre-norm:  ``O = X + MHA(LN(X))``, ``H = O + FFN(LN(O))``.
+
+    ``bias``, ``out_bias``, ``kv_heads``, ``head_dim`` (the attention's
+    ``d_k``) and ``qk_norm`` go to ``MultiHeadAttention``; ``gated_ffn`` and
+    ``ffn_bias`` to ``FeedForward``. A Llama layer is
+    ``TransformerBlock(d, h, d_ff, norm_first=True, norm="rmsnorm",
+    activation="silu", gated_ffn=True, bias=False, ffn_bias=False,
+    kv_heads=..., causal=True)`` called with the model's ``rotary``.
     """
 
     def __init__(self, d_model: int, heads: int, d_ff: int | None = None, *, norm_first: bool = False,
                  activation: str = "relu", causal: bool = False, eps: float = 1e-5, norm: str = "layernorm",
-                 bias: bool = True):
+                 bias: bool = True, out_bias: bool | None = None, ffn_bias: bool = True, gated_ffn: bool = False,
+                 kv_heads: int | None = None, head_dim: int | None = None, qk_norm: str = "none"):
         super().__init__()
         self.norm_first = norm_first
-        self.attn = MultiHeadAttention(d_model, heads, bias=bias, causal=causal)
+        self.attn = MultiHeadAttention(d_model, heads, head_dim, bias=bias, causal=causal, kv_heads=kv_heads,
+                                       out_bias=out_bias, qk_norm=qk_norm, eps=eps)
         self.ln1 = make_norm(norm, d_model, eps)
-        self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation)
+        self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, gated=gated_ffn, bias=ffn_bias)
         self.ln2 = make_norm(norm, d_model, eps)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, rotary: Rotary | None = None) -> Tensor:
         if self.norm_first:
-            o = x + self.attn(self.ln1(x), mask)
+            o = x + self.attn(self.ln1(x), mask, rotary=rotary)
             return o + self.ffn(self.ln2(o))
-        o = self.ln1(x + self.attn(x, mask))
+        o = self.ln1(x + self.attn(x, mask, rotary=rotary))
         return self.ln2(o + self.ffn(o))

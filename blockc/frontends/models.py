@@ -1,5 +1,5 @@
-"""Whole models built from the layer library: a decoder-only LM (GPT-2
-shaped), a post-norm encoder (BERT shaped), and a single block."""
+"""Whole models built from the layer library: a decoder-only LM (GPT-2 or
+Llama shaped), a post-norm encoder (BERT shaped), and a single block."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from ..errors import ModelError
 from ..ir.dims import Sym
 from ..ir.dtypes import DType
-from .layers import (ACTIVATIONS, Embedding, LearnedPositionEmbedding, SinusoidalPositionEmbedding,
-                     TransformerBlock, make_norm)
+from .layers import (ACTIVATIONS, QK_NORMS, Embedding, LearnedPositionEmbedding, Linear,
+                     SinusoidalPositionEmbedding, TransformerBlock, heads_problem, make_norm)
+from .rotary import RotaryEmbedding, rotary_problem
 from .module import InputSpec, Model, ModuleList
 from .tensor import Tensor
 
@@ -22,7 +23,7 @@ def _check_common(cfg) -> None:
             raise ModelError(f"{key} must be positive, got {getattr(cfg, key)}")
     if cfg.d_ff < 0:
         raise ModelError(f"d_ff must be positive, or 0 for 4*d_model, got {cfg.d_ff}")
-    if cfg.d_model % cfg.heads:
+    if not getattr(cfg, "head_dim", 0) and cfg.d_model % cfg.heads:
         raise ModelError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}")
     if cfg.activation not in ACTIVATIONS:
         raise ModelError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
@@ -39,66 +40,129 @@ def _check_common(cfg) -> None:
         raise ModelError(f"dtype must be float32, float16, bfloat16 or float64, got {cfg.dtype!r}")
 
 
-def _blocks(cfg, *, norm_first: bool, causal: bool) -> ModuleList:
-    """``cfg.layers`` identical blocks (``d_ff=0`` means ``4*d_model``)."""
+def _blocks(cfg, *, norm_first: bool, causal: bool, **options) -> ModuleList:
+    """``cfg.layers`` identical blocks (``d_ff=0`` means ``4*d_model``);
+    ``options`` go to every ``TransformerBlock``."""
     return ModuleList([
         TransformerBlock(cfg.d_model, cfg.heads, cfg.d_ff or 4 * cfg.d_model, norm_first=norm_first,
-                         activation=cfg.activation, causal=causal, eps=cfg.eps, norm=cfg.norm)
+                         activation=cfg.activation, causal=causal, eps=cfg.eps, norm=cfg.norm, **options)
         for _ in range(cfg.layers)])
+
+
+POSITIONS = ("learned", "sinusoidal", "rope")
 
 
 @dataclass
 class DecoderConfig:
-    """A decoder-only language model. ``d_ff=0`` means ``4*d_model``."""
+    """A decoder-only language model. ``d_ff=0`` means ``4*d_model``.
+
+    GPT-2 is the defaults. The settings of later decoders (Llama, Qwen):
+    ``kv_heads`` (0: as many as ``heads``; fewer: grouped-query attention;
+    1: multi-query), ``head_dim`` (0: ``d_model/heads``), ``gated_ffn``
+    (``down(act(gate(x)) * up(x))``; with ``activation=silu``, SwiGLU),
+    ``positions=rope`` with ``rope_form`` (``rotate_half`` or
+    ``interleaved``), ``rotary_dim`` (0: the whole head) and ``rope_theta``;
+    ``qk_norm`` (``head``: RMSNorm per head, Qwen3; ``full``: over the whole
+    projection, OLMo 2); biases on the q/k/v projections (``qkv_bias``), the
+    attention output (``out_bias``) and the feed-forward (``ffn_bias``); and
+    ``tie_embeddings`` (False: a separate ``lm_head``).
+    """
 
     vocab: int = 50257
     max_positions: int = 1024
     d_model: int = 768
     layers: int = 12
     heads: int = 12
+    kv_heads: int = 0
+    head_dim: int = 0
     d_ff: int = 0
     norm_first: bool = True
     activation: str = "gelu_tanh"
+    gated_ffn: bool = False
     norm: str = "layernorm"
     positions: str = "learned"
+    rope_form: str = "rotate_half"
+    rotary_dim: int = 0
+    rope_theta: float = 10000.0
+    qk_norm: str = "none"
+    qkv_bias: bool = True
+    out_bias: bool = True
+    ffn_bias: bool = True
+    tie_embeddings: bool = True
     eps: float = 1e-5
     probs: bool = True
     dtype: str = "float32"
 
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.d_model // self.heads
+
     def check(self) -> None:
+        if self.head_dim < 0:
+            raise ModelError(f"head_dim must be positive, or 0 for d_model/heads, got {self.head_dim}")
         _check_common(self)
-        if self.positions not in ("learned", "sinusoidal"):
-            raise ModelError(f"positions must be learned or sinusoidal, got {self.positions!r}")
+        if self.positions not in POSITIONS:
+            raise ModelError(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
         if self.vocab <= 0 or self.max_positions <= 0:
             raise ModelError("vocab and max_positions must be positive")
+        if self.kv_heads < 0:
+            raise ModelError(f"kv_heads must be positive, or 0 for as many as heads, got {self.kv_heads}")
+        problem = heads_problem(self.heads, self.kv_heads or self.heads)
+        if problem:
+            raise ModelError(problem)
+        if self.qk_norm not in QK_NORMS:
+            raise ModelError(f"qk_norm must be one of {', '.join(QK_NORMS)}, got {self.qk_norm!r}")
+        if self.positions == "rope":
+            problem = rotary_problem(self.head_size, self.rotary_dim, self.rope_theta, self.rope_form)
+            if problem:
+                raise ModelError(problem)
+        elif self.rotary_dim:
+            raise ModelError(f"rotary_dim={self.rotary_dim} applies to positions=rope, not {self.positions}")
 
 
 class DecoderLM(Model):
-    """Token + position embeddings, L causal blocks, the final norm of
-    pre-norm stacks, logits through the tied unembedding ``Eᵀ``, and (with
-    ``probs``) the softmax over the vocabulary."""
+    """Token embeddings; learned or sinusoidal positions added to them, or
+    rotary embeddings turning every layer's queries and keys by the
+    ``position_ids`` input; L causal blocks; the final norm of pre-norm
+    stacks; logits through the tied unembedding ``Eᵀ`` (or a separate
+    ``lm_head``); and (with ``probs``) the softmax over the vocabulary."""
 
     def __init__(self, cfg: DecoderConfig, name: str = "decoder"):
         super().__init__()
         cfg.check()
         self.cfg, self.name, self.dtype = cfg, name, DType.parse(cfg.dtype)
         self.tok = Embedding(cfg.vocab, cfg.d_model)
-        pos_cls = LearnedPositionEmbedding if cfg.positions == "learned" else SinusoidalPositionEmbedding
-        self.pos = pos_cls(cfg.max_positions, cfg.d_model)
-        self.blocks = _blocks(cfg, norm_first=cfg.norm_first, causal=True)
+        if cfg.positions == "rope":
+            self.rope = RotaryEmbedding(cfg.head_size, cfg.max_positions, cfg.rotary_dim, cfg.rope_theta,
+                                        interleaved=cfg.rope_form == "interleaved")
+        else:
+            pos_cls = LearnedPositionEmbedding if cfg.positions == "learned" else SinusoidalPositionEmbedding
+            self.pos = pos_cls(cfg.max_positions, cfg.d_model)
+        self.blocks = _blocks(cfg, norm_first=cfg.norm_first, causal=True, kv_heads=cfg.kv_heads or None,
+                              head_dim=cfg.head_dim or None, gated_ffn=cfg.gated_ffn, qk_norm=cfg.qk_norm,
+                              bias=cfg.qkv_bias, out_bias=cfg.out_bias, ffn_bias=cfg.ffn_bias)
         if cfg.norm_first:
             self.ln_f = make_norm(cfg.norm, cfg.d_model, cfg.eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab, bias=False)
 
     def inputs(self) -> list[InputSpec]:
-        return [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
+        specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
+        if self.cfg.positions == "rope":
+            specs.append(InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", self.cfg.max_positions))
+        return specs
 
-    def forward(self, input_ids: Tensor):
-        x = self.tok(input_ids) + self.pos(input_ids.shape[1])
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None):
+        x, rotary = self.tok(input_ids), None
+        if self.cfg.positions == "rope":
+            rotary = self.rope.angles(position_ids)
+        else:
+            x = x + self.pos(input_ids.shape[1])
         for block in self.blocks:
-            x = block(x)
+            x = block(x, rotary=rotary)
         if self.cfg.norm_first:
             x = self.ln_f(x)
-        logits = x @ self.tok.weight.T
+        logits = x @ self.tok.weight.T if self.cfg.tie_embeddings else self.lm_head(x)
         return {"logits": logits, "probs": logits.softmax(-1)} if self.cfg.probs else {"logits": logits}
 
 

@@ -168,8 +168,10 @@ class ModuleList(Module):
 class InputSpec:
     """A graph input: name, dtype and symbolic shape, and how to sample it.
 
-    ``kind`` is "float" (standard normal), "ids" (ints in [0, high)) or
-    "mask" (1s with a random-length tail of 0s per row, at least one 1).
+    ``kind`` is "float" (standard normal), "ids" (ints in [0, high)),
+    "positions" (each row ``0, 1, ..., seq-1``: a batch of unpadded
+    sequences; any values in [0, high) are valid) or "mask" (1s with a
+    random-length tail of 0s per row, at least one 1).
     """
 
     name: str
@@ -182,10 +184,17 @@ class InputSpec:
     def type(self) -> TensorType:
         return TensorType(self.dtype, self.shape)
 
+    @property
+    def value_range(self) -> tuple[int, int] | None:
+        """``(low, high)``: the integers the input may hold, for ids and positions."""
+        return (0, self.high) if self.kind in ("ids", "positions") else None
+
     def sample(self, bindings: Mapping[str, int], rng: np.random.Generator) -> np.ndarray:
         shape = tuple(evaluate(d, bindings) for d in self.shape)
         if self.kind == "ids":
             return rng.integers(0, self.high, size=shape).astype(self.dtype.numpy)
+        if self.kind == "positions":
+            return np.broadcast_to(np.arange(shape[-1]), shape).astype(self.dtype.numpy)
         if self.kind == "mask":
             keep = np.ones(shape, dtype=np.int64)
             if len(shape) >= 1 and shape[-1] > 1:
@@ -205,14 +214,6 @@ class Model(Module):
     def inputs(self) -> list[InputSpec]:
         raise ModelError(f"{type(self).__name__} defines no inputs(): a Model declares its graph inputs, e.g. "
                          f"def inputs(self): return [InputSpec('x', DType.float32, (batch, seq, 64))]")
-
-    def max_dims(self) -> dict[str, int]:
-        """Upper bounds on symbolic dims (``seq`` <= the position table's
-        rows), read from the traced graph: ``ops/limits.graph_limits`` is
-        where limits are stated. Only compare/run.py still asks this; once it
-        asks ``graph_limits(graph).dims_over(sizes)`` this goes."""
-        from ..ops.limits import graph_limits
-        return {str(d.dim): d.limit for d in graph_limits(trace(self)).dims}
 
 
 def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from ..errors import printable
 from .layers import Embedding, LearnedPositionEmbedding
 from .module import Module, ModuleList
+from .rotary import RotaryEmbedding
 
 # Modules whose parameters are lookup tables rather than computation.
-EMBEDDING_TYPES = (Embedding, LearnedPositionEmbedding)
+EMBEDDING_TYPES = (Embedding, LearnedPositionEmbedding, RotaryEmbedding)
 
 
 @dataclass

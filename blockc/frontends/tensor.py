@@ -109,6 +109,7 @@ class Tensor:
     def tanh(self): return apply("tanh", self)
     def erf(self): return apply("erf", self)
     def relu(self): return apply("relu", self)
+    def silu(self): return apply("silu", self)
     def reciprocal(self): return apply("reciprocal", self)
 
     def gelu(self, approximate: str = "none"):

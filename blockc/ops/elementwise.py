@@ -57,6 +57,19 @@ def _declare_unary(name, fn, onnx_type, floats, torch_name, c_expr):
 for _name, _rules in _UNARY.items():
     _declare_unary(_name, *_rules)
 
+# ---- silu -------------------------------------------------------------------
+# x * sigmoid(x), SwiGLU's gate activation. A primitive here (like relu), not a
+# composite: every target has it in one step (torch's F.silu, one C
+# expression), and ONNX below opset 24 spells it Sigmoid then Mul.
+silu = define("silu", ("x",), doc="x * sigmoid(x) (SiLU, swish)", cuda="elementwise", flops=4,
+              # x / (1 + e^-x): exp overflows to inf for x < -88 and the quotient is then -0, not NaN
+              cuda_expr="({0} / (1.0f + expf(-({0}))))")
+silu.infer(lambda types, attrs: elementwise("silu", types, floats=True))
+# expit, not 1 / (1 + exp(-x)): no overflow warning for very negative x
+silu.numpy(lambda xs, attrs, env: (xs[0] * scipy.special.expit(xs[0])).astype(xs[0].dtype, copy=False))
+silu.onnx(lambda e, node, ins: [e.emit("Mul", [ins[0], e.emit("Sigmoid", ins)])])
+silu.torch(lambda b, node, xs: b.call(b.F.silu, xs[0]))
+
 # ---- where ------------------------------------------------------------------
 where = define("where", ("cond", "x", "y"), doc="cond ? x : y, broadcasting all three",
                cuda="elementwise", cuda_expr="({0} ? {1} : {2})")

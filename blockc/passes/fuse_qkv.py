@@ -18,6 +18,11 @@ After::
     %7:f32[b,s,192] = add %5, %6
     %8:f32[b,s,64], %9:f32[b,s,64], %10:f32[b,s,64] = split %7 {axis=-1, sizes=[64,64,64]}
 
+Any sibling projections merge, not only attention's: SwiGLU's gate and up
+(``silu(x @ W_gate) * (x @ W_up)``, no bias) become one ``[d, 2·d_ff]`` MatMul
+and a two-way Split the same way, and grouped-query attention's narrower K
+and V simply get narrower pieces.
+
 This is a horizontal fusion -- siblings, not a chain -- so it is not a tree
 pattern: the rule is "every MatMul of the same input by a 2-D parameter",
 grouped, then rewritten. The concatenated weights are a ``concat`` of

@@ -31,12 +31,16 @@ projection is the biggest GEMM before the output projection; one runtime op
 does all of it without materialising Q, K and V per head. It stays a
 separate, switchable pass so ``fuse_qkv`` and ``fuse_attention`` remain
 visible on their own; the op decomposes back into exactly their results.
+
+Grouped-query attention (fewer K/V heads than query heads, its core regrouped
+from ``[b, kv_heads, group, s, d]`` before the join) is matched only to be
+declined with that reason: ``qkv_attention``'s packed sizes are q = k.
 """
 from __future__ import annotations
 
 from ..ir.graph import Graph
 from .base import PassResult
-from .rewrite import Op, Rule, Var, apply_rules
+from .rewrite import Op, Or, Rule, Var, apply_rules
 
 HEAD_SWAP = [0, 2, 1, 3]
 
@@ -58,10 +62,18 @@ def _heads(part: str, index: int) -> Op:
 
 
 ATTENTION = Op("attention", _heads("q", 0), _heads("k", 1), _heads("v", 2), name="attention")
-PATTERN = Op("reshape", Op("transpose", ATTENTION, name="join", attrs={"perm": _swaps_heads}), name="root")
+# Grouped-query attention's core is [b, kv_heads, group, s, d], regrouped into [b, heads, s, d]
+# before the join: matched only to say why it cannot become qkv_attention.
+GROUPED = Op("reshape", Op("attention", name="grouped"), name="regroup")
+PATTERN = Op("reshape", Op("transpose", Or(ATTENTION, GROUPED), name="join", attrs={"perm": _swaps_heads}),
+             name="root")
 
 
 def _check(m):
+    if "grouped" in m:
+        q, k = m["grouped"].inputs[:2]
+        return (f"grouped-query attention ({q.shape[1]} K/V heads, each shared by {q.shape[2]} query heads): "
+                f"qkv_attention takes one K/V head per query head")
     x, split = m["x"], m["split"]
     if x.type.rank != 3:
         return f"the projected input is {x.type}, not [batch, seq, hidden]"

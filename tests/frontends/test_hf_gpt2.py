@@ -6,6 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_testing import randomise  # noqa: E402
+
 from blockc import run_reference, trace  # noqa: E402
 from blockc.errors import ModelError, WeightsError  # noqa: E402
 from blockc.frontends import DecoderLM  # noqa: E402
@@ -24,19 +26,9 @@ def hf_config(**kw):
 
 
 def hf_model(seed=0, **kw):
-    """A GPT2LMHeadModel with every parameter random (HF starts biases at 0
-    and norms at (1, 0), which would hide a wrong bias or norm mapping)."""
+    """A GPT2LMHeadModel with every parameter random (``hf_testing.randomise``)."""
     torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(hf_config(**kw))
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # the tied lm_head is wte: visited once
-            if "ln_" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif p.ndim == 1:
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-    return model.eval()
+    return randomise(transformers.GPT2LMHeadModel(hf_config(**kw)), torch)
 
 
 def hf_logits(model, ids: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""fuse_qkv: golden IR text with and without biases; mixed groups and
-projections whose intermediate is used elsewhere are rejected with a reason."""
+"""fuse_qkv: golden IR text with and without biases, and SwiGLU's gate/up
+pair; mixed groups and projections whose intermediate is used elsewhere are
+rejected with a reason."""
 from blockc import parse_graph
 from blockc.passes.fuse_qkv import fuse_qkv
 from blockc.passes.manager import label_origins
@@ -180,3 +181,34 @@ def test_a_non_parameter_bias_stays_an_add():
           return q=%4, k=%3
         }
     """)
+
+
+def test_golden_swiglu_gate_and_up():
+    # down(silu(x @ gate) * (x @ up)): the gate and up projections are siblings too
+    r = check_golden(fuse_qkv, """
+        graph g(%x: f64[batch,seq,8]) {
+          param @gate: f64[8,12]
+          param @up: f64[8,12]
+          param @down: f64[12,8]
+          %0:f64[batch,seq,12] = matmul %x, @gate
+          %1:f64[batch,seq,12] = silu %0
+          %2:f64[batch,seq,12] = matmul %x, @up
+          %3:f64[batch,seq,12] = mul %1, %2
+          %4:f64[batch,seq,8] = matmul %3, @down
+          return y=%4
+        }
+    """, """
+        graph g(%x: f64[batch,seq,8]) {
+          param @gate: f64[8,12]
+          param @up: f64[8,12]
+          param @down: f64[12,8]
+          %0:f64[8,24] = concat @gate, @up {axis=1}
+          %1:f64[batch,seq,24] = matmul %x, %0
+          %2:f64[batch,seq,12], %3:f64[batch,seq,12] = split %1 {axis=-1, sizes=[12,12]}
+          %4:f64[batch,seq,12] = silu %2
+          %5:f64[batch,seq,12] = mul %4, %3
+          %6:f64[batch,seq,8] = matmul %5, @down
+          return y=%6
+        }
+    """)
+    assert [(s.result, s.ops) for s in fused(r.sites)] == [("concat+matmul+split", ["matmul", "matmul"])]

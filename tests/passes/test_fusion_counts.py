@@ -57,7 +57,20 @@ def test_bert_base_two_layers(form):
     assert "layernorm" not in r.graph.op_counts() and "softmax" not in r.graph.op_counts()
 
 
-@pytest.mark.parametrize("name", ["tiny", "bert-base"])
+@pytest.mark.parametrize("form", ["standard", "decomposed"])
+def test_llama_tiny_two_layers(form):
+    g = to_form(trace(build_model("llama-tiny")), form)
+    r = optimize(g)
+    verify(r.graph)
+    counts = _fused_counts(r)
+    # Q/K/V and SwiGLU's gate/up per layer; the residual adds into ln2, the next ln1 and the final norm
+    assert (counts["qkv"], counts["add_rmsnorm"], counts["masked_softmax"], counts["attention"]) == (4, 4, 2, 2)
+    assert counts["qkv_attention"] == 0   # grouped-query attention: declined, with its reason
+    ops = r.graph.op_counts()
+    assert ops["attention"] == 2 and "rmsnorm" in ops and ops["silu"] == 2 and ops.get("softmax") == 1
+
+
+@pytest.mark.parametrize("name", ["tiny", "bert-base", "llama-tiny", "qwen3-tiny"])
 def test_fused_builtins_give_the_same_numbers(name):
     overrides = {"layers": "2", "d_model": "32", "heads": "4", "dtype": "float64"}
     if name == "bert-base":

@@ -49,6 +49,18 @@ def test_ids_outside_the_vocabulary_are_refused_everywhere(tiny, backend, bad):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_positions_outside_the_rotary_tables_are_refused_everywhere(backend):
+    # llama-tiny reads its cos/sin tables (128 rows) at the position_ids input: the same rule as token ids
+    model = blockc.build_model("llama-tiny", TINY)
+    graph = blockc.to_form(blockc.trace(model), "fused")
+    assert {k: high for k, (high, _) in graph_limits(graph).ids.items()} == {"input_ids": 256, "position_ids": 128}
+    feeds = {"input_ids": np.zeros((1, 3), np.int64), "position_ids": np.array([[0, 1, 128]], np.int64)}
+    with pytest.raises(InputsError, match=r"input 'position_ids': 1 of 3 ids out of range \[0, 128\) "
+                                          r"\(min 0, max 128; it indexes 'rope.cos', which has 128 rows\)"):
+        make_backend(backend).run(graph, dict(blockc.init_weights(model)), feeds)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_sequence_longer_than_the_position_table_is_refused_everywhere(tiny, backend):
     _, graph, weights = tiny
     with pytest.raises(InputsError, match=r"dimension 'seq' is 200, over the model's maximum of 128"):
@@ -110,6 +122,26 @@ def test_the_c_api_refuses_ids_outside_the_vocabulary(tiny, c_api_alone, ids, fi
     good = {"input_ids": np.where((feeds["input_ids"] < 0) | (feeds["input_ids"] >= 256), 0, feeds["input_ids"])}
     out, _ = run_model(model, so, good, emulated=True)
     ref = blockc.run_reference(graph, weights, good)
+    for name in ref:
+        np.testing.assert_allclose(out[name], ref[name], rtol=1e-4, atol=1e-5)
+
+
+@needs_gxx
+def test_the_c_api_refuses_positions_outside_the_rotary_tables(c_api_alone):
+    from blockc.codegen.cuda.lower import generate
+    from blockc.runtime.cuda_runner import CudaRunError, emulated_library, run_model
+    model = blockc.build_model("llama-tiny", TINY)
+    graph = blockc.to_form(blockc.trace(model), "fused")
+    weights = dict(blockc.init_weights(model))
+    generated = generate(graph, weights)
+    so = emulated_library(generated)
+    feeds = {"input_ids": np.zeros((1, 3), np.int64), "position_ids": np.array([[0, 1, 128]], np.int64)}
+    with pytest.raises(CudaRunError, match=r"\(input 'position_ids': ids out of range \[0, 128\) \(the first, at "
+                                           r"position 2, is 128; it indexes 'rope.cos', which has 128 rows\)\)"):
+        run_model(generated, so, feeds, emulated=True)
+    feeds["position_ids"][0, 2] = 127   # the last row: read, and right
+    out, _ = run_model(generated, so, feeds, emulated=True)
+    ref = blockc.run_reference(graph, weights, feeds)
     for name in ref:
         np.testing.assert_allclose(out[name], ref[name], rtol=1e-4, atol=1e-5)
 

@@ -28,6 +28,9 @@ MODELS = [
     ("tiny", {"norm": "rmsnorm", "activation": "relu", "positions": "sinusoidal"}),
     # post-norm, erf GELU, no causal mask
     ("gpt2-block", {"d_model": "64", "heads": "4", "norm_first": "false", "activation": "gelu", "causal": "false"}),
+    # RoPE, grouped-query attention (rank-5 scores), SwiGLU's silu, QK-norm
+    ("llama-tiny", {"layers": "1"}),
+    ("qwen3-tiny", {"layers": "1", "rope_form": "interleaved", "rotary_dim": "16", "kv_heads": "1"}),
 ]
 SHAPES = [{"batch": 2, "seq": 5}, {"batch": 1, "seq": 11}]
 # torch's own import of inductor warns about its own deprecated torch.jit use
@@ -67,7 +70,10 @@ def test_builtin_models_match_the_float64_reference(name, overrides, form):
         assert_matches(graph, session.run(feeds), blockc.run_reference(graph, weights, feeds))
 
     code = session.module.code
-    if form == "fused":   # the fused ops reach torch as the fused calls
+    if form == "fused" and "kv_heads" in model.cfg.__dict__ and model.cfg.kv_heads not in (0, model.cfg.heads):
+        # grouped-query attention's core is rank 5 ([b, kv_heads, group, s, d]): spelled out, not SDPA
+        assert "scaled_dot_product_attention" not in code and "torch.matmul" in code
+    elif form == "fused":   # the fused ops reach torch as the fused calls
         assert "scaled_dot_product_attention" in code and "linear" in code
         assert "torch.cat" not in code  # the QKV weights were concatenated once, at build time
     elif form == "decomposed":
@@ -142,7 +148,8 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %55:f32[48,16] = transpose @w {perm=[1,0]}
   %56:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=2, sizes=[16,16,16], scale=0.35, causal=true}
   %57:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=4, sizes=[16,16,16]}
-  return qa=%56, qb=%57, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %58:f32[batch,seq,16] = silu %34
+  return qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 

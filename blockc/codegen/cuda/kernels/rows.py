@@ -76,24 +76,44 @@ def emit_row_norm(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCod
                       [f"{name}_warp", f"{name}_block"])
 
 
+def _fold_batch_dims(shape: tuple, mshape: tuple) -> tuple[tuple, tuple]:
+    """Scores ``shape`` and their mask's (same rank) with adjacent batch dims
+    merged where the mask spans both or broadcasts over both: grouped-query
+    attention's ``[b, kv_heads, group, q, k]`` with a ``[b, 1, 1, q, k]``
+    mask is ``[b, kv_heads*group, q, k]`` with ``[b, 1, q, k]``."""
+    if len(shape) < 4:
+        return tuple(shape), tuple(mshape)
+    dims, mdims = [shape[0]], [mshape[0]]
+    for d, md in zip(shape[1:-2], mshape[1:-2]):
+        if d == 1 or dims[-1] == 1 or (md == 1) == (mdims[-1] == 1):
+            dims[-1], mdims[-1] = dims[-1] * d, mdims[-1] * md
+        else:
+            dims.append(d)
+            mdims.append(md)
+    return tuple(dims) + tuple(shape[-2:]), tuple(mdims) + tuple(mshape[-2:])
+
+
 def emit_softmax(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
     dtype = _float_dtype(node)
     x = node.inputs[0]
     shape = tuple(x.shape)
     if node.op == "softmax" and node.attrs["axis"] % len(shape) != len(shape) - 1:
         raise CudaCodegenError(f"softmax over axis {node.attrs['axis']} (not the last) has no CUDA kernel")
-    if len(shape) > 4:
-        raise CudaCodegenError(f"{node.op}: rank {len(shape)} scores; the kernel takes rank <= 4")
     attrs = node.attrs if node.op == "masked_softmax" else {"mask": "none", "causal": False, "scale": 1.0,
                                                                "fill": 0.0}
     mask_kind, causal = attrs["mask"], attrs["causal"]
     args = [ctx.ptr(x)]
     mask_t = "bool"
     if mask_kind != "none":
+        # Only a mask needs the batch dims apart (it is indexed by them); rows are rows otherwise.
         m = node.inputs[1]
         mask_t = ctype(m.dtype)
-        padded = (1,) * (4 - len(shape)) + shape
-        mshape = (1,) * (4 - len(m.shape)) + tuple(m.shape)
+        padded, mshape = _fold_batch_dims(shape, (1,) * (len(shape) - len(m.shape)) + tuple(m.shape))
+        if len(padded) > 4:
+            raise CudaCodegenError(f"{node.op}: rank {len(shape)} scores with a mask over {len(padded) - 2} "
+                                   f"separate batch dims; the kernel takes at most 2")
+        padded = (1,) * (4 - len(padded)) + padded
+        mshape = (1,) * (4 - len(mshape)) + mshape
         strides, stride = [], "1LL"
         for d in reversed(mshape):
             strides.append("0LL" if d == 1 else stride)
