@@ -315,4 +315,4 @@ def test_positions_past_the_rotary_table_are_refused(tmp_path, capsys):
     np.savez(path, input_ids=np.zeros((2, 4), np.int64), position_ids=positions)
     code, _, err = run(capsys, "run", "llama-tiny", "--inputs", str(path))
     assert code == 2 and err.startswith("blockc: error: ") and "Traceback" not in err   # the list of problems
-    assert "\n  position_ids: 1 of 8 values outside [0, 128) (min 0, max 128)" in err
+    assert "input 'position_ids': 1 of 8 ids out of range [0, 128) (min 0, max 128; it indexes 'rope.cos'" in err
