@@ -486,8 +486,8 @@ def _name_list(text: str) -> tuple[str, ...]:
     return () if text.strip().lower() == "none" else tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def compare_options(args) -> "CompareOptions":
-    """``blockc compare``'s flags as ``CompareOptions``."""
+def compare_options(args):
+    """``blockc compare``'s flags as ``compare.CompareOptions``."""
     import shlex
 
     from .compare import CompareOptions

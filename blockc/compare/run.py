@@ -28,7 +28,6 @@ import datetime
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
