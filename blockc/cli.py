@@ -347,6 +347,7 @@ def cmd_export(args) -> int:
 def cmd_run(args) -> int:
     from .errors import printable
     from .frontends.module import InputSpec  # noqa: F401  (documented input sampling)
+    from .report.numerics import max_abs_error
     from .runtime.backend import make_backend
     from .runtime.reference import run_reference
     model, graph = _graph(args)
@@ -370,7 +371,7 @@ def cmd_run(args) -> int:
         line = (f"  {printable(name):<20} {str(list(a.shape)):<18} {str(a.dtype):<9} {f.mean():>11.4g} {f.std():>11.4g} "
                 f"{f.min():>11.4g} {f.max():>11.4g}")
         if oracle:
-            err = float(np.max(np.abs(f - oracle[name]))) if f.size else 0.0
+            err = max_abs_error(a, oracle[name])
             line += f"  {err:.3g}"
         print(line)
     if args.save:

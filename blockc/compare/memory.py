@@ -11,10 +11,14 @@ half the memory available when compare starts, ``--max-memory`` to change
 outputs). A contestant that alone would exceed the budget is not run; its
 row says why.
 
-Estimates are checked as the run goes: each session's growth of this
-process's resident memory is measured when it is prepared
-(``resident_bytes``), and a group whose measured total passes the budget is
-cut there and timed before the next session is prepared.
+Estimates are checked as the run goes: before each session after a
+group's first, the process's resident memory (``resident_bytes``) is
+measured, and where its growth since compare started, with that session's
+estimate and one run's activations and outputs, would pass the budget, the
+group is cut there: what is ready is timed and closed first. The measure is
+the process's whole, so memory a closed session's runtime kept counts
+against the next group; ``release_freed`` hands what it can back after each
+group.
 """
 from __future__ import annotations
 
@@ -53,13 +57,26 @@ def resident_bytes() -> int | None:
         return None
 
 
+def release_freed() -> None:
+    """Hand memory freed by closed sessions back to the OS. glibc keeps freed
+    blocks in its per-thread arenas (ONNX Runtime's and torch's worker
+    threads each have one), so without this the process's resident memory
+    only ratchets up from group to group and the next group's measurement
+    counts the last one's garbage."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to ask
+        pass
+
+
 def session_bytes(backend, graph, shape: dict[str, int]) -> int:
     """The host memory one compiled session of ``graph`` on ``backend`` keeps
-    while others run: its copies of the weights, and its activations where
-    its runtime keeps an arena between runs (``Backend.keeps_arena``)."""
+    while others run: its copies of the weights, and the arena where its
+    runtime keeps its activations between runs (``Backend.arena_copies``)."""
     fp = footprint(graph, shape)
-    arena = fp.activations if backend.keeps_arena and not backend.on_gpu else 0
-    return int(backend.weight_copies * fp.weights) + arena
+    arena = 0.0 if backend.on_gpu else backend.arena_copies * fp.activations
+    return int(backend.weight_copies * fp.weights + arena)
 
 
 def run_bytes(graph, shape: dict[str, int]) -> int:

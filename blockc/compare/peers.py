@@ -45,7 +45,8 @@ class OrtOptimizerPeer(Backend):
     name = "ort-optimizer"
     row_backend = "ort-cpu"   # the backend column of its rows: it runs where ort-cpu does
     variants = ("basic", "all")
-    weight_copies = 4.5   # the exported and the optimized onnx models, both serialized, and the session
+    weight_copies = 5.0   # the exported and the optimized onnx models, both serialized, and the session
+    arena_copies = 1.3    # ONNX Runtime's CPU arena, as ort-cpu's
 
     def __init__(self, model):
         self.model_type, self.heads, self.hidden = attention_shape(model)

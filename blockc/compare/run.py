@@ -39,6 +39,7 @@ from ..ops.limits import graph_limits
 from ..passes.forms import FORMS
 from ..progress import MEASURING, Progress
 from ..report.compare_html import SCHEMA
+from ..report.numerics import max_abs_error
 from ..runtime.backend import HOST_CLOCK, Backend, Compiled, backend_names, compare_backends, make_backend
 from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
 from . import memory
@@ -335,9 +336,11 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         contestants = _contestants(plan, shape)
         for c in contestants:
             c.params = weights
+        feeds = oracle = None   # the last shape's go before this one's are made
         feeds = _feeds(plan, shape)
         oracle = _oracle(plan.graphs["standard"], weights, feeds)
-        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape))
+        one_run = max(memory.run_bytes(g, shape) for g in plan.graphs.values())
+        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), resident, one_run)
         report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], largest)
         rows = [c.row for c in contestants if not c.key.endswith(AA)]
         _latencies(contestants, times, peak)
@@ -346,7 +349,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         report["ratios"].extend(_ratios(rows, times, shape))
         report["verdicts"].extend(_verdicts(contestants, times, shape))
         if o.kernels:
-            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps))
+            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps, resident))
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
         if ok and getattr(p, "fused", None):
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
@@ -381,12 +384,15 @@ def _oracle(graph: Graph, weights, feeds) -> dict[str, np.ndarray]:
 
 
 def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: _Steps,
-             where: str) -> tuple[dict[str, list], int]:
+             where: str, start: int | None, one_run: int) -> tuple[dict[str, list], int]:
     """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
     within the memory budget (``compare/memory.py``). The first block also
     checks each session's outputs against ``oracle`` (its row's error and
-    kernel count) and measures what each session holds, cutting a group
-    whose measured memory passes the budget; later blocks keep its groups.
+    kernel count); before each session after a group's first it measures
+    the process's resident memory, and cuts the group there where its growth
+    since ``start`` (what was resident when compare began), with the
+    session's estimate and ``one_run`` (a run's activations and outputs,
+    ``memory.run_bytes``), would pass the budget. Later blocks keep its groups.
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
     ``.group``, unique across blocks) and the largest group's estimate."""
     o = plan.options
@@ -406,13 +412,17 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             group = pending.pop(0)
             keys = list(group.keys)
             order.shuffle(keys)    # no one always gets the first, or the last, memory
-            ready, used = {}, 0
+            ready = {}
             for i, key in enumerate(keys):
                 c = by_key[key]
+                if i and block == 0 and _would_pass_budget(plan, start, c.estimate + one_run):
+                    # what is ready already holds more than estimated: time it, the rest form the next group
+                    pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
+                    keys = keys[:i]
+                    break
                 progress.step(f"block {block + 1}/{o.blocks}: preparing {key} {where}")
                 if c.row["status"] != "ok":
                     continue
-                before = memory.resident_bytes()
                 compiled = None
                 try:
                     compiled = c.prepare(o.threads)
@@ -426,14 +436,6 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                     if compiled is not None:
                         compiled.close()
                     continue
-                after = memory.resident_bytes()
-                used += max(c.estimate, (after - before) if before is not None and after is not None else 0)
-                rest = keys[i + 1:]
-                if block == 0 and plan.budget is not None and used > plan.budget and rest:
-                    # measured more than estimated: time what is ready, the rest form the next group
-                    pending.insert(0, memory.Group(rest, sum(by_key[k].estimate for k in rest)))
-                    keys = keys[:i + 1]
-                    break
             if block == 0:
                 groups.append(memory.Group(keys, sum(by_key[k].estimate for k in keys)))
                 largest = max(largest, groups[-1].estimate)
@@ -442,7 +444,16 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                 t.group = serial
                 times[key][block] = t
             serial += 1
+            ready = None
+            memory.release_freed()
     return times, largest
+
+
+def _would_pass_budget(plan: Plan, start: int | None, more: int) -> bool:
+    """Whether ``more`` bytes on top of what the process holds now (its
+    growth since ``start``, measured) pass the budget."""
+    now = memory.resident_bytes()
+    return plan.budget is not None and None not in (now, start) and now - start + more > plan.budget + plan.holding
 
 
 def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptions, progress: _Steps,
@@ -509,11 +520,13 @@ def _max_error(outputs, oracle) -> float:
         raise BlockcError(f"the run produced no output {', '.join(missing)}")
     worst = 0.0
     for k, ref in oracle.items():
-        got = np.asarray(outputs[k]).astype(np.float64)
+        got = np.asarray(outputs[k])
         if got.shape != ref.shape:
             raise BlockcError(f"output {k} has shape {list(got.shape)}, expected {list(ref.shape)}")
-        if got.size:
-            worst = max(worst, float(np.max(np.abs(got - ref))))
+        err = max_abs_error(got, ref)
+        if err != err:
+            return err
+        worst = max(worst, err)
     return worst
 
 
@@ -600,7 +613,7 @@ def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
     return out
 
 
-def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps) -> list[dict]:
+def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, start: int | None) -> list[dict]:
     from .kernels import kernel_cost, sample_feeds
     o = plan.options
     entries = []
@@ -616,7 +629,7 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps) -> list
             c.row.update(shape=dict(shape), bytes_modelled=nbytes)
             c.estimate = memory.session_bytes(c.backend, g, shape)
         times, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
-                            f"kernel {_shape_text(shape)}")
+                            f"kernel {_shape_text(shape)}", start, memory.run_bytes(g, shape))
         _latencies(contestants, times, peak)
         for c in contestants:
             row = c.row

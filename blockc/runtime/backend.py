@@ -68,6 +68,7 @@ class Compiled:
         ``graph`` is what they are checked against (None: not checked here,
         ``run`` checks them itself or not at all)."""
         self._run, self._close, self.graph = run, close, graph
+        self._closed = False
         if kernels is not None:
             self.kernels = kernels
 
@@ -88,6 +89,8 @@ class Compiled:
     def unchecked_runner(self, feeds: Feeds, bindings: Mapping[str, int]) -> Callable[[], Outputs]:
         """A call that runs ``feeds``, already checked (``bindings``: the sizes
         they bind), without checking them again. What a subclass overrides."""
+        if self._closed:
+            raise BlockcError("this compiled graph is closed")
         if self._run is None:
             raise NotImplementedError(f"{type(self).__name__} does not run")
         run = self._run
@@ -101,10 +104,12 @@ class Compiled:
         return measure(self.runner(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s)
 
     def close(self) -> None:
-        """Release what the compiled graph holds (sessions, temporary files)."""
-        if self._close is not None:
-            self._close()
-            self._close = None
+        """Release what the compiled graph holds (sessions, temporary files).
+        The run function goes too: a session it holds (its closure) is freed
+        now, not whenever the last reference to this object goes."""
+        close, self._close, self._run, self._closed = self._close, None, None, True
+        if close is not None:
+            close()
 
     def __enter__(self) -> "Compiled":
         return self
@@ -122,12 +127,13 @@ class Backend:
     kernel_variant: str | None = None    # the variant compare times fused kernels alone on; None: not here
     clock = HOST_CLOCK                   # how a run is timed, in words (compare's report records it)
     on_gpu = False                       # runs on a GPU (compare's report names the GPU)
-    # For planning memory (``compare/memory.py``): the host copies of the weights a compiled graph
-    # keeps beside the caller's -- measured per backend on a 2-layer GPT-2 (resident memory after
-    # compiling and one run), 1 where unmeasured -- and whether it keeps its activations' memory
-    # between runs (an arena) rather than freeing it; a GPU backend keeps them on the device.
+    # For planning memory (``compare/memory.py``), measured per backend on a 2-layer GPT-2 at batch 8,
+    # seq 512 (resident memory after compiling, then after one run), 1 and 1 where unmeasured: the
+    # host copies of the weights a compiled graph keeps beside the caller's, and how many times its
+    # peak live activations it keeps between runs (0: each intermediate is freed; an arena that rounds
+    # its regions up keeps more than 1). A GPU backend keeps its activations on the device.
     weight_copies: float = 1.0
-    keeps_arena = True
+    arena_copies: float = 1.0
 
     def __init__(self, **options):
         """``options`` this backend does not use are ignored (see the module docstring)."""

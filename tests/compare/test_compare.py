@@ -204,6 +204,19 @@ def test_more_memory_than_estimated_cuts_the_group(monkeypatch):
     assert not any(r["paired"] for r in report["ratios"])   # each session was timed alone
 
 
+def test_memory_the_process_kept_cuts_the_group(monkeypatch):
+    """The cut measures the process's whole growth since compare began, not
+    each session's own: memory a closed group's runtime kept (glibc's arenas)
+    counts. Here no session grows the process at all, but it already holds
+    more than the budget once compare has started."""
+    readings = iter([0] + [9 << 30] * 10 ** 6)   # at the start, then every later reading
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    plan = _plan(max_memory=8 << 30)
+    report = run_comparison(plan)
+    assert all(r["status"] == "ok" for r in report["results"])
+    assert not any(r["paired"] for r in report["ratios"])
+
+
 def test_the_budget_that_holds_not_even_the_reference_is_refused():
     with pytest.raises(BlockcError, match="float64 reference .* need about .* more than the budget"):
         _plan(max_memory=1000)

@@ -11,7 +11,8 @@ import pytest
 import blockc
 from blockc.cli import main
 from blockc.frontends.weights import NonFiniteWeightsWarning, materialize, save_weights
-from blockc.report.numerics import check_fusions, first_non_finite, format_check
+from blockc.report import numerics
+from blockc.report.numerics import check_fusions, first_non_finite, format_check, max_abs_error
 
 SETS = {"layers": "1"}
 
@@ -124,3 +125,18 @@ def test_blockc_check_optimizes_each_set_of_fusions_once_per_graph(monkeypatch, 
                  "--fused-as", "function"]) == 0
     assert capsys.readouterr().out.count("PASS") == 2
     assert asked and len(asked) == len(set(asked))
+
+
+def test_max_abs_error_in_chunks_is_the_whole_arrays(monkeypatch):
+    """Widened a chunk at a time (compare's logits are gigabytes), with the
+    same answer as widening everything; a NaN anywhere is the answer, never
+    dropped by ``max`` (``max(0.0, nan)`` is 0.0)."""
+    monkeypatch.setattr(numerics, "_ERROR_CHUNK", 7)
+    rng = np.random.default_rng(0)
+    got = rng.standard_normal((5, 9)).astype(np.float32)
+    ref = got.astype(np.float64) + rng.standard_normal((5, 9)) * 1e-3
+    assert max_abs_error(got, ref) == float(np.max(np.abs(got.astype(np.float64) - ref)))
+    assert max_abs_error(got[:, ::2], ref[:, ::2]) == float(np.max(np.abs(got[:, ::2] - ref[:, ::2])))
+    got[4, 8] = np.nan     # in the last chunk, after the largest error
+    assert np.isnan(max_abs_error(got, ref))
+    assert max_abs_error(np.zeros((0, 3), np.float32), np.zeros((0, 3))) == 0.0

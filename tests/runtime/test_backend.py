@@ -206,3 +206,26 @@ def test_a_bad_feed_fails_before_compiling():
     with pytest.raises(BlockcError):
         backend.run(graph, weights, {"input_ids": feeds["input_ids"].astype(np.float32)})
     assert backend.compiled == []
+
+
+def test_close_releases_what_the_run_function_holds():
+    """A wrapped runtime (a session in the run function's closure) is freed
+    when the compiled graph is closed, even while the caller still holds it:
+    compare keeps the last group's objects in scope while preparing the next."""
+    import gc
+    import weakref
+
+    class Session:
+        def run(self, feeds):
+            return {"y": feeds["x"]}
+
+    session = Session()
+    alive = weakref.ref(session)
+    compiled = Compiled(session.run)
+    del session
+    assert compiled.run({"x": np.ones(2)})["y"].shape == (2,)
+    compiled.close()
+    gc.collect()
+    assert alive() is None
+    with pytest.raises(BlockcError, match="closed"):
+        compiled.run({"x": np.ones(2)})

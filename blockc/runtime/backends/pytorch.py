@@ -19,7 +19,7 @@ class TorchBackend(Backend):
         self.compile_module = compile
         # eager shares the caller's arrays (torch.from_numpy); inductor may keep its own constants
         self.weight_copies = 1.0 if compile else 0.0
-        self.keeps_arena = compile   # eager frees each intermediate; inductor plans its buffers
+        self.arena_copies = 1.0 if compile else 0.0   # eager frees each intermediate; inductor plans its buffers
 
     def availability(self):
         from ..torch_runner import torch_available

@@ -13,7 +13,7 @@ class ReferenceBackend(Backend):
         self.float64 = float64
         # it reads the caller's arrays as they are; in float64 it widens each (float32 -> twice the bytes)
         self.weight_copies = 2.0 if float64 else 0.0
-        self.keeps_arena = False   # each intermediate is freed after its last use
+        self.arena_copies = 0.0   # each intermediate is freed after its last use
 
     @property
     def title(self) -> str:
