@@ -57,6 +57,34 @@ def resident_bytes() -> int | None:
         return None
 
 
+def reset_peak() -> None:
+    """Start the peak (``peak_resident``) from now: Linux resets a process's
+    high-water mark when "5" is written to its ``clear_refs``. Elsewhere the
+    peak stays the process's lifetime one."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_resident() -> int | None:
+    """This process's peak resident memory since ``reset_peak`` (Linux), or
+    over its lifetime (``getrusage``); None where neither is known."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024   # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # kilobytes on Linux
+    except (ImportError, OSError):
+        return None
+
+
 def release_freed() -> None:
     """Hand memory freed by closed sessions back to the OS. glibc keeps freed
     blocks in its per-thread arenas (ONNX Runtime's and torch's worker

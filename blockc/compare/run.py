@@ -310,6 +310,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
     o = plan.options
     steps = _Steps(progress, planned_steps(plan))
     started, resident = time.perf_counter(), memory.resident_bytes()
+    memory.reset_peak()   # the peak reported is this comparison's, not what the process did before
     # materialised once: every run reads them
     weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
 
@@ -355,18 +356,10 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
     steps.end()
     report["timing"]["elapsed_s"] = time.perf_counter() - started
-    peak_resident = _peak_resident()
+    peak_resident = memory.peak_resident()
     if resident is not None and peak_resident is not None:
         report["memory"]["peak_growth_bytes"] = max(0, peak_resident - resident)
     return report
-
-
-def _peak_resident() -> int | None:
-    try:
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # kilobytes on Linux
-    except (ImportError, OSError):
-        return None
 
 
 def _listing(b: Backend, ok: bool, why: str, threads: int) -> dict:

@@ -4,11 +4,13 @@ mistakes fail before anything is measured."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from importlib import resources
 
 import jsonschema
+import numpy as np
 import pytest
 
 from blockc.cli import main
@@ -215,6 +217,17 @@ def test_memory_the_process_kept_cuts_the_group(monkeypatch):
     report = run_comparison(plan)
     assert all(r["status"] == "ok" for r in report["results"])
     assert not any(r["paired"] for r in report["ratios"])
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="no resettable peak here (Linux only)")
+def test_the_peak_reported_is_the_comparisons_own():
+    """The report's peak growth is measured from compare's start, not the
+    process's lifetime high-water mark (a Python caller may have held more
+    before)."""
+    big = np.ones(64 << 20)   # 512 MiB, touched
+    del big
+    report = run_comparison(_plan())
+    assert 0 < report["memory"]["peak_growth_bytes"] < 256 << 20
 
 
 def test_the_budget_that_holds_not_even_the_reference_is_refused():
