@@ -235,7 +235,6 @@ class BlockConfig:
     norm: str = "layernorm"
     causal: bool = True
     eps: float = 1e-5
-    max_positions: int = 1024
     layers: int = 1
     dtype: str = "float32"
 
