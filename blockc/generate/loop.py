@@ -132,6 +132,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     target = make_backend(backend, **backend_options)
     target.require()
     t0 = time.perf_counter()
+    weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
     prefill_graph = to_form(trace(model.for_cache("prefill")), form)
     decode_graph = to_form(trace(model.for_cache("decode")), form) if max_new > 1 else None
     with target.compile(prefill_graph, weights) as prefill:
