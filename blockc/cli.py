@@ -26,6 +26,7 @@ examples:
   blockc run my_model.py:build --dim seq=64
   blockc run tiny --inputs ids.npz --save out.npz   # your arrays in (numpy.savez), the outputs out
   blockc export gpt2 --fused-as function -o f.onnx  # --fused-as alone means --form fused
+  blockc generate llama-tiny --prompt-ids 1,2,3 --prompt-ids 4,5 --max-new 16
 """
 
 
@@ -383,6 +384,27 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    import json
+    from .generate.loop import check_request, generate, greedy
+    from .generate.stream import TokenLines, format_timings
+    from .runtime.backend import make_backend
+    prompts = [list(_int_list("--prompt-ids", text)) for text in args.prompt_ids]
+    model = _built(args)
+    check_request(model, prompts, args.max_new)   # before any weights are made
+    make_backend(args.backend).require()
+    lines = TokenLines(len(prompts))
+    result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=greedy,
+                      stop_id=args.stop_id, on_token=lines)
+    lines.finish(result.tokens)
+    print(format_timings(result))
+    if args.json:
+        _write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, **result.as_json()},
+                                          indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _check_finite(graph, weights, feeds, outputs, oracle, where: str) -> int:
     """``run --check``: 1, with where the values first stopped being finite, when any output is NaN/Inf."""
     from .report.numerics import first_non_finite, non_finite_outputs
@@ -679,6 +701,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="also report each output's max error against the "
                    "float64 reference")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("generate", help="generate tokens with a KV cache",
+                       description="Generate up to --max-new tokens after each --prompt-ids with a decoder model "
+                       "(gpt2, tiny, llama-tiny, qwen3-tiny or your own DecoderLM): the prompts are batched "
+                       "left-padded, a prefill graph runs once and a decode graph per token, feeding back the "
+                       "key/value cache. Prints each prompt's new ids (redrawn as they come on a terminal), then "
+                       "the time to the first token, each decode step's median and p90, and tokens per second.")
+    _model_args(p)
+    p.add_argument("--prompt-ids", action="append", required=True, metavar="IDS",
+                   help="one prompt's token ids, comma-separated, e.g. 1,2,3 (repeatable: one prompt each)")
+    p.add_argument("--max-new", type=int, default=32, help="new tokens per prompt, at most (default 32)")
+    p.add_argument("--greedy", action="store_true", help="pick the most likely token (the default, and for now "
+                   "the only choice)")
+    p.add_argument("--stop-id", type=int, metavar="ID", help="a prompt stops after this token id")
+    p.add_argument("--backend", choices=backend_names(), default="ort-cpu",
+                   help="where the graphs run (default ort-cpu): reference, ort-cpu, cuda-emu, ...")
+    _weights_args(p, seeds="the weights")
+    _json_arg(p, what="the ids and timings")
+    p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("compare", help="fused against unfused, measured side by side with the peers",
                        description="Measure MODEL in every form (decomposed, standard, fused) on every available "

@@ -9,7 +9,7 @@ import pytest
 
 from blockc.cli import build_parser, main
 
-COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check", "cuda", "compare"]
+COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check", "cuda", "compare", "generate"]
 
 
 def run(capsys, *argv):
@@ -325,3 +325,35 @@ def test_run_bad_paths_are_one_line_errors(flags, message, tmp_path, capsys):
     assert code == 2 and out == "" and "Traceback" not in err
     assert err.startswith("blockc: error: ") and len(err.strip().splitlines()) == 1
     assert message.format(d=tmp_path) in err
+
+
+def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
+    import json
+    from blockc import build_model, init_weights
+    from blockc.generate import generate
+    out_json = tmp_path / "gen.json"
+    code, out, err = run(capsys, "generate", "llama-tiny", "--set", "layers=1", "--prompt-ids", "1,2,3",
+                         "--prompt-ids", "4,5", "--max-new", "5", "--seed", "2", "--json", str(out_json))
+    assert code == 0, err
+    model = build_model("llama-tiny", {"layers": "1"})
+    expected = generate(model, init_weights(model, seed=2), [[1, 2, 3], [4, 5]], 5).tokens
+    lines = out.splitlines()
+    assert lines[:2] == [f"[{k}] " + " ".join(map(str, ids)) for k, ids in enumerate(expected)]  # printed once
+    assert re.match(r"time to first token [\d.]+ ms", lines[2])
+    assert re.match(r"decode step [\d.]+ ms median, [\d.]+ ms p90 over 4 steps", lines[3])
+    assert re.match(r"10 tokens at [\d.]+ tokens/s", lines[4])
+    report = json.loads(out_json.read_text())
+    assert report["tokens"] == expected and len(report["step_s"]) == 4 and report["first_token_s"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tiny", "--prompt-ids", "1,x"], "malformed --prompt-ids '1,x': expected integers separated by commas"),
+    (["tiny", "--prompt-ids", "1,256"], "prompt 0: token id 256 is outside the vocabulary [0, 256)"),
+    (["tiny", "--prompt-ids", "1", "--max-new", "0"], "max_new must be a positive integer, got 0"),
+    (["tiny", "--prompt-ids", "1,2", "--max-new", "127"], "a prompt of 2 tokens and 127 new ones make 129 positions"),
+    (["tiny", "--prompt-ids", "1", "--stop-id", "999"], "stop id 999 is outside the vocabulary [0, 256)"),
+    (["gpt2-block", "--prompt-ids", "1"], "generate needs a decoder language model"),
+])
+def test_generate_refuses_bad_input_in_one_line(capsys, argv, message):
+    code, out, err = run(capsys, "generate", *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -180,3 +180,10 @@ def test_compare_verdict_excerpt_is_the_80_column_table():
     out = io.StringIO()
     Console(file=out, width=80, markup=False).print(verdict_table(report))
     check_excerpt(readme_block("fusion's verdict"), [line.rstrip() for line in out.getvalue().splitlines()])
+
+
+def test_generate_excerpt_is_what_blockc_generates(capsys):
+    # README "## Generating": the ids of its one example (the timings after them vary, so are elided).
+    (command,) = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
+    assert main(shlex.split(command)[1:]) == 0
+    check_excerpt(readme_block("[0] "), capsys.readouterr().out.splitlines())

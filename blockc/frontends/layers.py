@@ -18,7 +18,7 @@ from ..ir.dtypes import DType
 from ..ops._rules import broadcast_shapes, fmt
 from .module import Module, Parameter
 from .rotary import Rotary
-from .tensor import Tensor, causal_mask, constant, gather, layer_norm, rms_norm, where
+from .tensor import Tensor, causal_mask, concat, constant, gather, layer_norm, rms_norm, where
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 QK_NORMS = ("none", "head", "full")
@@ -60,6 +60,12 @@ class LearnedPositionEmbedding(Module):
 
     def forward(self, length: Dim, offset: Dim = 0) -> Tensor:
         return self.weight.slice(0, offset, offset + length)
+
+    def lookup(self, position_ids: Tensor, rows: Dim) -> Tensor:
+        """The rows ``position_ids`` name, from the first ``rows`` of the
+        table (a left-padded row, a decode step). The slice bounds ``rows`` by
+        the table and the ids by ``rows`` (``ops/limits.py``)."""
+        return gather(self.weight.slice(0, 0, rows), position_ids)
 
 
 def sinusoid_table(shape: tuple, rng=None) -> np.ndarray:
@@ -159,6 +165,22 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return scores.softmax(-1) @ v
 
 
+class KVCache:
+    """One layer's key/value cache for a traced generation step: ``past``
+    holds the keys and values ``[batch, kv_heads, past, head_dim]`` of the
+    tokens before (None in a prefill graph); attention appends this step's
+    (rotated, normalised) keys and values and leaves the whole in ``present``."""
+
+    def __init__(self, past: tuple[Tensor, Tensor] | None = None):
+        self.past, self.present = past, None
+
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.past is not None:
+            k, v = concat([self.past[0], k], 2), concat([self.past[1], v], 2)
+        self.present = (k, v)
+        return k, v
+
+
 def heads_problem(heads: int, kv_heads: int) -> str | None:
     """Why ``heads`` query heads cannot share ``kv_heads`` key/value heads, or None."""
     if heads <= 0 or kv_heads <= 0:
@@ -182,7 +204,10 @@ class MultiHeadAttention(Module):
     only). ``qk_norm`` normalises queries and keys with an RMSNorm before
     the rotation: ``"head"`` over each head's ``d_k`` values (Qwen3),
     ``"full"`` over the whole projection (OLMo 2). ``forward``'s ``rotary``
-    (from ``RotaryEmbedding.angles``) turns queries and keys by their positions.
+    (from ``RotaryEmbedding.angles``) turns queries and keys by their positions;
+    its ``cache`` (a ``KVCache``) puts the cached keys and values before this
+    step's, unrepeated (``kv_heads`` heads), and the causal mask then lets
+    query ``i`` see the whole past (``ops/masking.py``).
     """
 
     def __init__(self, d_model: int, heads: int, d_k: int | None = None, d_v: int | None = None,
@@ -213,7 +238,7 @@ class MultiHeadAttention(Module):
         return x.reshape(0, 0, heads or self.heads, size).permute(0, 2, 1, 3)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, memory: Tensor | None = None,
-                rotary: Rotary | None = None) -> Tensor:
+                rotary: Rotary | None = None, cache: KVCache | None = None) -> Tensor:
         if rotary is not None and memory is not None:
             raise ModelError(at_user_line("rotary embeddings turn self-attention; keys from memory have no "
                                           "positions of this sequence"))
@@ -223,6 +248,8 @@ class MultiHeadAttention(Module):
         v = self.split_heads(self.w_v(kv), self.d_v, self.kv_heads)
         if rotary is not None:
             q, k = rotary.rotate(q), rotary.rotate(k)
+        if cache is not None:
+            k, v = cache.extend(k, v)
         if self.kv_heads == self.heads:
             o = scaled_dot_product_attention(q, k, v, mask, self.causal)
         else:
@@ -317,9 +344,10 @@ class TransformerBlock(Module):
         self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, gated=gated_ffn, bias=ffn_bias)
         self.ln2 = make_norm(norm, d_model, eps)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, rotary: Rotary | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, rotary: Rotary | None = None,
+                cache: KVCache | None = None) -> Tensor:
         if self.norm_first:
-            o = x + self.attn(self.ln1(x), mask, rotary=rotary)
+            o = x + self.attn(self.ln1(x), mask, rotary=rotary, cache=cache)
             return o + self.ffn(self.ln2(o))
-        o = self.ln1(x + self.attn(x, mask, rotary=rotary))
+        o = self.ln1(x + self.attn(x, mask, rotary=rotary, cache=cache))
         return self.ln2(o + self.ffn(o))

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from ..errors import ModelError
 from ..ir.dims import Sym
 from ..ir.dtypes import DType
-from .layers import (ACTIVATIONS, QK_NORMS, Embedding, LearnedPositionEmbedding, Linear,
+from .layers import (ACTIVATIONS, QK_NORMS, Embedding, KVCache, LearnedPositionEmbedding, Linear,
                      SinusoidalPositionEmbedding, TransformerBlock, heads_problem, make_norm)
 from .rotary import RotaryEmbedding, rotary_problem
 from .module import InputSpec, Model, ModuleList
 from .tensor import Tensor
 
-BATCH, SEQ = Sym.var("batch"), Sym.var("seq")
+BATCH, SEQ, PAST = Sym.var("batch"), Sym.var("seq"), Sym.var("past")
+CACHE_MODES = ("prefill", "decode")
 
 
 def _check_common(cfg) -> None:
@@ -125,12 +126,33 @@ class DecoderLM(Model):
     rotary embeddings turning every layer's queries and keys by the
     ``position_ids`` input; L causal blocks; the final norm of pre-norm
     stacks; logits through the tied unembedding ``Eᵀ`` (or a separate
-    ``lm_head``); and (with ``probs``) the softmax over the vocabulary."""
+    ``lm_head``); and (with ``probs``) the softmax over the vocabulary.
 
-    def __init__(self, cfg: DecoderConfig, name: str = "decoder"):
+    ``cache`` traces one step of generation with a key/value cache instead
+    of the plain forward (``for_cache`` makes that model from this one; the
+    parameters, and so the weight names, are the same):
+
+    * ``"prefill"``: ``input_ids``, ``attention_mask`` (int64, 1 = token,
+      0 = left pad) and ``position_ids``, all ``[batch, seq]`` ->
+      ``logits [batch, seq, vocab]`` and, per layer ``i``,
+      ``present.{i}.key``/``.value`` ``[batch, kv_heads, seq, head_dim]``;
+    * ``"decode"``: the same with ``attention_mask [batch, past+seq]`` and
+      ``past.{i}.key``/``.value`` ``[batch, kv_heads, past, head_dim]`` ->
+      ``logits`` and the presents, ``past+seq`` long.
+
+    Positions come from ``position_ids`` whatever the position kind (learned
+    tables are gathered as rotary ones are), from the tables' first
+    ``past+seq`` rows: so ``past+seq`` is at most ``max_positions`` and each
+    position below ``past+seq``, limits every backend enforces. Keys are
+    cached after rotation, with ``kv_heads`` heads (not repeated).
+    """
+
+    def __init__(self, cfg: DecoderConfig, name: str = "decoder", cache: str | None = None):
         super().__init__()
         cfg.check()
-        self.cfg, self.name, self.dtype = cfg, name, DType.parse(cfg.dtype)
+        if cache is not None and cache not in CACHE_MODES:
+            raise ModelError(f"cache must be one of {', '.join(CACHE_MODES)} or None, got {cache!r}")
+        self.cfg, self.name, self.dtype, self.cache = cfg, name, DType.parse(cfg.dtype), cache
         self.tok = Embedding(cfg.vocab, cfg.d_model)
         if cfg.positions == "rope":
             self.rope = RotaryEmbedding(cfg.head_size, cfg.max_positions, cfg.rotary_dim, cfg.rope_theta,
@@ -146,13 +168,34 @@ class DecoderLM(Model):
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.d_model, cfg.vocab, bias=False)
 
+    def for_cache(self, mode: str) -> "DecoderLM":
+        """This model's ``"prefill"`` or ``"decode"`` step (see the class docstring)."""
+        return DecoderLM(self.cfg, f"{self.name}-{mode}", cache=mode)
+
+    @property
+    def kv_shape(self) -> tuple:
+        """A cached key or value before this step: ``[batch, kv_heads, past, head_dim]``."""
+        return (BATCH, self.cfg.kv_heads or self.cfg.heads, PAST, self.cfg.head_size)
+
     def inputs(self) -> list[InputSpec]:
-        specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
-        if self.cfg.positions == "rope":
-            specs.append(InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", self.cfg.max_positions))
+        cfg = self.cfg
+        specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", cfg.vocab)]
+        if self.cache is None:
+            if cfg.positions == "rope":
+                specs.append(InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", cfg.max_positions))
+            return specs
+        total = SEQ if self.cache == "prefill" else PAST + SEQ
+        specs += [InputSpec("attention_mask", DType.int64, (BATCH, total), "mask"),
+                  InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", cfg.max_positions)]
+        if self.cache == "decode":
+            specs += [InputSpec(f"past.{i}.{kv}", self.dtype, self.kv_shape)
+                      for i in range(cfg.layers) for kv in ("key", "value")]
         return specs
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None):
+    def forward(self, input_ids: Tensor, *rest: Tensor):
+        if self.cache is not None:
+            return self._step(input_ids, *rest)
+        position_ids = rest[0] if rest else None
         x, rotary = self.tok(input_ids), None
         if self.cfg.positions == "rope":
             rotary = self.rope.angles(position_ids)
@@ -160,10 +203,32 @@ class DecoderLM(Model):
             x = x + self.pos(input_ids.shape[1])
         for block in self.blocks:
             x = block(x, rotary=rotary)
+        logits = self._logits(x)
+        return {"logits": logits, "probs": logits.softmax(-1)} if self.cfg.probs else {"logits": logits}
+
+    def _step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, *past: Tensor):
+        """A prefill or decode step: the logits and every layer's keys and values so far."""
+        total = attention_mask.shape[1]
+        x, rotary = self.tok(input_ids), None
+        if self.cfg.positions == "rope":
+            rotary = self.rope.angles(position_ids, total)
+        else:
+            x = x + self.pos.lookup(position_ids, total)
+        # [batch, past+seq] -> [batch, 1, 1, past+seq]: one key mask for every head and query; the
+        # blocks' causal mask, aligned to the last key, adds "no later token".
+        mask = attention_mask.cast("bool").reshape(0, 1, 1, -1)
+        caches = [KVCache((past[2 * i], past[2 * i + 1]) if past else None) for i in range(len(self.blocks))]
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, mask, rotary=rotary, cache=cache)
+        out = {"logits": self._logits(x)}
+        for i, cache in enumerate(caches):
+            out[f"present.{i}.key"], out[f"present.{i}.value"] = cache.present
+        return out
+
+    def _logits(self, x: Tensor) -> Tensor:
         if self.cfg.norm_first:
             x = self.ln_f(x)
-        logits = x @ self.tok.weight.T if self.cfg.tie_embeddings else self.lm_head(x)
-        return {"logits": logits, "probs": logits.softmax(-1)} if self.cfg.probs else {"logits": logits}
+        return x @ self.tok.weight.T if self.cfg.tie_embeddings else self.lm_head(x)
 
 
 @dataclass

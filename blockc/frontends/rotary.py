@@ -38,6 +38,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import ModelError, at_user_line
+from ..ir.dims import Dim
 from .module import Module, Parameter
 from .tensor import Tensor, concat, gather
 
@@ -124,10 +125,16 @@ class RotaryEmbedding(Module):
         self.cos = Parameter(shape, partial(rope_table, fn=np.cos, base=self.base, interleaved=interleaved))
         self.sin = Parameter(shape, partial(rope_table, fn=np.sin, base=self.base, interleaved=interleaved))
 
-    def angles(self, position_ids: Tensor) -> Rotary:
+    def angles(self, position_ids: Tensor, rows: Dim | None = None) -> Rotary:
+        """``rows``: gather from the tables' first ``rows`` only (a generation
+        step's ``past+seq``), which bounds ``rows`` by the tables and the ids
+        by ``rows`` (``ops/limits.py``)."""
         if position_ids.ndim not in (1, 2):
             raise ModelError(at_user_line(f"position_ids must be [batch, seq] or [seq], got {position_ids}"))
-        cos, sin = gather(self.cos, position_ids), gather(self.sin, position_ids)
+        cos, sin = self.cos, self.sin
+        if rows is not None:
+            cos, sin = cos.slice(0, 0, rows), sin.slice(0, 0, rows)
+        cos, sin = gather(cos, position_ids), gather(sin, position_ids)
         if position_ids.ndim == 2:  # [batch, seq, rd] -> [batch, 1, seq, rd]: the same angles for every head
             cos, sin = (t.reshape(0, 1, -1, self.rotary_dim) for t in (cos, sin))
         return Rotary(cos, sin, self.rotary_dim, self.interleaved)

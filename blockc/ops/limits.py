@@ -5,7 +5,10 @@ generated C API) enforces the same ones, whatever model the graph came from:
 
 * **ids**: a graph input used as a ``gather``'s indices (a token embedding)
   must hold ids in ``[0, rows)`` of the table it indexes. Negative ids are
-  refused too: they would silently take rows from the end.
+  refused too: they would silently take rows from the end. ``rows`` may be
+  symbolic: a generation step gathers positions from the table's first
+  ``past+seq`` rows, so each position must lie below ``past+seq`` (checked
+  once the feeds bind the dims).
 * **dims**: a ``slice`` of a fixed-size axis up to a symbolic end (the
   position table sliced to ``seq``) bounds that end: ``seq <= 1024``.
 
@@ -34,7 +37,7 @@ class DimLimit:
 
 @dataclass(frozen=True)
 class Limits:
-    ids: dict        # input name -> (high, why): its values must lie in [0, high)
+    ids: dict        # input name -> (high, why): its values must lie in [0, high); high an int or a Dim
     dims: list       # DimLimit, the tightest per dim expression
 
     def __bool__(self) -> bool:
@@ -56,6 +59,25 @@ def _table(v) -> str:
     return repr(v.name) if v.name else "a table"
 
 
+def _indexes(table, rows: Dim) -> str:
+    """Why ids of a gather from ``table`` must lie below ``rows``."""
+    source = table.producer.inputs[0] if table.producer is not None and table.producer.op == "slice" else None
+    if not isinstance(rows, int) and source is not None:   # a generation step's position table
+        return f"it indexes the first {rows} rows of {_table(source)}"
+    return f"it indexes {_table(table)}, which has {rows} rows"
+
+
+def _tighter(rows: Dim, known: Dim | None) -> bool:
+    """Whether ``rows`` bounds an id input more tightly than the bound ``known``
+    (None: no bound yet). A symbolic row count is taken over a fixed one: it
+    is a slice of a fixed table, which the slice's dim limit bounds."""
+    if known is None:
+        return True
+    if isinstance(rows, int) and isinstance(known, int):
+        return rows < known
+    return not isinstance(rows, int) and isinstance(known, int)
+
+
 def graph_limits(graph: Graph) -> Limits:
     """The id ranges and dim limits ``graph``'s ops imply (see the module docstring)."""
     ids: dict[str, tuple[int, str]] = {}
@@ -64,8 +86,8 @@ def graph_limits(graph: Graph) -> Limits:
         if n.op == "gather":
             data, idx = n.inputs
             rows = data.shape[n.attrs["axis"] % data.type.rank]
-            if idx.kind == "input" and isinstance(rows, int) and (idx.name not in ids or rows < ids[idx.name][0]):
-                ids[idx.name] = (rows, f"it indexes {_table(data)}, which has {rows} rows")
+            if idx.kind == "input" and _tighter(rows, ids.get(idx.name, (None,))[0]):
+                ids[idx.name] = (rows, _indexes(data, rows))
         elif n.op == "slice":
             x, end = n.inputs[0], n.attrs["end"]
             size = x.shape[n.attrs["axis"] % x.type.rank]

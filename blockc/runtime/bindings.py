@@ -51,7 +51,7 @@ def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict
     limits = graph_limits(graph)   # each check, not cached: graphs change in place, and a check is
                                    # once per run or runner, outside any timed loop
     seen: dict[str, list[tuple[str, int, int]]] = {}  # symbol -> (input, axis, size) where it appears
-    compound = []
+    compound, symbolic_ids = [], []
     for v in graph.inputs:
         if v.name not in feeds:
             yield f"missing input {v.name!r}: {v.type}"
@@ -74,12 +74,10 @@ def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict
             else:
                 compound.append((v.name, axis, d, n))
         if v.name in limits.ids and a.dtype.kind in "iu" and a.size:  # even at a wrong integer dtype
-            high, why = limits.ids[v.name]
-            low_id, high_id = a.min(), a.max()   # two reductions; the mask only when one is out
-            if low_id < 0 or high_id >= high:
-                outside = int(((a < 0) | (a >= high)).sum())
-                yield (f"input {v.name!r}: {outside} of {a.size} ids out of range [0, {high}) "
-                       f"(min {low_id}, max {high_id}; {why})")
+            if isinstance(limits.ids[v.name][0], int):
+                yield from _ids_problem(v.name, a, *limits.ids[v.name])
+            else:
+                symbolic_ids.append((v.name, a))   # its range is known once the dims are bound
 
     for sym, where in seen.items():
         sizes = sorted({n for _, _, n in where})
@@ -96,4 +94,16 @@ def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict
             yield f"input {name!r}: axis {axis} is {n}, expected {d} = {evaluate(d, bindings)}"
     for limit, n in limits.dims_over(bindings):
         yield f"dimension '{limit.dim}' is {n}, over the model's maximum of {limit.limit} ({limit.why})"
+    for name, a in symbolic_ids:
+        high, why = limits.ids[name]
+        if high.symbols <= bindings.keys():
+            yield from _ids_problem(name, a, evaluate(high, bindings), f"{why}, {high} = {evaluate(high, bindings)}")
+
+
+def _ids_problem(name: str, a: np.ndarray, high: int, why: str) -> Iterator[str]:
+    low_id, high_id = a.min(), a.max()   # two reductions; the mask only when one is out
+    if low_id < 0 or high_id >= high:
+        outside = int(((a < 0) | (a >= high)).sum())
+        yield (f"input {name!r}: {outside} of {a.size} ids out of range [0, {high}) "
+               f"(min {low_id}, max {high_id}; {why})")
 

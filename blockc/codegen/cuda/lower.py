@@ -314,7 +314,7 @@ def _id_limits(g: Graph, ctx: LowerContext) -> list[dict]:
     # ...and ids outside the table they index, which the gathers flag (kernels/copy.py).
     ids = graph_limits(g).ids
     index = {id(v): k for k, v in enumerate(g.inputs)}
-    return [{"input": index[id(v)], "ctype": ctype(v.dtype), "name": c_string(v.name), "high": ids[v.name][0],
+    return [{"input": index[id(v)], "ctype": ctype(v.dtype), "name": c_string(v.name), "high": str(ids[v.name][0]),
              "why": c_string(ids[v.name][1])} for v in ctx.checked_ids]
 
 

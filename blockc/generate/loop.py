@@ -1,0 +1,185 @@
+"""The generation loop: prefill once, then one decode step per new token.
+
+A batch of prompts of different lengths is left-padded (Hugging Face's
+convention): ``attention_mask`` is 0 on the pads, and each row's positions
+count its own tokens, ``cumsum(mask) - 1`` with the pads' clamped to 0, so a
+padded row generates what it would alone. The prefill graph
+(``DecoderLM.for_cache("prefill")``) returns the logits and every layer's
+keys and values; each decode step feeds the last picked tokens, the mask
+one column longer, the next positions and the previous step's
+``present.*`` as ``past.*``. Both graphs are compiled once, through the
+``Backend`` interface, so every backend generates.
+
+Tokens are chosen by ``pick(logits [batch, vocab], history) -> int64
+[batch]``, ``history`` holding each row's prompt and the tokens picked so
+far: ``greedy`` here; samplers with the same signature plug in the same way.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BlockcError
+from ..frontends.models import DecoderLM
+from ..frontends.module import trace
+from ..passes.forms import to_form
+from ..runtime.backend import make_backend
+
+Pick = Callable[[np.ndarray, list[list[int]]], np.ndarray]
+# on_token(tokens): each prompt's new ids so far, after every step
+OnToken = Callable[[list[list[int]]], None]
+
+
+def greedy(logits: np.ndarray, history: list[list[int]]) -> np.ndarray:
+    """The most likely token of each row (the first of ties, as ``argmax``)."""
+    return np.argmax(logits, axis=-1).astype(np.int64)
+
+
+@dataclass
+class Generation:
+    """What ``generate`` made: each prompt's new ids (up to and including
+    ``stop_id`` where it came), and how long it took. ``first_token_s``: from
+    the prefill's start to the first tokens picked; ``step_s``: each decode
+    step, feeds to picked tokens; ``compile_s``: tracing and compiling both
+    graphs, once, before any of it."""
+
+    tokens: list[list[int]]
+    first_token_s: float
+    step_s: list[float] = field(default_factory=list)
+    compile_s: float = 0.0
+    backend: str = ""
+
+    @property
+    def step_median_s(self) -> float | None:
+        return statistics.median(self.step_s) if self.step_s else None
+
+    @property
+    def step_p90_s(self) -> float | None:
+        return float(np.percentile(self.step_s, 90)) if self.step_s else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens of every row over the time from the prefill to the last pick."""
+        total = self.first_token_s + sum(self.step_s)
+        return sum(len(t) for t in self.tokens) / total if total > 0 else 0.0
+
+    def as_json(self) -> dict:
+        return {"backend": self.backend, "tokens": self.tokens, "compile_s": self.compile_s,
+                "first_token_s": self.first_token_s, "step_s": self.step_s,
+                "step_median_s": self.step_median_s, "step_p90_s": self.step_p90_s,
+                "tokens_per_s": self.tokens_per_s}
+
+
+def check_request(model, prompts: Sequence[Sequence[int]], max_new: int) -> None:
+    """Refuse, in one line, what ``generate`` cannot do with ``model``."""
+    if not isinstance(model, DecoderLM):
+        raise BlockcError(f"generate needs a decoder language model (a DecoderLM such as gpt2, tiny, llama-tiny), "
+                          f"not {getattr(model, 'name', type(model).__name__)!r}")
+    if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 1:
+        raise BlockcError(f"max_new must be a positive integer, got {max_new!r}")
+    if not prompts:
+        raise BlockcError("no prompts: give at least one prompt of token ids")
+    vocab, limit = model.cfg.vocab, model.cfg.max_positions
+    for k, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise BlockcError(f"prompt {k} is empty: a prompt needs at least one token id")
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab]
+        if bad:
+            raise BlockcError(f"prompt {k}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new > limit:
+        raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones make {longest + max_new} positions, "
+                          f"over the model's maximum of {limit} (max_positions)")
+
+
+def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(input_ids, attention_mask, position_ids)``, each int64 ``[batch, longest]``,
+    the prompts aligned to the right (pads: id 0, mask 0, position 0)."""
+    longest = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), longest), np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt):] = prompt
+        mask[row, longest - len(prompt):] = 1
+    return ids, mask, np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+
+
+def _picked(pick: Pick, logits: np.ndarray, history: list[list[int]], vocab: int) -> np.ndarray:
+    chosen = np.asarray(pick(logits, history))
+    if chosen.shape != (len(history),) or chosen.dtype.kind not in "iu":
+        raise BlockcError(f"pick returned {chosen.dtype}{list(chosen.shape)}; it must return one integer id per "
+                          f"prompt, int64[{len(history)}]")
+    if chosen.min() < 0 or chosen.max() >= vocab:
+        raise BlockcError(f"pick returned id {int(chosen.max() if chosen.max() >= vocab else chosen.min())}, "
+                          f"outside the vocabulary [0, {vocab})")
+    return chosen.astype(np.int64)
+
+
+def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
+             *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | None = None,
+             on_token: OnToken | None = None, form: str = "standard", **backend_options) -> Generation:
+    """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
+    batched. A row stops after ``stop_id``; all stop when every row has.
+    ``backend``: any registered backend, built with ``backend_options``;
+    ``form``: the graph form compiled (``fused``: through the optimizer)."""
+    check_request(model, prompts, max_new)
+    if stop_id is not None and not 0 <= stop_id < model.cfg.vocab:
+        raise BlockcError(f"stop id {stop_id} is outside the vocabulary [0, {model.cfg.vocab})")
+    target = make_backend(backend, **backend_options)
+    target.require()
+    t0 = time.perf_counter()
+    weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
+    prefill_graph = to_form(trace(model.for_cache("prefill")), form)
+    decode_graph = to_form(trace(model.for_cache("decode")), form) if max_new > 1 else None
+    with target.compile(prefill_graph, weights) as prefill:
+        decode = target.compile(decode_graph, weights) if decode_graph is not None else None
+        try:
+            compile_s = time.perf_counter() - t0
+            return _loop(model, prefill, decode, prompts, max_new, pick, stop_id, on_token, compile_s, target.name)
+        finally:
+            if decode is not None:
+                decode.close()
+
+
+def _loop(model, prefill, decode, prompts, max_new, pick, stop_id, on_token, compile_s, backend) -> Generation:
+    vocab, layers = model.cfg.vocab, model.cfg.layers
+    ids, mask, positions = left_pad(prompts)
+    history = [list(map(int, p)) for p in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
+    done = np.zeros(len(prompts), bool)
+
+    def take(out, start) -> tuple[np.ndarray, float]:
+        chosen = _picked(pick, out["logits"][:, -1], history, vocab)
+        for row, token in enumerate(chosen):
+            if not done[row]:
+                new[row].append(int(token))
+                history[row].append(int(token))
+        if stop_id is not None:
+            done[:] |= chosen == stop_id
+        seconds = time.perf_counter() - start
+        if on_token is not None:
+            on_token(new)
+        return chosen, seconds
+
+    start = time.perf_counter()
+    out = prefill.run({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+    chosen, first_s = take(out, start)
+    steps: list[float] = []
+    position = positions[:, -1:]
+    for _ in range(max_new - 1):
+        if done.all():
+            break
+        start = time.perf_counter()
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
+        position = position + 1
+        feeds = {"input_ids": chosen[:, None], "attention_mask": mask, "position_ids": position}
+        for i in range(layers):
+            feeds[f"past.{i}.key"], feeds[f"past.{i}.value"] = out[f"present.{i}.key"], out[f"present.{i}.value"]
+        out = decode.run(feeds)
+        chosen, seconds = take(out, start)
+        steps.append(seconds)
+    return Generation(new, first_s, steps, compile_s, backend)

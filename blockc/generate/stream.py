@@ -1,0 +1,57 @@
+"""Showing generation as it happens, and its timings, for ``blockc generate``.
+
+On a terminal the prompts' lines are redrawn after every step (one line a
+prompt, the ids so far); anywhere else (a pipe, a file, a test) they are
+printed once, at the end, so a log holds each line once.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from .loop import Generation
+
+
+def ids_line(k: int, ids: list[int]) -> str:
+    return f"[{k}] " + " ".join(map(str, ids))
+
+
+class TokenLines:
+    """An ``on_token`` callback that keeps one line per prompt on ``stream``."""
+
+    def __init__(self, count: int, stream: TextIO | None = None):
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty()
+        self.count, self.drawn, self.last = count, False, [[] for _ in range(count)]
+
+    def __call__(self, tokens: list[list[int]]) -> None:
+        self.last = [list(t) for t in tokens]
+        if not self.live:
+            return
+        if self.drawn:   # back to the first line, to write over all of them
+            self.stream.write(f"\x1b[{self.count}F")
+        for k, ids in enumerate(self.last):
+            self.stream.write("\x1b[2K" + ids_line(k, ids) + "\n")
+        self.stream.flush()
+        self.drawn = True
+
+    def finish(self, tokens: list[list[int]]) -> None:
+        """The final lines: drawn once more live, or printed for the first time."""
+        self.live = self.live and self.drawn
+        if not self.live:
+            for k, ids in enumerate(tokens):
+                self.stream.write(ids_line(k, ids) + "\n")
+        else:
+            self(tokens)
+
+
+def format_timings(gen: Generation) -> str:
+    """Time to first token, each decode step's median and p90, tokens per second."""
+    lines = [f"time to first token {gen.first_token_s * 1e3:.2f} ms (compile {gen.compile_s:.2f} s, not counted)"]
+    if gen.step_s:
+        lines.append(f"decode step {gen.step_median_s * 1e3:.2f} ms median, {gen.step_p90_s * 1e3:.2f} ms p90 "
+                     f"over {len(gen.step_s)} steps")
+    total = sum(len(t) for t in gen.tokens)
+    lines.append(f"{total} tokens at {gen.tokens_per_s:.1f} tokens/s ({len(gen.tokens)} prompts batched, "
+                 f"on {gen.backend})")
+    return "\n".join(lines)

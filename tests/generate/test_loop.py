@@ -1,0 +1,133 @@
+"""The generation loop against recomputing the whole sequence every step:
+the KV cache, the left padding and the decode graph's positions must change
+nothing but the cost."""
+import numpy as np
+import pytest
+
+from blockc import trace
+from blockc.errors import BlockcError
+from blockc.frontends import build_model, init_weights
+from blockc.generate import generate, greedy
+from blockc.generate.loop import left_pad
+from blockc.runtime.backend import make_backend
+
+PROMPTS = [[5, 17, 99, 3, 42, 7], [200, 1, 64]]   # different lengths: the second is left-padded
+
+
+def weights_of(model, seed=3):
+    """Weights at the scale of a trained model's, so greedy picks vary from
+    step to step (blockc's 0.02 initialisation with a tied head repeats the
+    last token): matrices scaled by their fan-in, norm weights near 1,
+    biases near 0. The rotary tables stay as made."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, w in init_weights(model, seed=seed).items():
+        if name.startswith("rope."):
+            out[name] = w
+        elif w.ndim == 2:
+            out[name] = (rng.standard_normal(w.shape) / np.sqrt(w.shape[-1])).astype(w.dtype)
+        elif "ln" in name or "norm" in name:
+            out[name] = (1 + 0.2 * rng.standard_normal(w.shape)).astype(w.dtype) if name.endswith("weight") else \
+                (0.1 * rng.standard_normal(w.shape)).astype(w.dtype)
+        else:
+            out[name] = (0.1 * rng.standard_normal(w.shape)).astype(w.dtype)
+    return out
+
+
+def recompute_greedy(model, weights, prompt, max_new, backend):
+    """Greedy decoding without a cache: the plain forward graph on the whole
+    sequence, one prompt alone, every step."""
+    graph = trace(model)
+    takes_positions = any(v.name == "position_ids" for v in graph.inputs)
+    tokens = list(prompt)
+    with make_backend(backend).compile(graph, weights) as compiled:
+        for _ in range(max_new):
+            feeds = {"input_ids": np.array([tokens], np.int64)}
+            if takes_positions:
+                feeds["position_ids"] = np.arange(len(tokens), dtype=np.int64)[None]
+            tokens.append(int(np.argmax(compiled.run(feeds)["logits"][0, -1])))
+    return tokens[len(prompt):]
+
+
+@pytest.mark.parametrize("backend", ["reference", "ort-cpu"])
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+def test_cached_batch_equals_each_prompt_recomputed(name, backend):
+    model = build_model(name)
+    weights = weights_of(model)
+    got = generate(model, weights, PROMPTS, 8, backend=backend)
+    assert got.tokens == [recompute_greedy(model, weights, p, 8, backend) for p in PROMPTS]
+    assert len(got.step_s) == 7 and got.first_token_s > 0 and got.tokens_per_s > 0
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+def test_padded_batch_equals_each_prompt_alone(name):
+    model = build_model(name)
+    weights = weights_of(model, seed=5)
+    batch = generate(model, weights, PROMPTS + [[9]], 6).tokens
+    assert batch == [generate(model, weights, [p], 6).tokens[0] for p in PROMPTS + [[9]]]
+
+
+def test_cuda_emu_generates_as_reference():
+    backend = make_backend("cuda-emu")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    model = build_model("tiny")
+    weights = weights_of(model)
+    assert generate(model, weights, PROMPTS, 3, backend="cuda-emu").tokens == \
+        generate(model, weights, PROMPTS, 3, backend="reference").tokens
+
+
+def test_fused_graphs_generate_the_same():
+    model = build_model("llama-tiny")
+    weights = weights_of(model)
+    assert generate(model, weights, PROMPTS, 5, form="fused").tokens == generate(model, weights, PROMPTS, 5).tokens
+
+
+def test_stop_id_ends_a_row_and_pick_sees_the_history():
+    model = build_model("tiny")
+    weights = weights_of(model)
+    free = generate(model, weights, PROMPTS, 6).tokens
+    stop = free[0][2]
+    seen = []
+
+    def pick(logits, history):
+        seen.append([list(h) for h in history])
+        return greedy(logits, history)
+
+    got = generate(model, weights, PROMPTS, 6, stop_id=stop, pick=pick)
+    assert got.tokens[0] == free[0][:free[0].index(stop) + 1]   # the stop id is kept, nothing after it
+    assert seen[0] == PROMPTS and seen[1] == [p + t[:1] for p, t in zip(PROMPTS, got.tokens)]
+
+
+def test_left_pad_follows_hugging_face():
+    ids, mask, positions = left_pad([[4, 5, 6], [7]])
+    np.testing.assert_array_equal(ids, [[4, 5, 6], [0, 0, 7]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1], [0, 0, 1]])
+    np.testing.assert_array_equal(positions, [[0, 1, 2], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("prompts, max_new, message", [
+    ([[1, 2], []], 4, "prompt 1 is empty"),
+    ([], 4, "no prompts"),
+    ([[1, 256]], 4, r"prompt 0: token id 256 is outside the vocabulary \[0, 256\)"),
+    ([[-1]], 4, "token id -1 is outside"),
+    ([[1] * 120], 9, "a prompt of 120 tokens and 9 new ones make 129 positions, over the model's maximum of 128"),
+    ([[1]], 0, "max_new must be a positive integer, got 0"),
+])
+def test_bad_requests_are_refused(prompts, max_new, message):
+    model = build_model("tiny")
+    with pytest.raises(BlockcError, match=message):
+        generate(model, weights_of(model), prompts, max_new)
+
+
+def test_only_decoder_lms_generate():
+    model = build_model("bert-base", {"layers": "1", "d_model": "32", "heads": "2"})
+    with pytest.raises(BlockcError, match="generate needs a decoder language model"):
+        generate(model, {}, [[1]], 2)
+
+
+def test_a_bad_pick_is_refused():
+    model = build_model("tiny")
+    with pytest.raises(BlockcError, match="pick returned"):
+        generate(model, weights_of(model), [[1]], 2, pick=lambda logits, history: np.array([0.5]))
