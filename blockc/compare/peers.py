@@ -51,6 +51,7 @@ class OrtOptimizerPeer(Backend):
     def __init__(self, model):
         self.model_type, self.heads, self.hidden = attention_shape(model)
         self.fused: dict[str, int] = {}
+        self.workaround = ""   # how it had to be run, where its defaults fail on this model
 
     def availability(self):
         try:
@@ -66,7 +67,8 @@ class OrtOptimizerPeer(Backend):
     def detail(self, threads):
         return (f"onnxruntime.transformers.optimizer.optimize_model(model_type={self.model_type!r}, "
                 f"num_heads={self.heads}, hidden_size={self.hidden}, opt_level=0) on blockc's unfused ONNX, "
-                f"then ONNX Runtime CPU at levels basic and all, {threads} intra-op threads")
+                f"then ONNX Runtime CPU at levels basic and all, {threads} intra-op threads"
+                + (f"; run with {self.workaround}" if self.workaround else ""))
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
                 threads: int | None = None) -> Compiled:
@@ -80,11 +82,7 @@ class OrtOptimizerPeer(Backend):
         proto = export_onnx(graph, weights)
         # The optimizer logs each fusion it tries at INFO/WARNING; the report says what it fused.
         logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-        try:
-            optimized = optimize_model(proto, model_type=self.model_type, num_heads=self.heads,
-                                       hidden_size=self.hidden, opt_level=0, use_gpu=False)
-        except Exception as e:  # a peer's own failure is reported in its row, not raised
-            raise BlockcError(f"onnxruntime's transformer optimizer failed: {type(e).__name__}: {e}") from None
+        optimized = self._optimize(optimize_model, proto)
         self.fused = {k: v for k, v in (optimized.get_fused_operator_statistics() or {}).items() if v}
         folder = tempfile.TemporaryDirectory(prefix="blockc-compare-")
         saved = os.path.join(folder.name, "optimized.onnx")
@@ -101,6 +99,32 @@ class OrtOptimizerPeer(Backend):
         def run(feeds):
             return dict(zip(names, session.run(names, {k: feeds[k] for k in inputs})))
         return Compiled(run, graph=graph, kernels=count_onnx_nodes(saved), close=folder.cleanup)
+
+
+    def _optimize(self, optimize_model, proto):
+        """The optimizer's model. Its simplified-LayerNorm (RMSNorm) fusion
+        crashes on the ``Mul(x, x) -> ReduceMean`` spelling of a mean square
+        (onnxruntime 1.31 ``fusion_simplified_layernorm.py`` indexes the Mul
+        node itself, ``reduce_mean_parent[0]``: a TypeError), which is how
+        blockc's RMSNorm is written. Then it runs again with its norm
+        fusions off, and its detail says so, rather than the peer's row
+        being empty."""
+        from onnxruntime.transformers.fusion_options import FusionOptions
+        options = FusionOptions(self.model_type)
+        for attempt in (1, 2):
+            try:
+                return optimize_model(proto, model_type=self.model_type, num_heads=self.heads,
+                                      hidden_size=self.hidden, opt_level=0, use_gpu=False,
+                                      optimization_options=options)
+            except TypeError as e:
+                if attempt == 1 and "not subscriptable" in str(e):
+                    options.enable_layer_norm = options.enable_skip_layer_norm = False
+                    self.workaround = ("its LayerNorm/RMSNorm fusions off: with them on it fails "
+                                       f"({type(e).__name__}: {e}) on a Mul(x, x) mean square")
+                    continue
+                raise BlockcError(f"onnxruntime's transformer optimizer failed: {type(e).__name__}: {e}") from None
+            except Exception as e:  # a peer's own failure is reported in its row, not raised
+                raise BlockcError(f"onnxruntime's transformer optimizer failed: {type(e).__name__}: {e}") from None
 
 
 class TorchPeer(TorchBackend):

@@ -352,6 +352,8 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         if o.kernels:
             report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps, resident))
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
+        if ok:
+            entry["detail"] = p.detail(o.threads)   # again: how it ran may be known only once it has
         if ok and getattr(p, "fused", None):
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
     steps.end()

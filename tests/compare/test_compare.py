@@ -392,3 +392,15 @@ def test_nothing_available_is_an_error_not_an_empty_table(capsys):
     assert main(["compare", "tiny", "--backends", "ort-cuda,cuda", "--peers", "none", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "nothing to compare" in err and "ort-cuda:" in err and "cuda:" in err
+
+
+def test_the_ort_optimizer_peer_runs_on_rmsnorm_models():
+    """onnxruntime's optimizer crashes on blockc's Mul(x, x) RMSNorm with its
+    norm fusions on; the peer runs it with them off, says so in its detail,
+    and its rows are measured instead of failing."""
+    plan = plan_comparison(CompareOptions(model="llama-tiny", backends=("ort-cpu",), peers=("ort-optimizer",),
+                                          seqs=(8,), threads=1, kernels=False, **QUICK))
+    report = run_comparison(plan)
+    rows = [r for r in report["results"] if r["form"] == "ort-optimizer"]
+    assert rows and all(r["status"] == "ok" and r["max_abs_error"] < 1e-4 for r in rows)
+    assert "LayerNorm/RMSNorm fusions off" in report["peers"][0]["detail"]
