@@ -20,7 +20,7 @@ LAYERS = [
     ("passes", "frontends"),
     ("codegen",),
     ("runtime",),
-    ("report",),
+    ("report", "generate"),
     ("compare",),
     ("blockc",),
     ("cli",),
