@@ -4,6 +4,7 @@ table that ``export_onnx(fused_as="auto")`` chooses from.
     python bench/fused_encodings.py                       # cpu, 2 intra-op threads
     python bench/fused_encodings.py --provider cuda
     python bench/fused_encodings.py --min-time 0.2 --dry-run
+    python bench/fused_encodings.py --kinds rotary         # measure one kind, keep the rest
 
 Each fused kind is a one-node graph (symbolic batch and seq, as exported
 models have) at its representative shapes; each form (function, contrib,
@@ -21,7 +22,10 @@ by more than ``--margin`` (5%): a fusion is worth emitting only where the
 target runs it faster.
 
 The table (``blockc/codegen/fused_encodings_table.json``) is rewritten for the
-measured provider only; entries for other providers are kept.
+measured provider only; entries for other providers are kept. With
+``--kinds`` only those kinds are measured and replaced; each such entry
+carries its own ``machine``, ``onnxruntime`` and ``date``, since the
+provider's header describes the run that measured the others.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ import onnxruntime as ort  # noqa: E402
 
 from blockc.codegen.fused_encodings import TABLE_PATH  # noqa: E402
 from blockc.codegen.onnx_export import export_onnx  # noqa: E402
+from blockc.frontends.rotary import rope_table  # noqa: E402
 from blockc.ir.dims import parse_dim  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
 from blockc.ir.graph import Graph  # noqa: E402
@@ -99,6 +104,20 @@ def matmul_bias_act(activation: str, batch: int, seq: int, d: int, ff: int):
     return f"matmul_bias_act/{activation}", f"[{batch},{seq},{d}]x[{d},{ff}]", g, {"batch": batch, "seq": seq}
 
 
+def rotary(batch: int, heads: int, seq: int, head: int, rotary_dim: int, interleaved: bool):
+    g = Graph("rotary")
+    x = g.add_input("x", _t("batch", heads, "seq", head))
+    pos = g.add_input("position_ids", TensorType(DType.int64, (parse_dim("batch"), parse_dim("seq"))))
+    cos, sin = g.add_param("cos", _t(4096, rotary_dim)), g.add_param("sin", _t(4096, rotary_dim))
+    g.set_outputs([("y", g.op("rotary", x, cos, sin, pos, interleaved=interleaved))])
+    pairing = "interleaved" if interleaved else "rotate-half"
+    # The tables RotaryEmbedding makes: the runtime ops read one angle per pair of them (ops/rotary.py)
+    tables = {name: rope_table((4096, rotary_dim), fn=fn, base=10000.0, interleaved=interleaved).astype(np.float32)
+              for name, fn in (("cos", np.cos), ("sin", np.sin))}
+    return ("rotary", f"[{batch},{heads},{seq},{head}] {pairing} rotary_dim {rotary_dim}", g,
+            {"batch": batch, "seq": seq}, tables)
+
+
 def cases():
     for op in ("add_layernorm", "add_rmsnorm"):
         yield add_norm(op, 4, 128, 768)
@@ -109,6 +128,9 @@ def cases():
     yield masked_softmax(4, 12, 128, 64)
     for act in ("gelu", "gelu_tanh", "relu"):
         yield matmul_bias_act(act, 4, 128, 768, 3072)
+    # Llama-7B's heads (32 of 128) whole, and GPT-J's pairs over 64 of 256
+    yield rotary(4, 32, 128, 128, 128, False)
+    yield rotary(4, 16, 128, 256, 64, True)
 
 
 # ---- measuring ------------------------------------------------------------------------
@@ -120,14 +142,18 @@ def median_ms(fns: dict, *, min_time: float, min_repeats: int = 20, warmup: int 
     return {name: (t.timing.median_s * 1e3, t.timing.repeats) for name, t in timed.items()}
 
 
-def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_time: float) -> dict:
+def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_time: float,
+                 weights: dict | None = None) -> dict:
+    """``weights`` None: random ones, scaled as below."""
     rng = np.random.default_rng(0)
     # Weights scaled like a trained layer's (1/sqrt(fan-in)): with unit weights a
     # 768-wide projection gives attention scores in the hundreds, a softmax
     # that is one-hot, and forms that differ by float32 rounding alone.
-    weights = {n: (rng.standard_normal(v.type.concrete_shape({})) / np.sqrt(v.shape[0] if v.type.rank == 2 else 1))
+    weights = weights or {n: (rng.standard_normal(v.type.concrete_shape({})) / np.sqrt(v.shape[0] if v.type.rank == 2 else 1))
                .astype(np.float32) for n, v in graph.params.items()}
-    feeds = {v.name: rng.standard_normal(v.type.concrete_shape(sizes)).astype(np.float32) for v in graph.inputs}
+    # ids (rotary's positions) within the table they index, the rest unit normal
+    feeds = {v.name: rng.integers(0, 4096, v.type.concrete_shape(sizes)) if v.dtype == DType.int64 else
+             rng.standard_normal(v.type.concrete_shape(sizes)).astype(np.float32) for v in graph.inputs}
     compiled, declined, reference = {}, {}, None
     try:
         for form in FORMS:
@@ -195,12 +221,16 @@ def main(argv=None) -> int:
     p.add_argument("--margin", type=float, default=0.05, help="how much faster than function a form must be")
     p.add_argument("--out", default=TABLE_PATH, help="the table to rewrite")
     p.add_argument("--dry-run", action="store_true", help="print the table, do not write it")
+    p.add_argument("--kinds", help="comma-separated table keys to measure (e.g. rotary); the others are kept")
     args = p.parse_args(argv)
+    only = set(args.kinds.split(",")) if args.kinds else None
     make_backend(f"ort-{args.provider}").require()
 
     kinds: dict[str, dict] = {}
-    for key, shape, graph, sizes in cases():
-        result = measure_case(graph, sizes, args.provider, args.threads, args.min_time)
+    for key, shape, graph, sizes, *weights in cases():   # a case may bring its own weights
+        if only is not None and key not in only:
+            continue
+        result = measure_case(graph, sizes, args.provider, args.threads, args.min_time, *weights)
         result["shape"] = shape
         kinds.setdefault(key, {"cases": []})["cases"].append(result)
         print(f"{key:<26} {shape:<28} " + "  ".join(f"{f} {t:.3f} ms" for f, t in result["ms"].items()), flush=True)
@@ -215,17 +245,25 @@ def main(argv=None) -> int:
     except FileNotFoundError:
         table = {}
     table.update({"schema": SCHEMA, "generated_by": "bench/fused_encodings.py"})
-    table.setdefault("providers", {})[args.provider] = {
-        "machine": machine(args.provider),
-        "onnxruntime": ort.__version__,
-        "optimization": "basic",
-        "intra_op_threads": args.threads,
-        "statistic": f"median of >= 20 runs and >= {args.min_time:g} s per form, in 5 interleaved rounds, "
-                     "after 5 warm-up runs",
-        "margin": args.margin,
-        "date": datetime.date.today().isoformat(),
-        "kinds": kinds,
-    }
+    run = {"machine": machine(args.provider), "onnxruntime": ort.__version__,
+           "date": datetime.date.today().isoformat()}
+    previous = table.setdefault("providers", {}).get(args.provider)
+    if only is not None and previous:
+        for entry in kinds.values():
+            entry.update(run)   # measured apart from the provider's other kinds
+        previous["kinds"].update(kinds)
+    else:
+        table["providers"][args.provider] = {
+            "machine": run["machine"],
+            "onnxruntime": run["onnxruntime"],
+            "optimization": "basic",
+            "intra_op_threads": args.threads,
+            "statistic": f"median of >= 20 runs and >= {args.min_time:g} s per form, in 5 interleaved rounds, "
+                         "after 5 warm-up runs",
+            "margin": args.margin,
+            "date": run["date"],
+            "kinds": kinds,
+        }
     text = json.dumps(table, indent=1) + "\n"
     if args.dry_run:
         print(text)

@@ -386,15 +386,21 @@ def cmd_run(args) -> int:
 
 def cmd_generate(args) -> int:
     import json
-    from .generate.loop import check_request, generate, greedy
+    from .generate.loop import check_request, generate
+    from .generate.sampling import Sampler
     from .generate.stream import TokenLines, format_timings
     from .runtime.backend import make_backend
     prompts = [list(_int_list("--prompt-ids", text)) for text in args.prompt_ids]
+    sampling = args.temperature is not None and args.temperature != 0
+    if not sampling and (args.top_k or args.top_p != 1.0):
+        raise BlockcError("--top-k and --top-p filter what is sampled: give --temperature T (> 0) with them")
+    # temperature 0 (or none): greedy, after any repetition penalty, as Hugging Face's do_sample=False
+    pick = Sampler(args.temperature or 0.0, args.top_k, args.top_p, args.repetition_penalty, seed=args.seed)
     model = _built(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
-    result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=greedy,
+    result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=pick,
                       stop_id=args.stop_id, on_token=lines)
     lines.finish(result.tokens)
     print(format_timings(result))
@@ -712,12 +718,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-ids", action="append", required=True, metavar="IDS",
                    help="one prompt's token ids, comma-separated, e.g. 1,2,3 (repeatable: one prompt each)")
     p.add_argument("--max-new", type=int, default=32, help="new tokens per prompt, at most (default 32)")
-    p.add_argument("--greedy", action="store_true", help="pick the most likely token (the default, and for now "
-                   "the only choice)")
+    pick = p.add_mutually_exclusive_group()
+    pick.add_argument("--greedy", action="store_true", help="pick the most likely token (the default)")
+    pick.add_argument("--temperature", type=float, metavar="T",
+                      help="sample instead: divide the logits by T (> 0; 0 is greedy), as Hugging Face's do_sample")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sampling: keep the K most likely (default 0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sampling: keep the fewest most likely tokens whose probability reaches P, in (0, 1] "
+                        "(default 1: all)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="scores of ids already in a row divided (positive) or multiplied (negative) by R "
+                        "(default 1: none); applies to greedy picks too")
     p.add_argument("--stop-id", type=int, metavar="ID", help="a prompt stops after this token id")
     p.add_argument("--backend", choices=backend_names(), default="ort-cpu",
                    help="where the graphs run (default ort-cpu): reference, ort-cpu, cuda-emu, ...")
-    _weights_args(p, seeds="the weights")
+    _weights_args(p, seeds="the weights (where made, not read from --weights) and of sampling")
     _json_arg(p, what="the ids and timings")
     p.set_defaults(fn=cmd_generate)
 

@@ -169,9 +169,10 @@ def test_fusions_give_every_site_that_does_not_fuse_a_reason(name, tmp_path, cap
     assert run(capsys, "fusions", name, "--json", str(path))[0] == 0
     report = json.loads(path.read_text())
     # per layer: Q/K/V merged and SwiGLU's gate/up merged (fuse_qkv takes any sibling projections),
-    # the attention core, and the residual add into the next RMSNorm (block 0's first norm reads no add)
-    assert fused_counts(report) == {"qkv": 4, "masked_softmax": 2, "attention": 2, "qkv_attention": 0,
-                                    "add_rmsnorm": 4}
+    # the queries' and the keys' rotary embeddings, the attention core, and the residual add into
+    # the next RMSNorm (block 0's first norm reads no add)
+    assert fused_counts(report) == {"qkv": 4, "rotary": 4, "masked_softmax": 2, "attention": 2,
+                                    "qkv_attention": 0, "add_rmsnorm": 4}
     rejected = [s for s in report["sites"] if s["status"] != "fused"]
     assert rejected and all(s["reason"] for s in rejected)
     # the packed projection + attention fusion declines the grouped heads, and says so, once per layer
@@ -346,6 +347,20 @@ def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
     assert report["tokens"] == expected and len(report["step_s"]) == 4 and report["first_token_s"] > 0
 
 
+def test_generate_samples_with_a_seed(capsys):
+    """--temperature/--top-k/--top-p/--repetition-penalty/--seed: the same
+    seed gives the same ids, run after run and backend after backend (the
+    draw happens on the host from the logits); another seed differs."""
+    args = ["generate", "tiny", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new", "12",
+            "--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--repetition-penalty", "1.2"]
+    runs = []
+    for extra in (["--seed", "7"], ["--seed", "7"], ["--seed", "7", "--backend", "reference"], ["--seed", "8"]):
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 0, err
+        runs.append(out.splitlines()[:2])
+    assert runs[0] == runs[1] == runs[2] != runs[3]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["tiny", "--prompt-ids", "1,x"], "malformed --prompt-ids '1,x': expected integers separated by commas"),
     (["tiny", "--prompt-ids", "1,256"], "prompt 0: token id 256 is outside the vocabulary [0, 256)"),
@@ -353,6 +368,11 @@ def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
     (["tiny", "--prompt-ids", "1,2", "--max-new", "127"], "a prompt of 2 tokens and 127 new ones make 129 positions"),
     (["tiny", "--prompt-ids", "1", "--stop-id", "999"], "stop id 999 is outside the vocabulary [0, 256)"),
     (["gpt2-block", "--prompt-ids", "1"], "generate needs a decoder language model"),
+    (["tiny", "--prompt-ids", "1", "--temperature", "-0.5"], "temperature must be >= 0"),
+    (["tiny", "--prompt-ids", "1", "--temperature", "1", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["tiny", "--prompt-ids", "1", "--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["tiny", "--prompt-ids", "1", "--top-k", "5"], "give --temperature T (> 0) with them"),
+    (["tiny", "--prompt-ids", "1", "--temperature", "1", "--repetition-penalty", "0"], "repetition_penalty must be > 0"),
 ])
 def test_generate_refuses_bad_input_in_one_line(capsys, argv, message):
     code, out, err = run(capsys, "generate", *argv)

@@ -11,8 +11,9 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
   portable to any ONNX runtime;
 * ``contrib``  -- ONNX Runtime's ``com.microsoft`` op where one exists
   (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
-  FastGelu, MultiHeadAttention);
-* ``onnx23``   -- opset-23 ``Attention`` and ``RMSNormalization`` where they fit;
+  FastGelu, MultiHeadAttention, RotaryEmbedding);
+* ``onnx23``   -- opset-23 ``Attention``, ``RMSNormalization`` and
+  ``RotaryEmbedding`` where they fit;
 * ``auto``     -- per execution provider and fused-op kind, the encoding measured
   fastest: ``fused_encodings_table.json`` beside this file, which
   ``bench/fused_encodings.py`` regenerates. A provider not in the table gets
@@ -95,8 +96,10 @@ def auto_encoding(table: dict, provider: str, node: Node) -> tuple[str, str]:
     entry = measured["kinds"].get(table_key(node)) or measured["kinds"].get(node.op)
     if not entry:
         return "function", f"auto: {table_key(node)} was not measured on {provider}; the portable function form"
+    # An entry measured on its own (bench/fused_encodings.py --kinds) names its own machine.
+    machine, version = (entry.get(k, measured[k]) for k in ("machine", "onnxruntime"))
     return entry["form"], (f"auto: {entry['form']} for {table_key(node)} on {provider} "
-                           f"({measured['machine']}, onnxruntime {measured['onnxruntime']}): {entry['why']}")
+                           f"({machine}, onnxruntime {version}): {entry['why']}")
 
 
 def pick_opset(graph: Graph, fused_as: str, provider: str, default: int, table: dict | None = None) -> int:

@@ -30,10 +30,13 @@ Init = Callable[[tuple, np.random.Generator], np.ndarray]
 
 class Parameter:
     """A declared weight. ``init`` is "normal", "zeros", "ones" or a function
-    ``(shape, rng) -> array``; ``dtype`` None means the model's dtype."""
+    ``(shape, rng) -> array``; ``dtype`` None means the model's dtype.
+    ``fixed``: its value follows from the model's settings (a rotary table),
+    so weights given for it must equal what ``make`` makes -- fused forms may
+    rely on its layout (``check_weights`` refuses others)."""
 
     def __init__(self, shape: Sequence[int], init: str | Init = "normal", std: float = 0.02,
-                 dtype: DType | None = None):
+                 dtype: DType | None = None, *, fixed: bool = False):
         shape = tuple(int(d) for d in shape)
         if any(d <= 0 for d in shape):
             raise ModelError(at_user_line(f"parameter shape {list(shape)} has a non-positive dimension"))
@@ -42,7 +45,7 @@ class Parameter:
                                           f"more than any tensor can hold (2**63)"))
         if isinstance(init, str) and init not in ("normal", "zeros", "ones"):
             raise ModelError(at_user_line(f"unknown initialiser {init!r}: use normal, zeros, ones or a function"))
-        self.shape, self.init, self.std, self.dtype = shape, init, std, dtype
+        self.shape, self.init, self.std, self.dtype, self.fixed = shape, init, std, dtype, fixed
 
     @property
     def numel(self) -> int:

@@ -122,8 +122,12 @@ class RotaryEmbedding(Module):
             raise ModelError(at_user_line(problem))
         self.rotary_dim, self.base, self.interleaved = rotary_dim or head_dim, float(base), interleaved
         shape = (max_positions, self.rotary_dim)
-        self.cos = Parameter(shape, partial(rope_table, fn=np.cos, base=self.base, interleaved=interleaved))
-        self.sin = Parameter(shape, partial(rope_table, fn=np.sin, base=self.base, interleaved=interleaved))
+        # Fixed: the fused op's runtime encodings read one angle per pair (ops/rotary.py), exact only
+        # for tables laid out as rope_table makes them; a weights file cannot substitute others.
+        self.cos = Parameter(shape, partial(rope_table, fn=np.cos, base=self.base, interleaved=interleaved),
+                             fixed=True)
+        self.sin = Parameter(shape, partial(rope_table, fn=np.sin, base=self.base, interleaved=interleaved),
+                             fixed=True)
 
     def angles(self, position_ids: Tensor, rows: Dim | None = None) -> Rotary:
         """``rows``: gather from the tables' first ``rows`` only (a generation

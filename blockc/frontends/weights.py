@@ -244,6 +244,7 @@ def check_weights(model_or_graph, weights: Mapping[str, np.ndarray], *, strict: 
         else:
             hint = " (pass cast=True to cast it)" if got is not None and got.is_float and dtype.is_float else ""
             problems.append(f"dtype: {printable(name)} is {got.name if got else a.dtype}, expected {dtype.name}{hint}")
+    problems += _fixed_problems(model_or_graph, checked)
     if problems:
         what = getattr(model_or_graph, "name", type(model_or_graph).__name__)
         err = WeightsError(f"weights do not match {what!r} ({len(problems)} problem"
@@ -253,6 +254,25 @@ def check_weights(model_or_graph, weights: Mapping[str, np.ndarray], *, strict: 
     if not cast:
         return weights
     return {name: checked[name] if name in checked else weights[name] for name in weights}
+
+
+def _fixed_problems(model_or_graph, given: Mapping[str, np.ndarray]) -> list[str]:
+    """Fixed parameters (``Parameter.fixed``: made from the model's settings)
+    given values other than those the model makes. A graph does not know
+    which are fixed; its model is checked where the weights are loaded."""
+    if isinstance(model_or_graph, Graph):
+        return []
+    problems = []
+    for name, p in model_or_graph.named_parameters():
+        a = given.get(name)
+        if not p.fixed or a is None or a.shape != p.shape or a.dtype.kind != "f":
+            continue
+        made = p.make(name, 0, DType.from_numpy(a.dtype))
+        if not np.allclose(a.astype(np.float64), made.astype(np.float64), rtol=1e-3, atol=1e-3):
+            problems.append(f"fixed: {printable(name)} differs from the table the model's settings make (at most "
+                            f"{float(np.max(np.abs(a.astype(np.float64) - made))):.3g} apart); it is made, not "
+                            f"read: change the settings (rope_theta, rotary_dim, rope_form) instead")
+    return problems
 
 
 def _fmt_type(shape: tuple, dtype: DType) -> str:

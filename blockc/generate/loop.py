@@ -12,7 +12,7 @@ one column longer, the next positions and the previous step's
 
 Tokens are chosen by ``pick(logits [batch, vocab], history) -> int64
 [batch]``, ``history`` holding each row's prompt and the tokens picked so
-far: ``greedy`` here; samplers with the same signature plug in the same way.
+far: ``sampling.greedy`` and ``sampling.Sampler``.
 """
 from __future__ import annotations
 
@@ -28,15 +28,11 @@ from ..frontends.models import DecoderLM
 from ..frontends.module import trace
 from ..passes.forms import to_form
 from ..runtime.backend import make_backend
+from .sampling import greedy
 
 Pick = Callable[[np.ndarray, list[list[int]]], np.ndarray]
 # on_token(tokens): each prompt's new ids so far, after every step
 OnToken = Callable[[list[list[int]]], None]
-
-
-def greedy(logits: np.ndarray, history: list[list[int]]) -> np.ndarray:
-    """The most likely token of each row (the first of ties, as ``argmax``)."""
-    return np.argmax(logits, axis=-1).astype(np.int64)
 
 
 @dataclass

@@ -18,6 +18,9 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   its C expression, ``row_norm``, ``softmax``, ``gemm``, ``copy``, ``alias``,
   ``inline``), or nothing: the CUDA backend then legalizes it by decomposition;
 * ``flops``     -- floating-point operations per output element (or a rule);
+* ``indexes``   -- which inputs hold ids that pick entries of another input
+  (a ``gather``'s indices, a ``rotary``'s positions): ``ops/limits.py``
+  range-checks a graph input used so, on every backend;
 * ``fused``     -- whether the fusion passes make it: reports draw it, ONNX
   export writes it in a fused-op encoding, ``blockc compare`` times it alone.
 
@@ -66,6 +69,7 @@ class OpDef:
     flops: int | Callable = 1              # per element of the first output, or fn(node, bindings)
     fused: bool = False                    # made by the fusion passes
     colour: str | None = None              # a fused op's colour in report pictures (else a spare one)
+    indexes: Callable | None = None        # fn(node) -> [(ids value, table value, axis)] (ops/limits.py)
 
     # -- decorators used by the op modules --------------------------------
     def infer(self, fn):
@@ -180,7 +184,7 @@ OPS: dict[str, OpDef] = {}
 
 def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str | None = None,
            cuda_expr: str | Callable | None = None, flops: int | Callable = 1, fused: bool = False,
-           colour: str | None = None) -> OpDef:
+           colour: str | None = None, indexes: Callable | None = None) -> OpDef:
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
@@ -189,7 +193,7 @@ def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str
     if (cuda == "elementwise") != (cuda_expr is not None):
         raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
     op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,
-               flops=flops, fused=fused, colour=colour)
+               flops=flops, fused=fused, colour=colour, indexes=indexes)
     OPS[name] = op
     return op
 

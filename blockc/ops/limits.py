@@ -3,12 +3,13 @@
 Two kinds of limit follow from the graph alone, so every backend (and the
 generated C API) enforces the same ones, whatever model the graph came from:
 
-* **ids**: a graph input used as a ``gather``'s indices (a token embedding)
-  must hold ids in ``[0, rows)`` of the table it indexes. Negative ids are
-  refused too: they would silently take rows from the end. ``rows`` may be
-  symbolic: a generation step gathers positions from the table's first
-  ``past+seq`` rows, so each position must lie below ``past+seq`` (checked
-  once the feeds bind the dims).
+* **ids**: a graph input used as a ``gather``'s indices (a token embedding),
+  or as any op's ids (its declaration's ``indexes``: a ``rotary``'s
+  positions), must hold ids in ``[0, rows)`` of the table it indexes.
+  Negative ids are refused too: they would silently take rows from the end.
+  ``rows`` may be symbolic: a generation step gathers positions from the
+  table's first ``past+seq`` rows, so each position must lie below
+  ``past+seq`` (checked once the feeds bind the dims).
 * **dims**: a ``slice`` of a fixed-size axis up to a symbolic end (the
   position table sliced to ``seq``) bounds that end: ``seq <= 1024``.
 
@@ -24,6 +25,7 @@ from typing import Mapping
 
 from ..ir.dims import Dim, Sym, evaluate
 from ..ir.graph import Graph
+from .registry import get
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,12 @@ def graph_limits(graph: Graph) -> Limits:
     ids: dict[str, tuple[int, str]] = {}
     dims: dict[Dim, DimLimit] = {}
     for n in graph.nodes:
-        if n.op == "gather":
-            data, idx = n.inputs
-            rows = data.shape[n.attrs["axis"] % data.type.rank]
+        indexes = get(n.op).indexes
+        for idx, data, axis in indexes(n) if indexes else ():
+            rows = data.shape[axis % data.type.rank]
             if idx.kind == "input" and _tighter(rows, ids.get(idx.name, (None,))[0]):
                 ids[idx.name] = (rows, _indexes(data, rows))
-        elif n.op == "slice":
+        if n.op == "slice":
             x, end = n.inputs[0], n.attrs["end"]
             size = x.shape[n.attrs["axis"] % x.type.rank]
             if isinstance(size, int) and isinstance(end, Sym) and (end not in dims or size < dims[end].limit):

@@ -223,7 +223,7 @@ def _(b, node, xs):
 
 # ---- gather ----------------------------------------------------------------------
 gather = define("gather", ("data", "indices"), attrs={"axis": (INT, 0)}, doc="take rows (embedding lookup)",
-                cuda="copy", flops=0)
+                cuda="copy", flops=0, indexes=lambda n: [(n.inputs[1], n.inputs[0], n.attrs["axis"])])
 
 
 @gather.infer

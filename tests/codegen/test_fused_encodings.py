@@ -119,16 +119,19 @@ def test_builtin_model_in_every_form(model_case, form):
         assert not any(domain == MS for domain, _ in found)
     elif name in GQA_MODELS:
         # Grouped-query attention's core is rank 5 ([batch, kv_heads, group, seq, d]): no runtime
-        # attention op takes that, so it is a function, and says why; the norms take their runtime op.
+        # attention op takes that, so it is a function, and says why; the norms and the rotary
+        # embeddings take their runtime ops.
         for d in decisions:
             if d["op"] == "attention":
                 assert d["form"] == "function" and "got rank 5" in d["reason"], d
             elif form != "auto":
-                assert d["op"] == "add_rmsnorm" and d["form"] == form, d
+                assert d["op"] in ("add_rmsnorm", "rotary") and d["form"] == form, d
         if form == "contrib":
             assert found[(MS, "SkipSimplifiedLayerNormalization")] == forms_of(decisions, "add_rmsnorm") == 4
+            assert found[(MS, "RotaryEmbedding")] == forms_of(decisions, "rotary") == 4
         elif form == "onnx23":
             assert found[("", "RMSNormalization")] == forms_of(decisions, "add_rmsnorm") == 4
+            assert found[("", "RotaryEmbedding")] == forms_of(decisions, "rotary") == 4
     elif form == "contrib":
         assert set(forms) == {"contrib"}, decisions  # every fused op of these models has a contrib op
         assert found[(MS, "SkipLayerNormalization")] == sum(d["op"] == "add_layernorm" for d in decisions)

@@ -222,6 +222,23 @@ def fused_qkv_attention(op):
     return g
 
 
+@case("rotary", int_high=16)
+def fused_rotary(op):
+    # The runtime encodings read one angle per pair (blockc/ops/rotary.py): the tables are made
+    # so from random halves, as rope_table makes them, rather than random in every column.
+    g = Graph(op)
+    x = g.add_input("x", T(F32, "batch", 2, "seq", 8))
+    pos = g.add_input("pos", T(I64, "batch", "seq"))
+    cos, sin = (g.add_param(name, T(F32, 16, 2)) for name in ("cos", "sin"))
+    half = [g.op("concat", t, t, axis=-1) for t in (cos, sin)]        # [16, 4]: rotate-half's layout
+    pairs = [g.op("reshape", g.op("concat", g.op("reshape", t, shape=[16, 2, 1]), g.op("reshape", t, shape=[16, 2, 1]),
+                                  axis=-1), shape=[16, 4]) for t in (cos, sin)]   # each angle twice, side by side
+    whole = [g.op("concat", t, t, axis=-1) for t in half]             # [16, 8]: the whole head
+    g.set_outputs([("partial", g.op(op, x, *half, pos)), ("interleaved", g.op(op, x, *pairs, pos, interleaved=True)),
+                   ("whole", g.op(op, x, *whole, pos))])
+    return g
+
+
 @case("add_layernorm", "add_rmsnorm", "matmul_bias_act")
 def fused_block(op):
     g = Graph(op)

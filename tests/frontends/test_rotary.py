@@ -160,3 +160,21 @@ def test_the_converters_permutation_turns_interleaved_into_rotate_half():
     # and the permutation matters: the unpermuted weights give other logits
     unpermuted = dict(weights, **{n: converted[n] for n in ("rope.cos", "rope.sin")})
     assert np.abs(run_reference(trace(hf), unpermuted, f)["logits"] - want).max() > 1e-3
+
+
+def test_a_weights_file_cannot_substitute_the_rotary_tables(tmp_path):
+    """The tables follow from the settings, and the fused op's ONNX Runtime
+    encodings read one angle per pair: other tables would silently differ
+    there, so a weights file holding them is refused, naming the table."""
+    from blockc.cli import main
+    from blockc.frontends import build_model, init_weights
+    from blockc.frontends.weights import WeightsError, check_weights, save_weights
+    model = build_model("llama-tiny", {})
+    weights = dict(init_weights(model))
+    check_weights(model, weights)   # the tables as made pass
+    weights["rope.sin"] = weights["rope.sin"][:, ::-1].copy()
+    with pytest.raises(WeightsError, match="fixed: rope.sin differs from the table the model's settings make"):
+        check_weights(model, weights)
+    path = str(tmp_path / "w.npz")
+    save_weights(path, weights)
+    assert main(["run", "llama-tiny", "--weights", path]) == 2

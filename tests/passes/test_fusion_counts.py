@@ -63,8 +63,10 @@ def test_llama_tiny_two_layers(form):
     r = optimize(g)
     verify(r.graph)
     counts = _fused_counts(r)
-    # Q/K/V and SwiGLU's gate/up per layer; the residual adds into ln2, the next ln1 and the final norm
+    # Q/K/V and SwiGLU's gate/up per layer; the residual adds into ln2, the next ln1 and the final norm;
+    # the rotary embedding of the queries and of the keys per layer
     assert (counts["qkv"], counts["add_rmsnorm"], counts["masked_softmax"], counts["attention"]) == (4, 4, 2, 2)
+    assert counts["rotary"] == 4 and r.graph.op_counts()["rotary"] == 4
     assert counts["qkv_attention"] == 0   # grouped-query attention: declined, with its reason
     ops = r.graph.op_counts()
     assert ops["attention"] == 2 and "rmsnorm" in ops and ops["silu"] == 2 and ops.get("softmax") == 1

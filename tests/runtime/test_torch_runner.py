@@ -94,6 +94,7 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   param @beta: f32[16]
   param @w: f32[16,48]
   param @b: f32[48]
+  param @rope: f32[20,8]
   %0:f32[batch,seq,16] = gather @wte, %ids {axis=0}
   %1:f32[batch,seq,48] = matmul_bias_act %0, @w, @b {activation="gelu"}
   %2:f32[batch,seq,16], %3:f32[batch,seq,16], %4:f32[batch,seq,16] = split %1 {axis=-1, sizes=[16,16,16]}
@@ -149,7 +150,8 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %56:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=2, sizes=[16,16,16], scale=0.35, causal=true}
   %57:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=4, sizes=[16,16,16]}
   %58:f32[batch,seq,16] = silu %34
-  return qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %59:f32[batch,2,seq,8] = rotary %8, @rope, @rope, %ids {interleaved=true}
+  return s=%59, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 
