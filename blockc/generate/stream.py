@@ -52,6 +52,6 @@ def format_timings(gen: Generation) -> str:
         lines.append(f"decode step {gen.step_median_s * 1e3:.2f} ms median, {gen.step_p90_s * 1e3:.2f} ms p90 "
                      f"over {len(gen.step_s)} steps")
     total = sum(len(t) for t in gen.tokens)
-    lines.append(f"{total} tokens at {gen.tokens_per_s:.1f} tokens/s ({len(gen.tokens)} prompt{'' if len(gen.tokens) == 1 else 's'} batched, "
-                 f"on {gen.backend})")
+    prompts = f"{len(gen.tokens)} prompt{'' if len(gen.tokens) == 1 else 's'}"
+    lines.append(f"{total} tokens at {gen.tokens_per_s:.1f} tokens/s ({prompts} batched, on {gen.backend})")
     return "\n".join(lines)
