@@ -14,11 +14,15 @@ row says why.
 Estimates are checked as the run goes: before each session after a
 group's first, the process's resident memory (``resident_bytes``) is
 measured, and where its growth since compare started, with that session's
-estimate and one run's activations and outputs, would pass the budget, the
-group is cut there: what is ready is timed and closed first. The measure is
-the process's whole, so memory a closed session's runtime kept counts
-against the next group; ``release_freed`` hands what it can back after each
-group.
+estimate and one run's need, would pass the budget, the group is cut there:
+what is ready is timed and closed first. A run's need is the larger of its
+estimate (activations and outputs) and the most any run of the shape has
+been measured to take beyond what stays resident after it (the first
+block's check run of each session, its peak read from the kernel's
+high-water mark: an interpreter's temporaries are not in the model). The
+measure is the process's whole, so memory a closed session's runtime kept
+counts against the next group; ``release_freed`` hands what it can back
+after each group.
 """
 from __future__ import annotations
 
@@ -83,6 +87,33 @@ def peak_resident() -> int | None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # kilobytes on Linux
     except (ImportError, OSError):
         return None
+
+
+class Watch:
+    """This process's memory as compare runs: its growth since the watch
+    began, and its peak over stretches of the run (``stretch``: the peak
+    since the last stretch began, where Linux can reset the high-water mark)
+    folded into the whole run's (``peak_growth``)."""
+
+    def __init__(self):
+        self.start, self._peak = resident_bytes(), 0
+        reset_peak()
+
+    def growth(self) -> int | None:
+        now = resident_bytes()
+        return None if now is None or self.start is None else now - self.start
+
+    def stretch(self) -> int | None:
+        """The peak resident memory since the last call (or the start); the next stretch starts now."""
+        peak = peak_resident()
+        if peak is not None:
+            self._peak = max(self._peak, peak)
+        reset_peak()
+        return peak
+
+    def peak_growth(self) -> int | None:
+        self.stretch()
+        return None if self.start is None or not self._peak else max(0, self._peak - self.start)
 
 
 def release_freed() -> None:

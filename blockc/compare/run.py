@@ -309,8 +309,8 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
     from .machine import describe_machine, gpu_name, versions
     o = plan.options
     steps = _Steps(progress, planned_steps(plan))
-    started, resident = time.perf_counter(), memory.resident_bytes()
-    memory.reset_peak()   # the peak reported is this comparison's, not what the process did before
+    started = time.perf_counter()
+    watch = memory.Watch()   # the peak reported is this comparison's, not what the process did before
     # materialised once: every run reads them
     weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
 
@@ -341,7 +341,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         feeds = _feeds(plan, shape)
         oracle = _oracle(plan.graphs["standard"], weights, feeds)
         one_run = max(memory.run_bytes(g, shape) for g in plan.graphs.values())
-        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), resident, one_run)
+        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), watch, one_run)
         report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], largest)
         rows = [c.row for c in contestants if not c.key.endswith(AA)]
         _latencies(contestants, times, peak)
@@ -350,7 +350,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         report["ratios"].extend(_ratios(rows, times, shape))
         report["verdicts"].extend(_verdicts(contestants, times, shape))
         if o.kernels:
-            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps, resident))
+            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps, watch))
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
         if ok:
             entry["detail"] = p.detail(o.threads)   # again: how it ran may be known only once it has
@@ -358,9 +358,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
     steps.end()
     report["timing"]["elapsed_s"] = time.perf_counter() - started
-    peak_resident = memory.peak_resident()
-    if resident is not None and peak_resident is not None:
-        report["memory"]["peak_growth_bytes"] = max(0, peak_resident - resident)
+    report["memory"]["peak_growth_bytes"] = watch.peak_growth()
     return report
 
 
@@ -379,15 +377,16 @@ def _oracle(graph: Graph, weights, feeds) -> dict[str, np.ndarray]:
 
 
 def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: _Steps,
-             where: str, start: int | None, one_run: int) -> tuple[dict[str, list], int]:
+             where: str, watch: memory.Watch, one_run: int) -> tuple[dict[str, list], int]:
     """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
     within the memory budget (``compare/memory.py``). The first block also
     checks each session's outputs against ``oracle`` (its row's error and
-    kernel count); before each session after a group's first it measures
-    the process's resident memory, and cuts the group there where its growth
-    since ``start`` (what was resident when compare began), with the
-    session's estimate and ``one_run`` (a run's activations and outputs,
-    ``memory.run_bytes``), would pass the budget. Later blocks keep its groups.
+    kernel count) and how much memory that run took at its peak; before
+    each session after a group's first it measures the process's growth
+    (``watch``), and cuts the group there where that, with the session's
+    estimate and a run's need (``one_run``, a run's activations and outputs
+    by ``memory.run_bytes``, or the most a check run was measured to take),
+    would pass the budget. Later blocks keep its groups.
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
     ``.group``, unique across blocks) and the largest group's estimate."""
     o = plan.options
@@ -410,7 +409,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             ready = {}
             for i, key in enumerate(keys):
                 c = by_key[key]
-                if i and block == 0 and _would_pass_budget(plan, start, c.estimate + one_run):
+                if i and block == 0 and _would_pass_budget(plan, watch, c.estimate + one_run):
                     # what is ready already holds more than estimated: time it, the rest form the next group
                     pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
                     keys = keys[:i]
@@ -423,7 +422,12 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                     compiled = c.prepare(o.threads)
                     if block == 0:
                         c.row["kernels"] = compiled.kernels
+                        watch.stretch()
                         c.row["max_abs_error"] = _max_error(compiled.run(feeds), oracle)
+                        # what the run took beyond what stays (an arena made on the first run stays)
+                        peak, after = watch.stretch(), watch.growth()
+                        if None not in (peak, after, watch.start):
+                            one_run = max(one_run, peak - watch.start - after)
                     ready[key] = compiled
                 except (BlockcError, MemoryError) as e:
                     c.row.update(status="error", error=(f"block {block + 1}: " if block else "")
@@ -444,11 +448,11 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     return times, largest
 
 
-def _would_pass_budget(plan: Plan, start: int | None, more: int) -> bool:
+def _would_pass_budget(plan: Plan, watch: memory.Watch, more: int) -> bool:
     """Whether ``more`` bytes on top of what the process holds now (its
-    growth since ``start``, measured) pass the budget."""
-    now = memory.resident_bytes()
-    return plan.budget is not None and None not in (now, start) and now - start + more > plan.budget + plan.holding
+    growth since compare began, measured) pass the budget."""
+    growth = watch.growth()
+    return plan.budget is not None and growth is not None and growth + more > plan.budget + plan.holding
 
 
 def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptions, progress: _Steps,
@@ -608,7 +612,7 @@ def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
     return out
 
 
-def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, start: int | None) -> list[dict]:
+def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: memory.Watch) -> list[dict]:
     from .kernels import kernel_cost, sample_feeds
     o = plan.options
     entries = []
@@ -624,7 +628,7 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, start: 
             c.row.update(shape=dict(shape), bytes_modelled=nbytes)
             c.estimate = memory.session_bytes(c.backend, g, shape)
         times, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
-                            f"kernel {_shape_text(shape)}", start, memory.run_bytes(g, shape))
+                            f"kernel {_shape_text(shape)}", watch, memory.run_bytes(g, shape))
         _latencies(contestants, times, peak)
         for c in contestants:
             row = c.row

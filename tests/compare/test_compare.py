@@ -219,6 +219,19 @@ def test_memory_the_process_kept_cuts_the_group(monkeypatch):
     assert not any(r["paired"] for r in report["ratios"])
 
 
+def test_what_a_run_was_measured_to_take_cuts_the_group(monkeypatch):
+    """A run that takes more than its estimate (an interpreter's temporaries,
+    read from the peak during the first block's check run) counts for the
+    sessions that join the group after it: here nothing stays resident, but
+    each run peaks 9 GiB above it."""
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 0)
+    monkeypatch.setattr(memory, "peak_resident", lambda: 9 << 30)
+    plan = _plan(max_memory=8 << 30)
+    report = run_comparison(plan)
+    assert all(r["status"] == "ok" for r in report["results"])
+    assert not any(r["paired"] for r in report["ratios"])
+
+
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="no resettable peak here (Linux only)")
 def test_the_peak_reported_is_the_comparisons_own():
     """The report's peak growth is measured from compare's start, not the
