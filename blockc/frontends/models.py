@@ -139,9 +139,10 @@ class DecoderLM(Model):
     * ``"decode"``: the same with ``attention_mask [batch, past+seq]`` and
       ``past.{i}.key``/``.value`` ``[batch, kv_heads, past, head_dim]`` ->
       ``logits`` and the presents, ``past+seq`` long;
-    * ``"decode"`` with ``cache_len``: the cache preallocated, in place.
+    * ``"decode"`` with ``cache_len``: the cache preallocated, in place, one
+      token a step (``input_ids``, ``position_ids`` ``[batch, 1]``).
       ``attention_mask [batch, total]`` covers the ``total`` tokens so far
-      (this step's ``seq`` included); ``past.{i}.*`` and ``present.{i}.*``
+      (this step's included); ``past.{i}.*`` and ``present.{i}.*``
       are buffers ``[batch, kv_heads, cache_len, head_dim]`` whose first
       ``total-seq`` rows hold the cache; the step writes its rows after them
       and attends to the first ``total`` (``layers.KVCache``). A runtime
@@ -195,14 +196,15 @@ class DecoderLM(Model):
 
     def inputs(self) -> list[InputSpec]:
         cfg = self.cfg
-        specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", cfg.vocab)]
+        seq = 1 if self.cache_len else SEQ   # an in-place step is one token's: what GroupQueryAttention lowers
+        specs = [InputSpec("input_ids", DType.int64, (BATCH, seq), "ids", cfg.vocab)]
         if self.cache is None:
             if cfg.positions == "rope":
                 specs.append(InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", cfg.max_positions))
             return specs
         total = SEQ if self.cache == "prefill" else TOTAL if self.cache_len else PAST + SEQ
         specs += [InputSpec("attention_mask", DType.int64, (BATCH, total), "mask"),
-                  InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", cfg.max_positions)]
+                  InputSpec("position_ids", DType.int64, (BATCH, seq), "positions", cfg.max_positions)]
         if self.cache == "decode":
             specs += [InputSpec(f"past.{i}.{kv}", self.dtype, self.kv_shape)
                       for i in range(cfg.layers) for kv in ("key", "value")]

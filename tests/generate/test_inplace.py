@@ -103,3 +103,25 @@ def test_a_request_beyond_the_buffer_is_refused():
 def test_cache_len_belongs_to_a_decode_step():
     with pytest.raises(ModelError, match="cache_len must be a positive integer, for a decode step"):
         build_model("tiny").for_cache("prefill", cache_len=8)
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny", "qwen3-tiny"])
+def test_fused_inplace_decode_is_group_query_attention_and_matches_float64(name):
+    from blockc import optimize
+    from blockc.codegen.onnx_export import export_onnx
+    model = build_model(name)
+    weights = weights_of(model)
+    graph = trace(model.for_cache("decode", cache_len=12))
+    fused = optimize(graph, check=True).graph
+    assert any(n.op == "cache_attention" for n in fused.nodes)
+    assert "GroupQueryAttention" in {n.op_type for n in export_onnx(fused, weights).graph.node}
+    rng = np.random.default_rng(1)
+    kv = model.cfg.kv_heads or model.cfg.heads
+    feeds = {"input_ids": np.array([[3], [9]]), "attention_mask": np.array([[1] * 8, [0, 0] + [1] * 6]),
+             "position_ids": np.array([[7], [5]])}
+    for p, _ in cache_names(model.cfg.layers):   # 7 rows cached, the rest of the buffer zero, as the loop makes it
+        feeds[p] = into_cache(rng.standard_normal((2, kv, 7, model.cfg.head_size)).astype(np.float32), 12)
+    oracle = run_reference(graph, weights, feeds, float64=True)
+    got = make_backend("ort-cpu").run(fused, weights, feeds)
+    for key, value in oracle.items():
+        assert np.abs(got[key] - value).max() < 1e-4, key
