@@ -59,9 +59,9 @@ from blockc.compare.machine import cpu_name  # noqa: E402
 from blockc.frontends import build_model, trace  # noqa: E402
 from blockc.frontends.hf_gpt2 import load_hf_gpt2_state_dict  # noqa: E402
 from blockc.frontends.hf_llama import load_hf_llama_state_dict  # noqa: E402
-from blockc.generate.loop import cache_names  # noqa: E402
+from blockc.generate.loop import cache_names, into_cache  # noqa: E402
 from blockc.passes.forms import to_form  # noqa: E402
-from blockc.runtime.ort_runner import session_options  # noqa: E402
+from blockc.runtime.ort_runner import OrtCachedStep, session_options  # noqa: E402
 from blockc.runtime.timing import measure_in_blocks, paired_speedup, ratio_interval  # noqa: E402
 
 FORMS = ("fused", "standard")
@@ -124,10 +124,17 @@ def blockc_decode(sessions, key, model, graph, past, cache_len, mode):
         feeds = step_feeds(model, past, np.random.default_rng(past))
         if mode == "concat":
             run = lambda: session.run(None, feeds)   # noqa: E731
-        else:
-            from blockc.runtime.ort_runner import ort_cached_runner
-            run = ort_cached_runner(session, graph, feeds, cache_len)
-        return run, lambda: sessions.release(key)
+            return run, lambda: sessions.release(key)
+        # What generate() runs: the cache in buffers of cache_len rows, bound in and out of the session.
+        names = cache_names(model.cfg.layers)
+        step = OrtCachedStep(session, graph, {present: past_name for past_name, present in names},
+                             {past_name: into_cache(feeds.pop(past_name), cache_len) for past_name, _ in names})
+        run = step.runner(feeds)
+
+        def close():
+            step.close()
+            sessions.release(key)
+        return run, close
     return prepare
 
 

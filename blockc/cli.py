@@ -386,16 +386,18 @@ def cmd_run(args) -> int:
 
 def cmd_generate(args) -> int:
     import json
-    from .generate.loop import check_request, generate, greedy
+    from .generate.loop import cache_length, check_request, generate, greedy
     from .generate.stream import TokenLines, format_timings
     from .runtime.backend import make_backend
     prompts = [list(_int_list("--prompt-ids", text)) for text in args.prompt_ids]
     model = _built(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
+    if args.cache == "inplace":
+        cache_length(prompts, args.max_new, args.cache_len)
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
     result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=greedy,
-                      stop_id=args.stop_id, on_token=lines)
+                      stop_id=args.stop_id, on_token=lines, cache=args.cache, cache_len=args.cache_len)
     lines.finish(result.tokens)
     print(format_timings(result))
     if args.json:
@@ -715,6 +717,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy", action="store_true", help="pick the most likely token (the default, and for now "
                    "the only choice)")
     p.add_argument("--stop-id", type=int, metavar="ID", help="a prompt stops after this token id")
+    p.add_argument("--cache", choices=("inplace", "concat"), default="inplace",
+                   help="inplace (default): each layer's cache preallocated and written in place by the decode "
+                   "step, kept by the backend between steps; concat: a new, one-row-longer cache every step")
+    p.add_argument("--cache-len", type=int, metavar="N", help="positions the in-place cache holds (default: the "
+                   "longest prompt and --max-new; fewer is refused)")
     p.add_argument("--backend", choices=backend_names(), default="ort-cpu",
                    help="where the graphs run (default ort-cpu): reference, ort-cpu, cuda-emu, ...")
     _weights_args(p, seeds="the weights")
