@@ -386,7 +386,7 @@ def cmd_run(args) -> int:
 
 def cmd_generate(args) -> int:
     import json
-    from .generate.loop import check_request, generate
+    from .generate.loop import cache_length, check_request, generate
     from .generate.sampling import Sampler
     from .generate.stream import TokenLines, format_timings
     from .runtime.backend import make_backend
@@ -398,10 +398,12 @@ def cmd_generate(args) -> int:
     pick = Sampler(args.temperature or 0.0, args.top_k, args.top_p, args.repetition_penalty, seed=args.seed)
     model = _built(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
+    if args.cache == "inplace":
+        cache_length(prompts, args.max_new, args.cache_len)
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
     result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=pick,
-                      stop_id=args.stop_id, on_token=lines)
+                      stop_id=args.stop_id, on_token=lines, cache=args.cache, cache_len=args.cache_len)
     lines.finish(result.tokens)
     print(format_timings(result))
     if args.json:
@@ -730,6 +732,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scores of ids already in a row divided (positive) or multiplied (negative) by R "
                         "(default 1: none); applies to greedy picks too")
     p.add_argument("--stop-id", type=int, metavar="ID", help="a prompt stops after this token id")
+    p.add_argument("--cache", choices=("inplace", "concat"), default="inplace",
+                   help="inplace (default): each layer's cache preallocated and written in place by the decode "
+                   "step, kept by the backend between steps; concat: a new, one-row-longer cache every step")
+    p.add_argument("--cache-len", type=int, metavar="N", help="positions the in-place cache holds (default: the "
+                   "longest prompt and --max-new; fewer is refused)")
     p.add_argument("--backend", choices=backend_names(), default="ort-cpu",
                    help="where the graphs run (default ort-cpu): reference, ort-cpu, cuda-emu, ...")
     _weights_args(p, seeds="the weights (where made, not read from --weights) and of sampling")

@@ -32,6 +32,12 @@ from ..passes.legalize import legalize
 from ..progress import BUILDING_ONNX, Progress, ticker
 
 
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order, its shape kept: ``np.ascontiguousarray`` makes a
+    0-D array 1-D, and ONNX ops that want scalars (``Range``) refuse that."""
+    return np.ascontiguousarray(array).reshape(array.shape)
+
 class OnnxEmitter:
     """Collects ONNX nodes and constant initializers for one graph."""
 
@@ -92,7 +98,7 @@ class OnnxEmitter:
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._consts:
             name = self.fresh("const")
-            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+            self.initializers.append(numpy_helper.from_array(_contiguous(array), name))
             self._consts[key] = name
         return self._consts[key]
 
@@ -188,7 +194,7 @@ class FunctionEmitter(OnnxEmitter):
             name = self.fresh("const")
             self._made_by_node.add(name)
             self.nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                               value=numpy_helper.from_array(np.ascontiguousarray(array), name)))
+                                               value=numpy_helper.from_array(_contiguous(array), name)))
             self._consts[key] = name
         return self._consts[key]
 

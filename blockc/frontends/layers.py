@@ -18,7 +18,7 @@ from ..ir.dtypes import DType
 from ..ops._rules import broadcast_shapes, fmt
 from .module import Module, Parameter
 from .rotary import Rotary
-from .tensor import Tensor, causal_mask, concat, constant, gather, layer_norm, rms_norm, where
+from .tensor import Tensor, cache_write, causal_mask, concat, constant, gather, layer_norm, rms_norm, where
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 QK_NORMS = ("none", "head", "full")
@@ -167,18 +167,32 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
 
 class KVCache:
     """One layer's key/value cache for a traced generation step: ``past``
-    holds the keys and values ``[batch, kv_heads, past, head_dim]`` of the
-    tokens before (None in a prefill graph); attention appends this step's
-    (rotated, normalised) keys and values and leaves the whole in ``present``."""
+    holds the keys and values of the tokens before (None in a prefill graph);
+    attention appends this step's (rotated, normalised) keys and values and
+    leaves the whole in ``present``.
 
-    def __init__(self, past: tuple[Tensor, Tensor] | None = None):
-        self.past, self.present = past, None
+    Two layouts. Without ``total``, ``past`` is ``[batch, kv_heads, past,
+    head_dim]`` and the present is the concatenation, ``past+seq`` long: a
+    step copies the whole cache. With ``total`` (the tokens so far, this
+    step's included), ``past`` is a preallocated buffer ``[batch, kv_heads,
+    cache_len, head_dim]``: the step writes its rows at ``[total-seq,
+    total)`` (``cache_write``), the present is the whole buffer, and
+    attention reads its first ``total`` rows -- so a runtime that binds the
+    present to the past's buffer updates the cache in place."""
+
+    def __init__(self, past: tuple[Tensor, Tensor] | None = None, total: Dim | None = None):
+        self.past, self.total, self.present = past, total, None
 
     def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.past is not None:
-            k, v = concat([self.past[0], k], 2), concat([self.past[1], v], 2)
-        self.present = (k, v)
-        return k, v
+        if self.past is None:
+            self.present = (k, v)
+            return k, v
+        if self.total is None:
+            self.present = (concat([self.past[0], k], 2), concat([self.past[1], v], 2))
+            return self.present
+        start = self.total - k.shape[2]
+        self.present = (cache_write(self.past[0], k, 2, start), cache_write(self.past[1], v, 2, start))
+        return tuple(buffer.slice(2, 0, self.total) for buffer in self.present)
 
 
 def heads_problem(heads: int, kv_heads: int) -> str | None:

@@ -14,7 +14,7 @@ from .rotary import RotaryEmbedding, rotary_problem
 from .module import InputSpec, Model, ModuleList
 from .tensor import Tensor
 
-BATCH, SEQ, PAST = Sym.var("batch"), Sym.var("seq"), Sym.var("past")
+BATCH, SEQ, PAST, TOTAL = Sym.var("batch"), Sym.var("seq"), Sym.var("past"), Sym.var("total")
 CACHE_MODES = ("prefill", "decode")
 
 
@@ -138,7 +138,15 @@ class DecoderLM(Model):
       ``present.{i}.key``/``.value`` ``[batch, kv_heads, seq, head_dim]``;
     * ``"decode"``: the same with ``attention_mask [batch, past+seq]`` and
       ``past.{i}.key``/``.value`` ``[batch, kv_heads, past, head_dim]`` ->
-      ``logits`` and the presents, ``past+seq`` long.
+      ``logits`` and the presents, ``past+seq`` long;
+    * ``"decode"`` with ``cache_len``: the cache preallocated, in place, one
+      token a step (``input_ids``, ``position_ids`` ``[batch, 1]``).
+      ``attention_mask [batch, total]`` covers the ``total`` tokens so far
+      (this step's included); ``past.{i}.*`` and ``present.{i}.*``
+      are buffers ``[batch, kv_heads, cache_len, head_dim]`` whose first
+      ``total-seq`` rows hold the cache; the step writes its rows after them
+      and attends to the first ``total`` (``layers.KVCache``). A runtime
+      that binds each present to its past's buffer never copies the cache.
 
     Positions come from ``position_ids`` whatever the position kind (learned
     tables are gathered as rotary ones are), from the tables' first
@@ -147,12 +155,18 @@ class DecoderLM(Model):
     cached after rotation, with ``kv_heads`` heads (not repeated).
     """
 
-    def __init__(self, cfg: DecoderConfig, name: str = "decoder", cache: str | None = None):
+    def __init__(self, cfg: DecoderConfig, name: str = "decoder", cache: str | None = None,
+                 cache_len: int | None = None):
         super().__init__()
         cfg.check()
         if cache is not None and cache not in CACHE_MODES:
             raise ModelError(f"cache must be one of {', '.join(CACHE_MODES)} or None, got {cache!r}")
+        if cache_len is not None and (cache != "decode" or isinstance(cache_len, bool)
+                                      or not isinstance(cache_len, int) or cache_len < 1):
+            raise ModelError(f"cache_len must be a positive integer, for a decode step; got {cache_len!r} "
+                             f"with cache={cache!r}")
         self.cfg, self.name, self.dtype, self.cache = cfg, name, DType.parse(cfg.dtype), cache
+        self.cache_len = cache_len
         self.tok = Embedding(cfg.vocab, cfg.d_model)
         if cfg.positions == "rope":
             self.rope = RotaryEmbedding(cfg.head_size, cfg.max_positions, cfg.rotary_dim, cfg.rope_theta,
@@ -168,25 +182,29 @@ class DecoderLM(Model):
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.d_model, cfg.vocab, bias=False)
 
-    def for_cache(self, mode: str) -> "DecoderLM":
-        """This model's ``"prefill"`` or ``"decode"`` step (see the class docstring)."""
-        return DecoderLM(self.cfg, f"{self.name}-{mode}", cache=mode)
+    def for_cache(self, mode: str, cache_len: int | None = None) -> "DecoderLM":
+        """This model's ``"prefill"`` or ``"decode"`` step (see the class
+        docstring); a decode step with ``cache_len`` keeps its cache in place."""
+        suffix = f"-{cache_len}" if cache_len is not None else ""
+        return DecoderLM(self.cfg, f"{self.name}-{mode}{suffix}", cache=mode, cache_len=cache_len)
 
     @property
     def kv_shape(self) -> tuple:
-        """A cached key or value before this step: ``[batch, kv_heads, past, head_dim]``."""
-        return (BATCH, self.cfg.kv_heads or self.cfg.heads, PAST, self.cfg.head_size)
+        """A cached key or value before this step: ``[batch, kv_heads, past, head_dim]``,
+        or the buffer ``[batch, kv_heads, cache_len, head_dim]``."""
+        return (BATCH, self.cfg.kv_heads or self.cfg.heads, self.cache_len or PAST, self.cfg.head_size)
 
     def inputs(self) -> list[InputSpec]:
         cfg = self.cfg
-        specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", cfg.vocab)]
+        seq = 1 if self.cache_len else SEQ   # an in-place step is one token's: what GroupQueryAttention lowers
+        specs = [InputSpec("input_ids", DType.int64, (BATCH, seq), "ids", cfg.vocab)]
         if self.cache is None:
             if cfg.positions == "rope":
                 specs.append(InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", cfg.max_positions))
             return specs
-        total = SEQ if self.cache == "prefill" else PAST + SEQ
+        total = SEQ if self.cache == "prefill" else TOTAL if self.cache_len else PAST + SEQ
         specs += [InputSpec("attention_mask", DType.int64, (BATCH, total), "mask"),
-                  InputSpec("position_ids", DType.int64, (BATCH, SEQ), "positions", cfg.max_positions)]
+                  InputSpec("position_ids", DType.int64, (BATCH, seq), "positions", cfg.max_positions)]
         if self.cache == "decode":
             specs += [InputSpec(f"past.{i}.{kv}", self.dtype, self.kv_shape)
                       for i in range(cfg.layers) for kv in ("key", "value")]
@@ -217,7 +235,8 @@ class DecoderLM(Model):
         # [batch, past+seq] -> [batch, 1, 1, past+seq]: one key mask for every head and query; the
         # blocks' causal mask, aligned to the last key, adds "no later token".
         mask = attention_mask.cast("bool").reshape(0, 1, 1, -1)
-        caches = [KVCache((past[2 * i], past[2 * i + 1]) if past else None) for i in range(len(self.blocks))]
+        written = total if self.cache_len else None
+        caches = [KVCache((past[2 * i], past[2 * i + 1]) if past else None, written) for i in range(len(self.blocks))]
         for block, cache in zip(self.blocks, caches):
             x = block(x, mask, rotary=rotary, cache=cache)
         out = {"logits": self._logits(x)}

@@ -173,6 +173,11 @@ def concat(tensors: Sequence[Tensor], axis: int) -> Tensor:
     return _apply("concat", list(tensors), axis=axis)[0]
 
 
+def cache_write(cache: Tensor, update: Tensor, axis: int, start: Dim) -> Tensor:
+    """``cache`` with ``update`` written at ``[start, start+len)`` along ``axis`` (``ops/kv_cache.py``)."""
+    return apply("cache_write", cache, update, axis=axis, start=start)
+
+
 def causal_mask(rows: Dim, cols: Dim) -> Tensor:
     return apply("causal_mask", rows=rows, cols=cols)
 

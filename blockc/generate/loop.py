@@ -6,9 +6,22 @@ count its own tokens, ``cumsum(mask) - 1`` with the pads' clamped to 0, so a
 padded row generates what it would alone. The prefill graph
 (``DecoderLM.for_cache("prefill")``) returns the logits and every layer's
 keys and values; each decode step feeds the last picked tokens, the mask
-one column longer, the next positions and the previous step's
-``present.*`` as ``past.*``. Both graphs are compiled once, through the
-``Backend`` interface, so every backend generates.
+one column longer and the next positions, and reads the cache that the
+step before left. Both graphs are compiled once, through the ``Backend``
+interface, so every backend generates.
+
+The cache. By default (``cache="inplace"``) the decode graph takes each
+layer's cache as a buffer preallocated to ``cache_len`` positions (the
+longest prompt and the new tokens, unless given) and writes each step's
+keys and values into it (``for_cache("decode", cache_len=...)``); the
+prefill's keys and values are copied into the buffers once. The buffers are
+carried from step to step by the compiled graph itself
+(``Compiled.cached``): on ONNX Runtime they are OrtValues bound as both the
+past input and the present output (IO binding), so a step neither copies
+the cache nor brings it back to numpy, and its cost grows with the past only
+by attention's reads. ``cache="concat"`` is the plain decode graph, whose
+present is the past with the step's rows appended (a new, longer cache
+every step).
 
 Tokens are chosen by ``pick(logits [batch, vocab], history) -> int64
 [batch]``, ``history`` holding each row's prompt and the tokens picked so
@@ -92,6 +105,12 @@ def check_request(model, prompts: Sequence[Sequence[int]], max_new: int) -> None
                           f"over the model's maximum of {limit} (max_positions)")
 
 
+def cache_names(layers: int) -> list[tuple[str, str]]:
+    """``(past input, present output)`` of every layer's keys and values, as
+    ``DecoderLM.for_cache`` names them: what one step hands the next."""
+    return [(f"past.{i}.{kv}", f"present.{i}.{kv}") for i in range(layers) for kv in ("key", "value")]
+
+
 def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(input_ids, attention_mask, position_ids)``, each int64 ``[batch, longest]``,
     the prompts aligned to the right (pads: id 0, mask 0, position 0)."""
@@ -115,34 +134,70 @@ def _picked(pick: Pick, logits: np.ndarray, history: list[list[int]], vocab: int
     return chosen.astype(np.int64)
 
 
+CACHES = ("inplace", "concat")
+
+
+def cache_length(prompts: Sequence[Sequence[int]], max_new: int, cache_len: int | None) -> int:
+    """The positions an in-place cache must hold: the longest prompt and
+    every new token but the last (which no step reads back); ``cache_len``
+    if it is given and holds them, else a ``BlockcError``."""
+    longest = max(len(p) for p in prompts)
+    needed = longest + max_new - 1
+    if cache_len is None:
+        return needed
+    if isinstance(cache_len, bool) or not isinstance(cache_len, (int, np.integer)) or cache_len < 1:
+        raise BlockcError(f"cache_len must be a positive integer, got {cache_len!r}")
+    if needed > cache_len:
+        raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones need a cache of {needed} positions, "
+                          f"over the preallocated cache_len={cache_len}")
+    return int(cache_len)
+
+
+def into_cache(present: np.ndarray, cache_len: int) -> np.ndarray:
+    """A prefill's keys or values ``[batch, kv_heads, seq, head_dim]`` at the
+    start of a zeroed buffer of ``cache_len`` positions."""
+    batch, heads, seq, size = present.shape
+    buffer = np.zeros((batch, heads, cache_len, size), present.dtype)
+    buffer[:, :, :seq] = present
+    return buffer
+
+
 def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
              *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | None = None,
-             on_token: OnToken | None = None, form: str = "standard", **backend_options) -> Generation:
+             on_token: OnToken | None = None, form: str = "standard", cache: str = "inplace",
+             cache_len: int | None = None, **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
     batched. A row stops after ``stop_id``; all stop when every row has.
     ``backend``: any registered backend, built with ``backend_options``;
-    ``form``: the graph form compiled (``fused``: through the optimizer)."""
+    ``form``: the graph form compiled (``fused``: through the optimizer);
+    ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
+    just enough) or ``concat`` (see the module docstring)."""
     check_request(model, prompts, max_new)
     if stop_id is not None and not 0 <= stop_id < model.cfg.vocab:
         raise BlockcError(f"stop id {stop_id} is outside the vocabulary [0, {model.cfg.vocab})")
+    if cache not in CACHES:
+        raise BlockcError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    length = cache_length(prompts, max_new, cache_len) if cache == "inplace" else None
     target = make_backend(backend, **backend_options)
     target.require()
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
     prefill_graph = to_form(trace(model.for_cache("prefill")), form)
-    decode_graph = to_form(trace(model.for_cache("decode")), form) if max_new > 1 else None
+    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length)), form) if max_new > 1 else None
     with target.compile(prefill_graph, weights) as prefill:
         decode = target.compile(decode_graph, weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
-            return _loop(model, prefill, decode, prompts, max_new, pick, stop_id, on_token, compile_s, target.name)
+            return _loop(model, prefill, decode, length, prompts, max_new, pick, stop_id, on_token, compile_s,
+                         target.name)
         finally:
             if decode is not None:
                 decode.close()
 
 
-def _loop(model, prefill, decode, prompts, max_new, pick, stop_id, on_token, compile_s, backend) -> Generation:
-    vocab, layers = model.cfg.vocab, model.cfg.layers
+def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stop_id, on_token, compile_s,
+          backend) -> Generation:
+    vocab = model.cfg.vocab
     ids, mask, positions = left_pad(prompts)
     history = [list(map(int, p)) for p in prompts]
     new: list[list[int]] = [[] for _ in prompts]
@@ -165,17 +220,20 @@ def _loop(model, prefill, decode, prompts, max_new, pick, stop_id, on_token, com
     out = prefill.run({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
     chosen, first_s = take(out, start)
     steps: list[float] = []
+    if decode is None:
+        return Generation(new, first_s, steps, compile_s, backend)
+    names = cache_names(model.cfg.layers)
+    state = {past: out[present] if cache_len is None else into_cache(out[present], cache_len)
+             for past, present in names}
     position = positions[:, -1:]
-    for _ in range(max_new - 1):
-        if done.all():
-            break
-        start = time.perf_counter()
-        mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
-        position = position + 1
-        feeds = {"input_ids": chosen[:, None], "attention_mask": mask, "position_ids": position}
-        for i in range(layers):
-            feeds[f"past.{i}.key"], feeds[f"past.{i}.value"] = out[f"present.{i}.key"], out[f"present.{i}.value"]
-        out = decode.run(feeds)
-        chosen, seconds = take(out, start)
-        steps.append(seconds)
+    with decode.cached({present: past for past, present in names}, state) as step:
+        for _ in range(max_new - 1):
+            if done.all():
+                break
+            start = time.perf_counter()
+            mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
+            position = position + 1
+            out = step.run({"input_ids": chosen[:, None], "attention_mask": mask, "position_ids": position})
+            chosen, seconds = take(out, start)
+            steps.append(seconds)
     return Generation(new, first_s, steps, compile_s, backend)

@@ -12,6 +12,7 @@ from .dce import dce
 from .fuse_add_layernorm import fuse_add_layernorm
 from .fuse_attention import fuse_attention
 from .fuse_bias_activation import fuse_bias_activation
+from .fuse_cache_attention import fuse_cache_attention
 from .fuse_masked_softmax import fuse_masked_softmax
 from .fuse_qkv import fuse_qkv
 from .fuse_qkv_attention import fuse_qkv_attention
@@ -25,8 +26,8 @@ STAGES = {
     "canonicalise": (dce, cse, constant_fold, simplify_reshapes),
     # raise decomposed math (ours, or an exporter's) back to standard ops
     "recompose": (recompose_softmax, recompose_norms, recompose_gelu),
-    "fuse": (fuse_qkv, fuse_rotary, fuse_masked_softmax, fuse_attention, fuse_qkv_attention, fuse_add_layernorm,
-             fuse_bias_activation),
+    "fuse": (fuse_qkv, fuse_rotary, fuse_masked_softmax, fuse_attention, fuse_cache_attention, fuse_qkv_attention,
+             fuse_add_layernorm, fuse_bias_activation),
     # tidy up what the fusions left
     "tidy": (cse, dce),
 }

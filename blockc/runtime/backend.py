@@ -103,6 +103,13 @@ class Compiled:
         own)."""
         return measure(self.runner(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s)
 
+    def cached(self, carry: Mapping[str, str], state: Feeds) -> "CachedStep":
+        """A step that keeps state between runs: ``carry`` maps each output
+        that feeds the next run to the input it feeds (``present.0.key`` ->
+        ``past.0.key``: a KV cache); ``state`` holds those inputs' first
+        values. See ``CachedStep``; this one keeps the state as host arrays."""
+        return CachedStep(self, carry, state)
+
     def close(self) -> None:
         """Release what the compiled graph holds (sessions, temporary files).
         The run function goes too: a session it holds (its closure) is freed
@@ -112,6 +119,57 @@ class Compiled:
             close()
 
     def __enter__(self) -> "Compiled":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class CachedStep:
+    """A compiled step run again and again with state carried from each run
+    to the next (``Compiled.cached``): ``run(feeds)`` takes the other inputs
+    and returns the outputs that are not carried; the carried ones stay with
+    the backend and become the next run's inputs.
+
+    This base keeps them as host arrays, fed and returned like any others:
+    right for the reference interpreter and PyTorch, and for any backend
+    whose ``run`` hands back fresh arrays. A backend that owns device or
+    runtime memory overrides ``Compiled.cached`` to keep the state where it
+    lives: ONNX Runtime binds each carried output to the OrtValue its input
+    was read from (``ort_runner.OrtCachedStep``), so a graph that writes its
+    cache in place (``cache_write``) never copies it; the CUDA backend would
+    keep the cache in its arena and pass the same device pointer as the
+    step's input and output, with no host copy between steps.
+    """
+
+    def __init__(self, compiled: Compiled, carry: Mapping[str, str], state: Feeds):
+        self.compiled, self.carry = compiled, dict(carry)
+        missing = sorted(set(self.carry.values()) - set(state))
+        if missing:
+            raise BlockcError(f"no first value for the carried input{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(map(repr, missing))}")
+        self.state = {name: state[name] for name in self.carry.values()}
+
+    def run(self, feeds: Feeds) -> Outputs:
+        """The outputs of one run on ``feeds`` and the carried state, less the carried outputs."""
+        out = self.compiled.run({**feeds, **self.state})
+        for output, input_name in self.carry.items():
+            self.state[input_name] = out.pop(output)
+        return out
+
+    def value(self, name: str) -> np.ndarray:
+        """The carried input ``name`` as the next run will read it, copied to the host."""
+        return np.array(self.state[name])
+
+    def address(self, name: str) -> int:
+        """Where the carried input ``name`` lives now (a host or device
+        address): the same after every run when the state is updated in place."""
+        return self.state[name].__array_interface__["data"][0]
+
+    def close(self) -> None:
+        self.state = {}
+
+    def __enter__(self) -> "CachedStep":
         return self
 
     def __exit__(self, *exc) -> None:

@@ -18,6 +18,7 @@ from ..codegen.onnx_export import EXTERNAL_DATA_THRESHOLD, export_onnx, wants_ex
 from ..errors import BlockcError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
+from .backend import CachedStep
 from .bindings import bind_inputs
 
 _CUDA, _CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -147,6 +148,17 @@ class OrtSession:
         except Exception as err:
             raise BlockcError(f"onnxruntime failed to run the model: {_short(err)}") from err
 
+    def cached(self, carry: Mapping[str, str], state: Mapping[str, np.ndarray], *, check: bool = True) -> CachedStep:
+        """A step whose carried state stays in ONNX Runtime between runs
+        (``OrtCachedStep``); bfloat16 graphs, which numpy cannot bind, keep
+        it on the host (``CachedStep``)."""
+        if self._session is None:
+            raise BlockcError("this OrtSession is closed")
+        if self._bfloat16:
+            from .backend import Compiled
+            return CachedStep(Compiled(self.run), carry, state)
+        return OrtCachedStep(self._session, self.graph, carry, state, check=check)
+
     def close(self) -> None:
         """Release the session and its temporary files (also done when garbage collected)."""
         self._session = None
@@ -159,6 +171,90 @@ class OrtSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class OrtCachedStep(CachedStep):
+    """A step run through IO binding, its carried state kept in OrtValues.
+
+    A carried output whose type is its input's (a preallocated KV cache,
+    ``[batch, kv_heads, cache_len, head_dim]`` in and out) is bound to the
+    very OrtValue its input reads: ONNX Runtime's ``ScatterElements``
+    (``cache_write``) and ``GroupQueryAttention`` (``cache_attention``) see
+    input and output share a buffer and write the step's rows into it, so
+    the buffer never moves and is never copied. A carried output of another
+    shape (the concat cache, one row longer each step) is left to ONNX
+    Runtime to allocate, and the OrtValue it returns is bound as the next
+    run's input: no copy to numpy and back, one new buffer per step.
+    ``check``: check every run's feeds against the graph (the state by its
+    shapes and dtypes).
+    """
+
+    def __init__(self, session, graph: Graph, carry: Mapping[str, str], state: Mapping[str, np.ndarray], *,
+                 check: bool = True):
+        ort = _ort()
+        self.carry, self.graph, self._session, self._check = dict(carry), graph, session, check
+        self._io = session.io_binding()
+        self._ortvalue = ort.OrtValue
+        types = {v.name: v.type for v in graph.inputs} | {name: v.type for name, v in graph.outputs}
+        self._values, self._keep, self._moving = {}, {}, []
+        self._order = []   # outputs in the order bound: the order get_outputs returns them
+        for output, input_name in self.carry.items():
+            array = np.ascontiguousarray(state[input_name])
+            self._keep[input_name] = array   # the OrtValue reads this memory: keep it alive
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            self._values[input_name] = value
+            self._io.bind_ortvalue_input(input_name, value)
+            if types[output] == types[input_name]:
+                self._io.bind_ortvalue_output(output, value)   # in place: the same buffer
+            else:
+                self._io.bind_output(output, "cpu")
+                self._moving.append((output, input_name))
+            self._order.append(output)
+        self._outputs = [name for name, _ in graph.outputs if name not in self.carry]
+        for name in self._outputs:
+            self._io.bind_output(name, "cpu")
+            self._order.append(name)
+        self.state = {name: np.broadcast_to(np.zeros((), a.dtype), a.shape) for name, a in self._keep.items()}
+
+    def runner(self, feeds: Mapping[str, np.ndarray]):
+        """Bind ``feeds`` (checked once, unless ``check`` is off) and return a
+        call that runs them, unchecked, as often as timing wants."""
+        if self._check:
+            bind_inputs(self.graph, {**feeds, **self.state})
+        arrays = {name: np.ascontiguousarray(a) for name, a in feeds.items()}
+        for name, a in arrays.items():
+            self._io.bind_cpu_input(name, a)
+        self._feeds = arrays   # bound by address: alive until the next bind
+
+        def run() -> dict[str, np.ndarray]:
+            try:
+                self._session.run_with_iobinding(self._io)
+            except Exception as err:
+                raise BlockcError(f"onnxruntime failed to run the model: {_short(err)}") from err
+            got = dict(zip(self._order, self._io.get_outputs()))
+            for output, input_name in self._moving:
+                value = got.pop(output)
+                self._values[input_name] = value
+                self._io.bind_ortvalue_input(input_name, value)
+                self.state[input_name] = np.broadcast_to(np.zeros((), self.state[input_name].dtype), value.shape())
+            # A binding keeps the value ONNX Runtime allocated and would write the next run into it, at
+            # this run's shape: bound afresh, each run gets a new one of its own shape.
+            for name in [o for o, _ in self._moving] + self._outputs:
+                self._io.bind_output(name, "cpu")
+            return {name: got[name].numpy() for name in self._outputs}
+        return run
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner(feeds)()
+
+    def value(self, name: str) -> np.ndarray:
+        return self._values[name].numpy().copy()
+
+    def address(self, name: str) -> int:
+        return self._values[name].data_ptr()
+
+    def close(self) -> None:
+        self._values, self._keep, self.state, self._io = {}, {}, {}, None
 
 
 def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,

@@ -151,6 +151,28 @@ def kv_cache(_):
     return g
 
 
+@case("cache_write", "cache_attention")
+def preallocated_cache(op):
+    # A buffer of 12 rows holding `past` of them; the step's rows go after: `seq` of them, one for
+    # cache_attention (GroupQueryAttention lowers a one-token step).
+    g = Graph(op)
+    p, s = parse_dim("past"), (parse_dim("seq") if op == "cache_write" else 1)
+    cache_k, cache_v = (g.add_input(n, T(F32, "batch", 2, 12, 8)) for n in ("cache_k", "cache_v"))
+    k, v = (g.add_input(n, T(F32, "batch", 2, s, 8)) for n in ("k", "v"))
+    g.add_input("pos", T(I64, "past"))  # only here to give 'past' a source
+    if op == "cache_write":
+        g.set_outputs([("written", g.op(op, cache_k, k, axis=2, start=p))])
+        return g
+    q = g.add_input("q", T(F32, "batch", 2, 1, 8))
+    q_grouped = g.add_input("q_grouped", T(F32, "batch", 2, 3, 1, 8))   # 6 query heads on 2 K/V heads
+    plain = g.add_node(op, [q, k, v, cache_k, cache_v], {"scale": 0.5, "causal": True, "start": p}).outputs
+    grouped = g.add_node(op, [q_grouped, k, v, cache_k, cache_v], {"scale": 0.5, "causal": True, "start": p})
+    # the attention only: rows past past+seq of an unshared present are not the op's (see ops/kv_cache.py)
+    g.set_outputs([("out", plain[0]), ("grouped", grouped.outputs[0]),
+                   ("written", g.op("slice", plain[1], axis=2, start=0, end=p + s))])
+    return g
+
+
 @case("split")
 def split_symbolic_input(_):
     # The split input's dim is the expression past+seq: a dim_param of its own.

@@ -1,6 +1,9 @@
 """Lets the generation tests import the Hugging Face helpers the front-end
-tests share (``tests/frontends/hf_testing.py``)."""
+tests share (``tests/frontends/hf_testing.py``), and each other's helpers
+(``test_loop``'s weights and recomputation, which ``test_inplace`` reuses)."""
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "frontends"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "frontends"))
+sys.path.insert(0, _HERE)

@@ -86,9 +86,10 @@ def test_builtin_models_match_the_float64_reference(name, overrides, form):
 # Every op of the registry, in the corners the built-in models do not reach:
 # a KV cache (rows != cols in the causal masks), additive, boolean and fully
 # masked rows, broadcast attention, symbolic reshape targets and slice bounds,
-# reductions, casts, gathers off axis 0, outputs that are inputs or weights.
+# reductions, casts, gathers off axis 0, outputs that are inputs or weights,
+# and a preallocated cache of 12 rows written at `past`.
 KV_GRAPH = """
-graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,past+seq], %keep: bool[batch,1,seq,past+seq]) {
+graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,past+seq], %keep: bool[batch,1,seq,past+seq], %buf: f32[batch,2,12,8]) {
   param @wte: f32[20,16]
   param @g: f32[16]
   param @beta: f32[16]
@@ -151,7 +152,9 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %57:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=4, sizes=[16,16,16]}
   %58:f32[batch,seq,16] = silu %34
   %59:f32[batch,2,seq,8] = rotary %8, @rope, @rope, %ids {interleaved=true}
-  return s=%59, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %60:f32[batch,2,12,8] = cache_write %buf, %8 {axis=2, start=past}
+  %61:f32[batch,2,seq,8], %62:f32[batch,2,12,8], %63:f32[batch,2,12,8] = cache_attention %8, %8, %8, %buf, %buf {scale=0.35, causal=true, start=past}
+  return s=%59, cw=%60, ca=%61, cb=%62, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 
@@ -161,7 +164,8 @@ def kv_feeds(batch, seq, past, seed) -> dict:
     keep = rng.random((batch, 1, seq, past + seq)) < 0.5
     keep[0, 0, 0, :] = False  # a fully masked row: blockc averages v, it does not make NaN
     return {"ids": rng.integers(0, 20, (batch, seq)), "past": rng.standard_normal((batch, past, 16)).astype(np.float32),
-            "bias": rng.standard_normal((batch, 1, 1, past + seq)).astype(np.float32), "keep": keep}
+            "bias": rng.standard_normal((batch, 1, 1, past + seq)).astype(np.float32), "keep": keep,
+            "buf": rng.standard_normal((batch, 2, 12, 8)).astype(np.float32)}
 
 
 @pytest.mark.parametrize("fold_constants", [True, False])

@@ -26,6 +26,18 @@ def count_onnx_nodes(path: str) -> int | None:
         return None
 
 
+class OrtCompiled(Compiled):
+    """A session as a ``Compiled``; its ``cached`` steps keep their state in
+    ONNX Runtime (``ort_runner.OrtCachedStep``: IO binding, a cache written in place)."""
+
+    def __init__(self, session, **kw):
+        super().__init__(session.run_unchecked, **kw)
+        self.session = session
+
+    def cached(self, carry, state):
+        return self.session.cached(carry, state)
+
+
 class OrtBackend(Backend):
     """blockc's ONNX export run by ONNX Runtime. Options: ``provider`` (cpu,
     cuda or auto) and ``fused_as`` (how fused ops are written in ONNX); the
@@ -82,7 +94,7 @@ class OrtBackend(Backend):
         def close():
             session.close()
             folder.cleanup()
-        return Compiled(session.run_unchecked, graph=graph, kernels=count_onnx_nodes(optimized), close=close)
+        return OrtCompiled(session, graph=graph, kernels=count_onnx_nodes(optimized), close=close)
 
     def run(self, graph, weights, feeds):
         # One run needs no kernel count: skip writing ONNX Runtime's optimized model.
