@@ -34,7 +34,7 @@ _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
 def symbol_name(text: str, taken: set[str]) -> str:
     """A valid, unused dimension name for ``text`` (a ``dim_param`` is a label)."""
-    name = _SYMBOL_CHARS.sub("_", text)[:40].strip("_") or "dim"
+    name = re.sub("_+", "_", _SYMBOL_CHARS.sub("_", text))[:40].strip("_") or "dim"
     if name[0].isdigit():
         name = "d" + name
     base, i = name, 2
