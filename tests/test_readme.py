@@ -187,3 +187,13 @@ def test_generate_excerpt_is_what_blockc_generates(capsys):
     (command,) = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
     assert main(shlex.split(command)[1:]) == 0
     check_excerpt(readme_block("[0] "), capsys.readouterr().out.splitlines())
+
+
+def test_onnx_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
+    # README "## Bringing an ONNX file": its commands run in order, the last one's output is the excerpt.
+    (block,) = [b for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc export gpt2-block")]
+    monkeypatch.chdir(tmp_path)
+    for line in block:
+        capsys.readouterr()
+        assert main(shlex.split(line)[1:]) == 0, line
+    check_excerpt(readme_block("block.onnx (standard form)"), capsys.readouterr().out.splitlines())
