@@ -91,10 +91,10 @@ class OnnxModel(Model):
             try:
                 outs = TABLE[node.op_type].fn(node, ins, self)
             except (Unsupported, ModelError, ShapeError) as e:
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or node.output[0])} "
+                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
                                     f"({node.op_type}): {e}") from None
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or node.output[0])} "
+                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
                                     f"({node.op_type}) cannot be imported: {type(e).__name__}: {e}") from None
             for name, v in zip(node.output, outs):
                 if name:

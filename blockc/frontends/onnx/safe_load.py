@@ -242,5 +242,5 @@ def _ordered_nodes(loaded: OnnxFile) -> list:
     if len(order) != len(g.node):
         stuck = next(i for i, w in enumerate(waiting) if w > 0)
         raise loaded.error(f"the graph has a cycle (through node {stuck}, {label(g.node[stuck].op_type)} "
-                           f"{label(g.node[stuck].name or g.node[stuck].output[0])})")
+                           f"{label(g.node[stuck].name or (list(g.node[stuck].output) or [''])[0])})")
     return [g.node[i] for i in order]
