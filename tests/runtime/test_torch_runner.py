@@ -151,7 +151,18 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %57:f32[batch,seq,16] = qkv_attention %0, @w, @b {heads=4, sizes=[16,16,16]}
   %58:f32[batch,seq,16] = silu %34
   %59:f32[batch,2,seq,8] = rotary %8, @rope, @rope, %ids {interleaved=true}
-  return s=%59, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %60:i64[seq] = arange {n=seq}
+  %61:i64[] = dim_value {value=past+seq}
+  %62:bool[seq] = less %60, %61
+  %63:bool[seq] = less_equal %60, %61
+  %64:bool[seq] = greater %60, %61
+  %65:bool[seq] = greater_equal %60, %61
+  %66:bool[seq] = equal %60, %61
+  %67:bool[seq] = logical_and %62, %63
+  %68:bool[seq] = logical_or %64, %66
+  %69:bool[seq] = logical_not %65
+  %70:bool[batch,seq] = expand %67 {shape=[batch,seq]}
+  return t1=%68, t2=%69, t3=%70, s=%59, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 
