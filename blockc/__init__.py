@@ -7,6 +7,7 @@ it on ONNX Runtime.
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .errors import BlockcError  # noqa: F401
 from .passes.forms import FORMS, to_form  # noqa: F401
+from .frontends.onnx import load_onnx  # noqa: F401
 from .frontends import (Model, Module, ModuleList, Parameter, build_model, init_weights,  # noqa: F401
                         symbol, trace)
 from .ir.graph import Graph  # noqa: F401

@@ -274,6 +274,13 @@ def _bindings(args, graph) -> dict[str, int]:
     --dim, held to the limits the graph's tables set (``ops/limits.py``)."""
     from .ops.limits import graph_limits
     bindings = dict(args.dim_defaults)
+    # An imported ONNX file keeps its own dim names (batch_size, sequence_length):
+    # those take the command's batch or seq default, whichever their name says.
+    for name in graph.symbols():
+        if name not in bindings:
+            fallback = bindings.get("batch" if name.lower().startswith(("batch", "n")) else "seq")
+            if fallback is not None:
+                bindings[name] = fallback
     bindings.update(_asked_dims(args, graph))
     for limit, n in graph_limits(graph).dims_over(bindings):
         raise BlockcError(f"--dim {limit.dim}={n} exceeds the model's maximum of {limit.limit}")

@@ -41,6 +41,12 @@ class WeightsError(BlockcError):
     """Weights whose names, shapes or dtypes do not match the model."""
 
 
+class OnnxFileError(BlockcError):
+    """An ONNX file that blockc refuses to read or import: malformed,
+    reaching outside its folder, claiming data it does not hold, or using
+    operators blockc does not import."""
+
+
 class InputsError(BlockcError):
     """Input arrays that do not fit a graph's inputs; ``problems`` lists every mismatch."""
 

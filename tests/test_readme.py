@@ -183,7 +183,21 @@ def test_compare_verdict_excerpt_is_the_80_column_table():
 
 
 def test_generate_excerpt_is_what_blockc_generates(capsys):
-    # README "## Generating": the ids of its one example (the timings after them vary, so are elided).
-    (command,) = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
-    assert main(shlex.split(command)[1:]) == 0
+    # README "## Generating": the ids of its first example (the timings after them vary, so are
+    # elided); the sampling example after it runs too.
+    first, *others = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
+    assert main(shlex.split(first)[1:]) == 0
     check_excerpt(readme_block("[0] "), capsys.readouterr().out.splitlines())
+    assert others, "the README's sampling example"
+    for command in others:
+        assert main(shlex.split(command)[1:]) == 0, command
+
+
+def test_onnx_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
+    # README "## Bringing an ONNX file": its commands run in order, the last one's output is the excerpt.
+    (block,) = [b for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc export gpt2-block")]
+    monkeypatch.chdir(tmp_path)
+    for line in block:
+        capsys.readouterr()
+        assert main(shlex.split(line)[1:]) == 0, line
+    check_excerpt(readme_block("block.onnx (standard form)"), capsys.readouterr().out.splitlines())

@@ -1,6 +1,7 @@
 """The built-in models, ``--set`` overrides, and loading a user's model file.
 
-A MODEL argument is a built-in name (``gpt2``) or ``path/to/file.py:name``,
+A MODEL argument is a built-in name (``gpt2``), ``path/to/file.py:name``
+or ``path/to/model.onnx`` (imported by ``frontends/onnx``),
 where ``name`` is a ``Model`` instance, a ``Model`` subclass, or a function
 returning a ``Model``; overrides are passed to the latter two as keyword
 arguments.
@@ -101,8 +102,13 @@ def build_model(spec: str, overrides: dict[str, str] | None = None) -> Model:
             raise ModelError(f"{spec}: {e}") from None
     if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
         return _load_user_model(spec, overrides)
+    if spec.lower().endswith(".onnx"):
+        if overrides:
+            raise BlockcError(f"{spec} is an ONNX file: its sizes are fixed, and --set does not apply")
+        from .onnx import OnnxModel
+        return OnnxModel(spec)
     raise BlockcError(f"unknown model {spec!r}; built-in models: {', '.join(BUILTINS)} "
-                      f"(or give path/to/file.py:name)")
+                      f"(or give path/to/file.py:name or path/to/model.onnx)")
 
 
 def _load_user_model(spec: str, overrides: dict[str, str]) -> Model:

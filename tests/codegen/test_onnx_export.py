@@ -85,6 +85,37 @@ def masked_scores(_):
     return g
 
 
+@case("equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", int_high=3)
+def comparisons(op):
+    # ids in [0, 3): equal and unequal pairs both occur
+    g = Graph(op)
+    a = g.add_input("a", T(I64, "batch", "seq"))
+    b = g.add_input("b", T(I64, "seq"))
+    if op.startswith("logical_"):
+        out = g.op(op, g.op("less", a, b), g.op("equal", a, b))
+    else:
+        out = g.op(op, a, b)
+    g.set_outputs([("out", out)])
+    return g
+
+
+@case("arange", "dim_value", "expand", "logical_not")
+def index_mask(_):
+    """A padding+causal mask spelled as Hugging Face's exports spell it."""
+    g = Graph("index_mask")
+    keep = g.add_input("keep", T(I64, "batch", "seq"))
+    i = g.op("arange", n=parse_dim("seq"))
+    causal = g.op("less_equal", g.op("reshape", i, shape=[1, parse_dim("seq")]),
+                  g.op("reshape", i, shape=[parse_dim("seq"), 1]))
+    flat = g.op("add", g.op("mul", g.op("reshape", i, shape=[parse_dim("seq"), 1]),
+                            g.op("dim_value", value=parse_dim("seq"))), i)
+    padded = g.op("logical_not", g.op("equal", keep, g.op("constant", value=np.array(0, np.int64))))
+    both = g.op("logical_and", g.op("reshape", padded, shape=[parse_dim("batch"), 1, 1, parse_dim("seq")]), causal)
+    g.set_outputs([("mask", g.op("expand", both, shape=[parse_dim("batch"), 2, parse_dim("seq"), parse_dim("seq")])),
+                   ("flat", flat)])
+    return g
+
+
 @case("cast", "constant")
 def casts(_):
     g = Graph("casts")

@@ -154,7 +154,18 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %59:f32[batch,2,seq,8] = rotary %8, @rope, @rope, %ids {interleaved=true}
   %60:f32[batch,2,12,8] = cache_write %buf, %8 {axis=2, start=past}
   %61:f32[batch,2,seq,8], %62:f32[batch,2,12,8], %63:f32[batch,2,12,8] = cache_attention %8, %8, %8, %buf, %buf {scale=0.35, causal=true, start=past}
-  return s=%59, cw=%60, ca=%61, cb=%62, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %64:i64[seq] = arange {n=seq}
+  %65:i64[] = dim_value {value=past+seq}
+  %66:bool[seq] = less %64, %65
+  %67:bool[seq] = less_equal %64, %65
+  %68:bool[seq] = greater %64, %65
+  %69:bool[seq] = greater_equal %64, %65
+  %70:bool[seq] = equal %64, %65
+  %71:bool[seq] = logical_and %66, %67
+  %72:bool[seq] = logical_or %68, %70
+  %73:bool[seq] = logical_not %69
+  %74:bool[batch,seq] = expand %71 {shape=[batch,seq]}
+  return t1=%72, t2=%73, t3=%74, s=%59, cw=%60, ca=%61, cb=%62, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 

@@ -1,0 +1,462 @@
+"""The ONNX operators blockc imports: one table from op type to the function
+that replays a node through the DSL.
+
+A value met while walking the graph is one of three things:
+
+* a ``Tensor`` of the graph being traced (the model's real computation);
+* a numpy array known now (initializer constants, ``Constant`` nodes and
+  everything computed from them only): folded here, never in the IR;
+* a numpy *object* array holding symbolic dims (``ir/dims.py`` ``Sym``s):
+  ``Shape`` of an input yields ``[batch, sequence]``, and the exporter's
+  shape arithmetic on it (Gather, Concat, Unsqueeze, Mul...) is folded by
+  numpy on the ``Sym`` objects, so a ``Reshape`` receives ``[batch, sequence,
+  4, 8]`` and stays symbolic.
+
+Each entry folds when every input is known and otherwise emits blockc ops;
+an operator a handler cannot express raises ``Unsupported`` with the reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import scipy.special
+
+from ...errors import BlockcError
+from ...ir.dims import Sym
+from ...ir.dtypes import DType
+from ..tensor import Tensor, apply, _apply
+
+INT64_MAX = 2**63 - 1
+
+
+class Unsupported(BlockcError):
+    """A node this importer cannot express; the model names it."""
+
+
+def is_tensor(v) -> bool:
+    return isinstance(v, Tensor)
+
+
+def is_symbolic(v) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype == object
+
+
+def dims_of(v) -> list:
+    """A known 1-D value as a list of dims (Python ints and ``Sym``s)."""
+    if is_tensor(v):
+        raise Unsupported("a shape computed at run time (blockc needs shapes known when the graph is built)")
+    return [d if isinstance(d, Sym) else int(d) for d in np.asarray(v).reshape(-1)]
+
+
+def ints_of(v) -> list[int]:
+    out = dims_of(v)
+    if any(isinstance(d, Sym) for d in out):
+        raise Unsupported(f"needs constant integers, got {[str(d) for d in out]}")
+    return out
+
+
+def tensor(v, like: Tensor | None = None) -> Tensor:
+    """``v`` as a tensor of the traced graph: known arrays become constants
+    (in ``like``'s dtype, where given), symbolic dims ``dim_value`` nodes."""
+    if is_tensor(v):
+        return v
+    if is_symbolic(v):
+        if v.ndim == 0:
+            d = v.item()
+            return apply("dim_value", value=d) if isinstance(d, Sym) else tensor(np.array(int(d), np.int64))
+        parts = [apply("reshape", tensor(np.array(d, dtype=object)), shape=[1]) for d in v.reshape(-1)]
+        flat = parts[0] if len(parts) == 1 else _apply("concat", parts, axis=0)[0]
+        return apply("reshape", flat, shape=list(v.shape)) if v.ndim != 1 else flat
+    arr = np.asarray(v)
+    if like is not None and arr.dtype != like.dtype.numpy and arr.size == 1:
+        arr = arr.astype(like.dtype.numpy)   # a scalar written in another width (0 vs 0.0)
+    try:
+        DType.from_numpy(arr.dtype)
+    except KeyError:
+        raise Unsupported(f"element type {arr.dtype} is not supported by blockc") from None
+    return apply("constant", value=arr)
+
+
+def _known(v) -> np.ndarray:
+    """A known value for numpy folding; object arrays of plain ints become int64."""
+    if is_symbolic(v) and not any(isinstance(d, Sym) for d in v.reshape(-1)):
+        return v.astype(np.int64)
+    return v
+
+
+def _int_array(values) -> np.ndarray:
+    """Dims as an array: int64 when all are known, else an object array."""
+    values = list(values)
+    if any(isinstance(d, Sym) for d in values):
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        return arr
+    return np.array(values, dtype=np.int64)
+
+
+def _operands(ins):
+    """Known operands as tensors beside the first tensor operand (in its dtype)."""
+    like = next(v for v in ins if is_tensor(v))
+    return [tensor(v, like) for v in ins]
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            from onnx import helper
+            v = helper.get_attribute_value(a)
+            return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+    return default
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one ONNX op type is imported, for opsets ``since`` to ``until``."""
+
+    fn: Callable
+    since: int = 1
+    until: int = 24
+
+
+def _elementwise(ir_op: str, fold: Callable):
+    def run(node, ins, ctx):
+        if not any(is_tensor(v) for v in ins):
+            out = fold(*[_known(v) for v in ins])
+            return [out.astype(bool) if out.dtype == object and ir_op in _BOOL_OPS else out]
+        return [apply(ir_op, *_operands(ins))]
+    return Rule(run)
+
+
+_BOOL_OPS = {"equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_not"}
+
+
+def _int_aware_div(a, b):
+    if np.asarray(a).dtype.kind in "iuO" and np.asarray(b).dtype.kind in "iuO":
+        return a // b   # ONNX integer Div truncates; shape arithmetic is non-negative
+    return np.divide(a, b)
+
+
+def _isnan(node, ins, ctx):
+    (x,) = ins
+    if not is_tensor(x):
+        return [np.isnan(x)]
+    return [apply("logical_not", apply("equal", x, x))]
+
+
+def _cast(node, ins, ctx):
+    to = DType.from_onnx(_attr(node, "to")) if _attr(node, "to") in [d.onnx_code for d in DType] else None
+    (x,) = ins
+    if to is None:
+        raise Unsupported(f"Cast to element type {_attr(node, 'to')} is not supported by blockc")
+    if is_symbolic(x) and to in (DType.int64, DType.int32):
+        return [x]
+    if not is_tensor(x):
+        return [_known(x).astype(to.numpy)]
+    return [x if x.dtype == to else x.cast(to)]
+
+
+def _identity(node, ins, ctx):
+    return [ins[0]]
+
+
+def _shape(node, ins, ctx):
+    (x,) = ins
+    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
+    start, end = _attr(node, "start", 0), _attr(node, "end", None)
+    return [_int_array(shape[start:end])]
+
+
+def _gather(node, ins, ctx):
+    data, idx = ins
+    axis = _attr(node, "axis", 0)
+    if not is_tensor(data) and not is_tensor(idx):
+        return [np.take(data, _known(idx).astype(np.int64), axis=axis)]
+    if not is_tensor(idx) and np.asarray(idx).ndim == 0 and is_tensor(data):
+        i = int(idx)   # one slice of a tensor: slice + reshape is what the fusions read
+        n = data.shape[axis]
+        i = i + n if i < 0 else i
+        picked = data.slice(axis, i, i + 1)
+        return [picked.reshape([d for k, d in enumerate(picked.shape) if k != axis % data.ndim])]
+    return [apply("gather", tensor(data), tensor(idx), axis=axis)]
+
+
+def _gather_elements(node, ins, ctx):
+    data, idx = ins
+    if is_tensor(data) or is_tensor(idx):
+        raise Unsupported("GatherElements of a tensor computed at run time")
+    return [np.take_along_axis(_known(data), _known(idx).astype(np.int64), axis=_attr(node, "axis", 0))]
+
+
+def _axes(node, ins, position: int):
+    """Axes from an input (newer opsets) or the ``axes`` attribute (older)."""
+    if len(ins) > position and ins[position] is not None:
+        return ints_of(ins[position])
+    axes = _attr(node, "axes")
+    return list(axes) if axes is not None else None
+
+
+def _unsqueeze(node, ins, ctx):
+    x, axes = ins[0], _axes(node, ins, 1)
+    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
+    rank = len(shape) + len(axes)
+    for a in sorted(a % rank for a in axes):
+        shape.insert(a, 1)
+    return [x.reshape(shape) if is_tensor(x) else np.reshape(x, shape)]
+
+
+def _squeeze(node, ins, ctx):
+    x, axes = ins[0], _axes(node, ins, 1)
+    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
+    drop = {a % len(shape) for a in axes} if axes else {i for i, d in enumerate(shape) if d == 1}
+    new = [d for i, d in enumerate(shape) if i not in drop]
+    return [x.reshape(new) if is_tensor(x) else np.reshape(x, new)]
+
+
+def _concat(node, ins, ctx):
+    axis = _attr(node, "axis")
+    ins = [v for v in ins if not (not is_tensor(v) and 0 in np.shape(v))]   # empty pieces
+    if not any(is_tensor(v) for v in ins):
+        parts = [np.asarray(v) for v in ins]
+        out = np.concatenate([p.astype(object) if any(is_symbolic(q) for q in parts) else p for p in parts], axis)
+        return [_known(out)]
+    return [_apply("concat", _operands(ins), axis=axis)[0]]
+
+
+def _reshape(node, ins, ctx):
+    x, shape = ins[0], dims_of(ins[1])
+    if _attr(node, "allowzero", 0) and 0 in shape:
+        raise Unsupported("Reshape with allowzero=1 and a 0 in the shape")
+    if not is_tensor(x):
+        return [np.reshape(x, [np.shape(x)[i] if d == 0 else d for i, d in enumerate(shape)])]
+    return [x.reshape(shape)]
+
+
+def _flatten(node, ins, ctx):
+    (x,) = ins
+    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
+    axis = _attr(node, "axis", 1) % (len(shape) + 1)
+    outer, inner = 1, 1
+    for d in shape[:axis]:
+        outer = d * outer
+    for d in shape[axis:]:
+        inner = d * inner
+    return [x.reshape([outer, inner]) if is_tensor(x) else np.reshape(x, [outer, inner])]
+
+
+def _transpose(node, ins, ctx):
+    (x,) = ins
+    rank = x.ndim if is_tensor(x) else np.ndim(x)
+    perm = list(_attr(node, "perm", list(range(rank))[::-1]))
+    return [x.permute(perm) if is_tensor(x) else np.transpose(x, perm)]
+
+
+def _expand(node, ins, ctx):
+    x, shape = ins[0], dims_of(ins[1])
+    if not is_tensor(x) and all(isinstance(d, int) for d in shape):
+        return [np.broadcast_to(x, np.broadcast_shapes(np.shape(x), tuple(shape))).copy()]
+    return [apply("expand", tensor(x), shape=shape)]
+
+
+def _scalar(v):
+    """A known scalar (ONNX Runtime also takes a one-element tensor where a scalar is due)."""
+    return np.asarray(v).reshape(-1)[0]
+
+
+def _range(node, ins, ctx):
+    if any(is_tensor(v) for v in ins):
+        raise Unsupported("Range whose bounds are computed at run time")
+    start, limit, delta = (_scalar(v) for v in ins)
+    if not any(isinstance(v, Sym) for v in (start, limit, delta)):
+        return [np.arange(start, limit, delta, dtype=np.asarray(ins[0]).dtype)]
+    if isinstance(limit, Sym) and not isinstance(start, Sym) and delta == 1:
+        out = apply("arange", n=limit - int(start))
+        return [out if int(start) == 0 else out + np.array(int(start), np.int64)]
+    raise Unsupported("Range whose start or step is computed at run time")
+
+
+def _constant_of_shape(node, ins, ctx):
+    shape = dims_of(ins[0])
+    value = ctx.attr_tensor(node, "value")
+    value = np.zeros(1, np.float32) if value is None else value
+    if all(isinstance(d, int) for d in shape):
+        return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
+    return [apply("expand", tensor(value.reshape(())), shape=shape)]
+
+
+def _constant(node, ins, ctx):
+    for name, kind in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if kind is None:
+            v = ctx.attr_tensor(node, name)
+            if v is not None:
+                return [v]
+        elif _attr(node, name) is not None:
+            return [np.array(_attr(node, name), kind)]
+    raise Unsupported("Constant without a value, value_float(s) or value_int(s)")
+
+
+def _slice(node, ins, ctx):
+    x = ins[0]
+    if len(ins) > 1:
+        starts, ends = dims_of(ins[1]), dims_of(ins[2])
+        axes = dims_of(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+        steps = dims_of(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    else:
+        starts, ends = list(_attr(node, "starts")), list(_attr(node, "ends"))
+        axes, steps = list(_attr(node, "axes", range(len(starts)))), [1] * len(starts)
+    if not is_tensor(x) and any(isinstance(d, Sym) for d in starts + ends):
+        x = tensor(x)   # a known table cut to a symbolic length (position ids [:seq]): sliced at run time
+    if not is_tensor(x):
+        index = [slice(None)] * np.ndim(x)
+        for s, e, a, st in zip(starts, ends, axes, steps):
+            index[a] = slice(s, min(e, INT64_MAX), st)
+        return [x[tuple(index)]]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if st != 1:
+            raise Unsupported(f"Slice of a tensor with step {st}")
+        n = x.shape[a]
+        s, e = (_clamp(_from_end(d, n), n) for d in (s, e))
+        if not (s == 0 and e == n):
+            x = x.slice(a, s, e)
+    return [x]
+
+
+def _from_end(d, n):
+    return d + n if isinstance(d, int) and d < 0 else d
+
+
+def _clamp(d, n):
+    if isinstance(d, int):
+        return max(0, min(d, n)) if isinstance(n, int) else (n if d >= INT64_MAX // 2 else max(0, d))
+    return d
+
+
+def _split(node, ins, ctx):
+    x = ins[0]
+    axis = _attr(node, "axis", 0)
+    n = x.shape[axis]
+    sizes = dims_of(ins[1]) if len(ins) > 1 and ins[1] is not None else _attr(node, "split")
+    if sizes is None:
+        parts = len(node.output)
+        if not isinstance(n, int) or n % parts:
+            raise Unsupported(f"Split of {n} into {parts} equal parts")
+        sizes = [n // parts] * parts
+    if not is_tensor(x):
+        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+    return x.split(list(sizes), axis=axis)
+
+
+def _matmul(node, ins, ctx):
+    a, b = ins
+    if (a.ndim if is_tensor(a) else np.ndim(a)) < 2 or (b.ndim if is_tensor(b) else np.ndim(b)) < 2:
+        raise Unsupported("MatMul of a 1-D operand")
+    return [apply("matmul", *_operands(ins))]
+
+
+def _gemm(node, ins, ctx):
+    a, b, c = (list(ins) + [None])[:3]
+    a, b = _operands([a, b])
+    if _attr(node, "transA", 0):
+        a = a.T
+    if _attr(node, "transB", 0):
+        b = b.T
+    y = a @ b
+    alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+    if alpha != 1.0:
+        y = y * np.array(alpha, y.dtype.numpy)
+    if c is not None and beta != 0.0:
+        c = tensor(c, y)
+        y = y + (c if beta == 1.0 else c * np.array(beta, y.dtype.numpy))
+    return [y]
+
+
+def _last_axis(node, x, default):
+    axis = _attr(node, "axis", default)
+    if axis % x.ndim != x.ndim - 1:
+        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{x.ndim} tensor (blockc's is the last axis)")
+
+
+def _softmax(node, ins, ctx):
+    (x,) = ins
+    _last_axis(node, x, -1 if ctx.opset >= 13 else 1)
+    return [x.softmax(-1)]
+
+
+def _layernorm(node, ins, ctx):
+    x, gamma = ins[0], ins[1]
+    beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
+    _last_axis(node, x, -1)
+    if any(o and ctx.used(o) for o in node.output[1:]):
+        raise Unsupported("LayerNormalization's mean or inverse deviation outputs are used")
+    return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=float(_attr(node, "epsilon", 1e-5)))]
+
+
+def _reduce(ir_op: str, fold, axes_input_since: int):
+    def run(node, ins, ctx):
+        x = ins[0]
+        axes = _axes(node, ins, 1) if ctx.opset >= axes_input_since else _attr(node, "axes")
+        rank = x.ndim if is_tensor(x) else np.ndim(x)
+        axes = list(range(rank)) if not axes else list(axes)
+        keep = bool(_attr(node, "keepdims", 1))
+        if not is_tensor(x):
+            return [fold(_known(x), axis=tuple(axes), keepdims=keep)]
+        return [apply(ir_op, x, axes=axes, keepdims=keep)]
+    return Rule(run)
+
+
+def _where(node, ins, ctx):
+    cond, x, y = ins
+    if not any(is_tensor(v) for v in ins):
+        return [np.where(_known(cond), _known(x), _known(y))]
+    ref = x if is_tensor(x) else y
+    return [apply("where", tensor(cond), tensor(x, ref if is_tensor(ref) else None),
+                  tensor(y, ref if is_tensor(ref) else None))]
+
+
+def _trilu(node, ins, ctx):
+    x = ins[0]
+    k = int(ints_of(ins[1])[0]) if len(ins) > 1 and ins[1] is not None else 0
+    if is_tensor(x):
+        raise Unsupported("Trilu of a tensor computed at run time")
+    return [np.triu(x, k) if _attr(node, "upper", 1) else np.tril(x, k)]
+
+
+def _gelu(node, ins, ctx):
+    return [ins[0].gelu(_attr(node, "approximate", "none"))]
+
+
+def _unary(ir_op: str, fold):
+    def run(node, ins, ctx):
+        (x,) = ins
+        return [apply(ir_op, x) if is_tensor(x) else fold(_known(x))]
+    return Rule(run)
+
+
+# ONNX op type -> how it is imported (the default domain, ai.onnx).
+TABLE: dict[str, Rule] = {
+    "Add": _elementwise("add", np.add), "Sub": _elementwise("sub", np.subtract),
+    "Mul": _elementwise("mul", np.multiply), "Div": _elementwise("div", _int_aware_div),
+    "Pow": _elementwise("pow", np.power),
+    "Equal": _elementwise("equal", np.equal), "Less": _elementwise("less", np.less),
+    "LessOrEqual": _elementwise("less_equal", np.less_equal), "Greater": _elementwise("greater", np.greater),
+    "GreaterOrEqual": _elementwise("greater_equal", np.greater_equal),
+    "And": _elementwise("logical_and", np.logical_and), "Or": _elementwise("logical_or", np.logical_or),
+    "Not": _unary("logical_not", np.logical_not), "IsNaN": Rule(_isnan),
+    "Neg": _unary("neg", np.negative), "Sqrt": _unary("sqrt", np.sqrt),
+    "Reciprocal": _unary("reciprocal", np.reciprocal), "Exp": _unary("exp", np.exp),
+    "Tanh": _unary("tanh", np.tanh), "Relu": _unary("relu", lambda x: np.maximum(x, 0)),
+    "Erf": _unary("erf", scipy.special.erf),
+    "Gelu": Rule(_gelu, since=20),
+    "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_identity),
+    "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements), "Unsqueeze": Rule(_unsqueeze), "Squeeze": Rule(_squeeze),
+    "Concat": Rule(_concat), "Reshape": Rule(_reshape, since=5), "Flatten": Rule(_flatten),
+    "Transpose": Rule(_transpose), "Expand": Rule(_expand), "Range": Rule(_range),
+    "ConstantOfShape": Rule(_constant_of_shape), "Constant": Rule(_constant), "Slice": Rule(_slice),
+    "Split": Rule(_split), "MatMul": Rule(_matmul), "Gemm": Rule(_gemm), "Softmax": Rule(_softmax),
+    "LayerNormalization": Rule(_layernorm, since=17),
+    "ReduceMean": _reduce("reduce_mean", np.mean, 18), "ReduceSum": _reduce("reduce_sum", np.sum, 13),
+    "ReduceMax": _reduce("reduce_max", np.max, 18),
+    "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
+}

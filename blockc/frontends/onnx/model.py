@@ -1,0 +1,199 @@
+"""An ONNX file as a blockc ``Model``: traced like any DSL model, so
+weights, limits, passes, exports and ``compare`` see nothing new.
+
+* ``inputs()``: the file's graph inputs; a ``dim_param`` keeps its name
+  (made a valid symbol: ``batch``, ``sequence_length``; ``seq len`` becomes
+  ``seq_len``), a dim with neither name nor size gets one.
+* parameters: the file's float initializers, each a ``Parameter`` whose
+  initialiser returns the stored array, so ``init_weights`` gives the
+  file's weights and ``--weights`` replaces them. Scalars and integer
+  initializers are constants (a softmax scale, a reshape's shape): folded
+  at import, where the fusion patterns expect them.
+* ``forward``: the nodes in dependency order, each replayed by its entry in
+  ``convert.TABLE``.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+from onnx import TensorProto
+
+from ...errors import ModelError, OnnxFileError, ShapeError
+from ...ir.dims import Sym
+from ...ir.dtypes import DType
+from ..module import InputSpec, Model, Parameter, _param_tensor
+from ..tensor import Tensor
+from .convert import TABLE, Unsupported, is_tensor, tensor
+from .safe_load import OnnxFile, label, read_onnx, tensor_array
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+_SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
+
+
+def symbol_name(text: str, taken: set[str]) -> str:
+    """A valid, unused dimension name for ``text`` (a ``dim_param`` is a label)."""
+    name = re.sub("_+", "_", _SYMBOL_CHARS.sub("_", text))[:40].strip("_") or "dim"
+    if name[0].isdigit():
+        name = "d" + name
+    base, i = name, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+class OnnxModel(Model):
+    """The model of an ONNX file (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__()
+        loaded = read_onnx(path)
+        object.__setattr__(self, "file", loaded)
+        object.__setattr__(self, "name", os.path.basename(os.fspath(path)))
+        g = loaded.model.graph
+        self.opset = next((o.version for o in loaded.model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+        _refuse_unsupported(loaded, self.opset)
+        self.constants: dict[str, np.ndarray] = {}
+        counts: dict[DType, int] = {}
+        for name, value in loaded.initializers.items():
+            dtype = _float_dtype(value)
+            if dtype is None or value.size <= 1 or 0 in value.shape:
+                self.constants[name] = value
+            else:
+                self._params[name] = Parameter(value.shape, init=lambda shape, rng, v=value: v, dtype=dtype)
+                counts[dtype] = counts.get(dtype, 0) + value.size
+        self.dtype = max(counts, key=counts.get) if counts else DType.float32
+        self.uses = {x for n in loaded.nodes for x in n.input} | {o.name for o in g.output}
+        self._specs = _input_specs(loaded, self.constants)
+
+    def inputs(self) -> list[InputSpec]:
+        return list(self._specs)
+
+    def used(self, name: str) -> bool:
+        return name in self.uses
+
+    def attr_tensor(self, node, name: str):
+        for a in node.attribute:
+            if a.name == name and a.type == a.TENSOR:
+                where = f"node {label(node.name or node.op_type)}, attribute {name}"
+                return tensor_array(self.file, a.t, os.path.dirname(os.path.abspath(self.file.path)), where)
+        return None
+
+    def forward(self, *inputs: Tensor):
+        values: dict[str, object] = dict(self.constants)
+        values.update({s.name: t for s, t in zip(self._specs, inputs)})
+        for name, p in self._params.items():
+            values[name] = _param_tensor(p)   # not getattr: a weight may be named 'forward'
+        for node in self.file.nodes:
+            ins = [values[x] if x else None for x in node.input]
+            try:
+                outs = TABLE[node.op_type].fn(node, ins, self)
+            except (Unsupported, ModelError, ShapeError) as e:
+                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
+                                    f"({node.op_type}): {e}") from None
+            except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
+                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
+                                    f"({node.op_type}) cannot be imported: {type(e).__name__}: {e}") from None
+            for name, v in zip(node.output, outs):
+                if name:
+                    # numpy gives a bare element for a 0-d result: keep every known value an array
+                    values[name] = v if is_tensor(v) or isinstance(v, np.ndarray) else \
+                        np.array(v, dtype=object if isinstance(v, Sym) else None)
+        out = {}
+        for o in self.file.model.graph.output:
+            v = values[o.name]
+            out[o.name] = v if is_tensor(v) else tensor(v)
+        return out
+
+
+def _float_dtype(value: np.ndarray) -> DType | None:
+    try:
+        dtype = DType.from_numpy(value.dtype)
+    except KeyError:
+        return None
+    return dtype if dtype.is_float else None
+
+
+def _refuse_unsupported(loaded: OnnxFile, opset: int) -> None:
+    """One error listing every operator the importer lacks, with its domain and opset."""
+    versions = {o.domain: o.version for o in loaded.model.opset_import}
+    missing = set()
+    for n in loaded.nodes:
+        rule = TABLE.get(n.op_type) if n.domain in DEFAULT_DOMAINS else None
+        if rule is None or not rule.since <= opset <= rule.until:
+            domain = n.domain or "ai.onnx"
+            missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {versions.get(n.domain, '?')})")
+    if missing:
+        raise OnnxFileError(f"{loaded.path}: {len(missing)} operator type{'s' if len(missing) > 1 else ''} "
+                            f"not supported by blockc's ONNX import: {', '.join(sorted(missing))}")
+
+
+def _input_specs(loaded: OnnxFile, constants) -> list[InputSpec]:
+    g = loaded.model.graph
+    taken: set[str] = set()
+    symbols: dict[str, str] = {}
+    rows = _id_tables(loaded)
+    specs = []
+    for v in g.input:
+        if v.name in loaded.initializers:
+            continue   # an initializer listed as an input (IR version < 4): a weight, not a feed
+        t = v.type.tensor_type
+        if not v.type.HasField("tensor_type") or not t.HasField("shape"):
+            raise OnnxFileError(f"{loaded.path}: input {label(v.name)} has no tensor type with a shape")
+        try:
+            dtype = DType.from_onnx(t.elem_type)
+        except KeyError:
+            raise OnnxFileError(f"{loaded.path}: input {label(v.name)} has element type "
+                                f"{TensorProto.DataType.Name(t.elem_type) if t.elem_type in TensorProto.DataType.values() else t.elem_type}, "
+                                f"which blockc does not support") from None
+        shape = []
+        for i, d in enumerate(t.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(int(d.dim_value))
+                continue
+            key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
+            if key not in symbols:
+                symbols[key] = symbol_name(key, taken)
+            shape.append(Sym.var(symbols[key]))
+        name_l = v.name.lower()
+        if dtype == DType.bool or (not dtype.is_float and "mask" in name_l):
+            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="mask"))
+        elif not dtype.is_float:
+            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="ids", high=rows.get(v.name, 1)))
+        else:
+            specs.append(InputSpec(v.name, dtype, tuple(shape)))
+    return specs
+
+
+# Ops an index passes through unchanged on its way to a Gather (an exporter
+# reshapes or casts the ids before looking them up).
+_PASS_THROUGH = ("Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Flatten")
+
+
+def _id_tables(loaded: OnnxFile) -> dict[str, int]:
+    """For each graph input used as the indices of a Gather from a weight
+    table: the table's rows (what sampled ids may be)."""
+    source = {}
+    for n in loaded.nodes:
+        if n.op_type in _PASS_THROUGH and n.input:
+            for o in n.output:
+                source[o] = source.get(n.input[0], n.input[0])
+    rows: dict[str, int] = {}
+    for n in loaded.nodes:
+        if n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in loaded.initializers:
+            table = loaded.initializers[n.input[0]]
+            origin = source.get(n.input[1], n.input[1])
+            if table.ndim >= 1:
+                rows[origin] = min(rows.get(origin, table.shape[0]), table.shape[0])
+    return rows
+
+
+def load_onnx(path: str | os.PathLike):
+    """``(graph, weights)``: the ONNX file at ``path`` imported as a traced,
+    verified blockc graph, and its initializers by parameter name."""
+    from ..module import init_weights, trace
+    from ..weights import materialize
+    model = OnnxModel(path)
+    return trace(model), materialize(init_weights(model))

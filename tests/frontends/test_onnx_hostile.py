@@ -1,0 +1,210 @@
+"""Hostile ONNX files: each is refused with one line naming the file and the
+problem (exit status 2 from the CLI), never a traceback, a hang, a read
+outside the model's folder or an allocation the file's data does not back.
+Names built to break generated code are labels: they import and print."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from blockc.cli import main
+from blockc.errors import OnnxFileError
+from blockc.frontends.onnx import OnnxModel, safe_load
+from blockc.ir.parser import parse_graph
+from blockc.ir.printer import print_graph
+
+
+def _model(weight: TensorProto, tmp_path, name="m.onnx"):
+    """y = x @ w, with ``weight`` as w."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [weight])
+    path = tmp_path / name
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+def _tensor(dims, raw=None):
+    """A float tensor 'w' claiming ``dims``, holding ``raw`` bytes (or no data at all)."""
+    t = TensorProto()
+    t.name, t.data_type = "w", TensorProto.FLOAT
+    t.dims.extend(dims)
+    if raw is not None:
+        t.raw_data = raw
+    return t
+
+
+def _external(tmp_path, location, offset=0, length=None, data=b"\0" * 32):
+    (tmp_path / "w.bin").write_bytes(data)
+    t = _tensor([4, 2])
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in [("location", location), ("offset", str(offset))] + ([("length", str(length))] if length else []):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return _model(t, tmp_path)
+
+
+def refused(path, capsys, *words):
+    """The CLI refuses ``path`` with exit status 2 and one line holding ``words``."""
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("blockc: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err, err
+    with pytest.raises(OnnxFileError):
+        OnnxModel(path)
+    return err
+
+
+def test_external_data_inside_the_folder_loads(tmp_path):
+    model = OnnxModel(_external(tmp_path, "w.bin", data=np.arange(8, dtype=np.float32).tobytes()))
+    assert (model.parameter("w").init((4, 2), None) == np.arange(8).reshape(4, 2)).all()
+
+
+def test_truncated(tmp_path, capsys):
+    good = _model(numpy_helper.from_array(np.ones((4, 2), np.float32), "w"), tmp_path)
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(good.read_bytes()[:-20])
+    refused(bad, capsys, "cut.onnx", "not a valid ONNX file")
+
+
+def test_not_protobuf(tmp_path, capsys):
+    bad = tmp_path / "junk.onnx"
+    bad.write_bytes(b"\xff" * 64)
+    refused(bad, capsys, "junk.onnx", "not a valid ONNX file")
+
+
+def test_missing(tmp_path, capsys):
+    refused(tmp_path / "none.onnx", capsys, "none.onnx", "not found")
+
+
+def test_absolute_location(tmp_path, capsys):
+    refused(_external(tmp_path, "/etc/passwd"), capsys, "m.onnx", "'/etc/passwd' is an absolute path")
+
+
+def test_location_climbing_out(tmp_path, capsys):
+    refused(_external(tmp_path, "../../etc/passwd"), capsys, "'../../etc/passwd' climbs out of the model's folder")
+
+
+def test_symlink_pointing_out(tmp_path, capsys):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 32)
+    os.symlink(tmp_path / "secret.bin", inner / "link.bin")
+    refused(_external(inner, "link.bin"), capsys, "'link.bin' is a link pointing out of the model's folder")
+
+
+def test_offset_past_the_end(tmp_path, capsys):
+    refused(_external(tmp_path, "w.bin", offset=1000), capsys, "runs past the end of 'w.bin' (32 bytes)")
+
+
+def test_length_past_the_end(tmp_path, capsys):
+    refused(_external(tmp_path, "w.bin", offset=16, length=32), capsys, "[16, 48) runs past the end")
+
+
+def test_length_not_the_shape(tmp_path, capsys):
+    refused(_external(tmp_path, "w.bin", length=16), capsys, "needs 32 bytes, but its external data has length 16")
+
+
+def test_huge_shape_without_data(tmp_path, capsys):
+    refused(_model(_tensor([4, 10**12], raw=b""), tmp_path), capsys, "shape [4, 1000000000000] of float32 needs 16,000,000,000,000 bytes, "
+                                         "but the file holds 0")
+    refused(_model(_tensor([4, 10**12]), tmp_path), capsys, "claims 4,000,000,000,000 values, but the file holds 0")
+
+
+def test_huge_external_shape(tmp_path, capsys):
+    path = _external(tmp_path, "w.bin")
+    m = onnx.load(str(path), load_external_data=False)
+    m.graph.initializer[0].dims[:] = [4, 10**15]
+    path.write_bytes(m.SerializeToString())
+    refused(path, capsys, "more than the", "memory available")
+
+
+def _graph_file(nodes, tmp_path, name="g.onnx"):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    path = tmp_path / name
+    path.write_bytes(helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                                       opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+def test_cycle(tmp_path, capsys):
+    path = _graph_file([helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
+                        helper.make_node("Relu", ["b"], ["y"])], tmp_path)
+    refused(path, capsys, "the graph has a cycle")
+
+
+def test_undefined_input(tmp_path, capsys):
+    path = _graph_file([helper.make_node("Add", ["x", "nowhere\n*/"], ["y"])], tmp_path)
+    refused(path, capsys, "reads 'nowhere\\n*/', which no input, initializer or node defines")
+
+
+HOSTILE = ['a"b', "*/ int x; /*", "line\nbreak", "#include <stdio.h>", "int", "while", "x" * 10_000,
+           "naïve→名前", "\x1b[31mred"]
+
+
+def test_hostile_names_are_labels(tmp_path):
+    """Names meant to break generated code import, print and parse back, and
+    the graph computes what ONNX Runtime computes."""
+    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(4, 2), HOSTILE[0])
+    nodes, prev = [], "in"
+    for i, name in enumerate(HOSTILE[1:]):
+        nodes.append(helper.make_node("Relu" if i % 2 else "Neg", [prev], [name], name=name))
+        prev = name
+    nodes.append(helper.make_node("MatMul", [prev, HOSTILE[0]], ["out */"], name="#define"))
+    x = helper.make_tensor_value_info("in", TensorProto.FLOAT, ["b\n a t*/ch", 4])
+    y = helper.make_tensor_value_info("out */", TensorProto.FLOAT, None)
+    path = tmp_path / "names.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w]),
+                                opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    from blockc.frontends import init_weights, trace
+    from blockc.runtime.reference import run_reference
+    model = OnnxModel(path)
+    graph = trace(model)
+    assert graph.symbols() == ["b_a_t_ch"]
+    text = print_graph(graph)
+    assert print_graph(parse_graph(text)) == text
+    feeds = {"in": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
+    ours = run_reference(graph, init_weights(model), feeds)["out */"]
+    ort = pytest.importorskip("onnxruntime")
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
+def test_hostile_name_in_a_message_is_escaped_and_short(tmp_path, capsys):
+    path = _graph_file([helper.make_node("Add", ["x", "\x1b[31m" + "y" * 10_000], ["y"])], tmp_path)
+    err = refused(path, capsys, "\\x1b[31m", "(10,005 characters)")
+    assert len(err) < 400
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2)."""
+    def varint(n):
+        out = b""
+        while True:
+            out, n = out + bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)]), n >> 7
+            if not n:
+                return out
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_deeply_nested(tmp_path, capsys):
+    """Subgraphs nested past protobuf's recursion limit: refused, no RecursionError.
+    Written as wire bytes: onnx.helper itself cannot copy such a graph."""
+    graph = b""
+    for _ in range(150):  # GraphProto.node{op_type "If", attribute{name, g: graph, type GRAPH}}
+        attribute = _field(1, b"then_branch") + _field(6, graph) + bytes([20 << 3 & 0x7F | 0x80, 1, 5])
+        graph = _field(1, _field(4, b"If") + _field(5, attribute))
+    path = tmp_path / "deep.onnx"
+    path.write_bytes(bytes([8, 8]) + _field(7, graph))   # ir_version 8, graph
+    refused(path, capsys, "deep.onnx", "not a valid ONNX file (truncated or malformed protobuf")
+
+
+def test_enormous_file_refused_before_parsing(tmp_path, capsys, monkeypatch):
+    path = _model(numpy_helper.from_array(np.ones((4, 2), np.float32), "w"), tmp_path)
+    monkeypatch.setattr(safe_load, "MAX_PROTO_BYTES", 100)
+    refused(path, capsys, "more than an ONNX protobuf can hold (2 GiB)")

@@ -1,0 +1,184 @@
+"""Importing ONNX files: blockc's own exports and Hugging Face's (torch.onnx)
+imported, run on the reference interpreter and compared with ONNX Runtime
+on the original file (the outside oracle) at two sequence lengths."""
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from blockc import BlockcError, optimize
+from blockc.cli import main
+from blockc.frontends import init_weights, trace
+from blockc.frontends.onnx import OnnxModel, load_onnx
+from blockc.frontends.weights import materialize
+from blockc.ir.parser import parse_graph
+from blockc.ir.printer import print_graph
+from blockc.runtime.reference import run_reference
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _feeds(model, graph, seq, batch=2, seed=0):
+    sizes = {s: (batch if s.startswith("batch") else seq) for s in graph.symbols()}
+    rng = np.random.default_rng(seed + seq)
+    return {s.name: s.sample(sizes, rng) for s in model.inputs()}
+
+
+def check_against_ort(path, seqs=(5, 11), tol=1e-4):
+    """Import ``path``, and compare the reference's outputs with ONNX Runtime's on the file."""
+    model = OnnxModel(path)
+    graph = trace(model)
+    weights = materialize(init_weights(model))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    for seq in seqs:
+        feeds = _feeds(model, graph, seq)
+        ours = run_reference(graph, weights, feeds)
+        theirs = dict(zip(names, session.run(None, feeds)))
+        assert set(ours) == set(theirs)
+        for k in theirs:
+            assert ours[k].shape == theirs[k].shape
+            np.testing.assert_allclose(ours[k].astype(np.float64), theirs[k], atol=tol, rtol=tol, err_msg=k)
+    return model, graph
+
+
+BUILTINS = {
+    "tiny": [],
+    "gpt2-block": ["--set", "d_model=64", "--set", "heads=4"],
+    "bert-base": ["--set", "layers=2", "--set", "d_model=64", "--set", "heads=4", "--set", "vocab=100",
+                  "--set", "max_positions=64"],
+}
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_blockc_export_round_trips(name, tmp_path, capsys):
+    path = tmp_path / f"{name}.onnx"
+    assert main(["export", name, *BUILTINS[name], "-o", str(path)]) == 0
+    model, graph = check_against_ort(path)
+    assert graph.symbols() == ["batch", "seq"]   # symbolic dims stay symbolic, under their own names
+    assert all(not isinstance(d, int) for v in graph.inputs for d in v.shape[:2])
+    assert print_graph(parse_graph(print_graph(graph))) == print_graph(graph)
+
+
+# ---- Hugging Face models exported by torch.onnx ------------------------------
+L = 2
+
+
+def _hf_export(kind, path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=128, attn_implementation="eager")
+        hf = transformers.BertModel(cfg, add_pooling_layer=False)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=100, n_positions=128, n_embd=32, n_layer=L, n_head=4,
+                                      attn_implementation="eager")
+        hf = (transformers.GPT2LMHeadModel if kind == "gpt2-lm" else transformers.GPT2Model)(cfg)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = hf
+
+        def forward(self, ids, mask, *types):
+            extra = {"token_type_ids": types[0]} if types else {"use_cache": False}
+            return self.m(input_ids=ids, attention_mask=mask, return_dict=False, **extra)[0]
+
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if kind == "bert" else [])
+    args = tuple(torch.zeros(2, 5, dtype=torch.long) for _ in names)
+    dyn = {n: {0: "batch", 1: "sequence"} for n in names}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # the TorchScript exporter: the dynamo one needs onnxscript, not installed here
+        torch.onnx.export(Wrapped().eval(), args, str(path), input_names=names, output_names=["out"],
+                          dynamic_axes=dyn, opset_version=17, dynamo=False)
+    return path
+
+
+@pytest.fixture(scope="module", params=["gpt2", "gpt2-lm", "bert"])
+def hf_file(request, tmp_path_factory):
+    return request.param, _hf_export(request.param, tmp_path_factory.mktemp("hf") / f"{request.param}.onnx")
+
+
+def test_hf_export_matches_ort(hf_file):
+    kind, path = hf_file
+    model, graph = check_against_ort(path)
+    assert graph.symbols() == ["batch", "sequence"]
+
+
+def test_hf_export_fuses(hf_file):
+    """The issue's targets: 2L+1 add+LayerNorm, and L masked softmaxes (causal+padding for
+    GPT-2, padding for BERT), which then become attention."""
+    kind, path = hf_file
+    result = optimize(trace(OnnxModel(path)))
+    fused = {}
+    for s in result.sites:
+        if s.fused:
+            fused[s.kind] = fused.get(s.kind, 0) + 1
+    assert fused.get("add_layernorm") == 2 * L + 1
+    assert fused.get("masked_softmax") == L
+    assert fused.get("attention") == L
+
+
+def test_cli_on_an_onnx_file(hf_file, capsys):
+    kind, path = hf_file
+    assert main(["fusions", str(path), "--dim", "sequence=16"]) == 0
+    assert "add_layernorm                 5" in capsys.readouterr().out
+    assert main(["run", str(path), "--check", "--dim", "sequence=7"]) == 0
+    out = capsys.readouterr().out
+    assert "sequence=7" in out and "max |err| vs f64" in out
+
+
+def test_load_onnx_gives_graph_and_weights(tmp_path):
+    path = tmp_path / "t.onnx"
+    assert main(["export", "tiny", "-o", str(path)]) == 0
+    graph, weights = load_onnx(path)
+    stored = {t.name: onnx.numpy_helper.to_array(t)
+              for t in onnx.load(str(path)).graph.initializer}
+    assert set(weights) == set(graph.params)
+    for name, w in weights.items():
+        np.testing.assert_array_equal(w, stored[name])
+
+
+def test_weights_replace_the_files(tmp_path, capsys):
+    """--weights works on an imported model: the parameters are the file's initializers."""
+    path = tmp_path / "t.onnx"
+    assert main(["export", "gpt2-block", "--set", "d_model=32", "--set", "heads=2", "-o", str(path)]) == 0
+    from blockc.frontends.weights import save_weights
+    model = OnnxModel(path)
+    weights = {k: np.zeros_like(v) for k, v in materialize(init_weights(model)).items()}
+    save_weights(tmp_path / "w.npz", weights)
+    assert main(["run", str(path), "--weights", str(tmp_path / "w.npz"), "--check"]) == 0
+
+
+def _file_with(nodes, tmp_path, inputs=None):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph(nodes, "g", inputs or [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def test_unsupported_ops_listed_at_once(tmp_path):
+    path = _file_with([helper.make_node("Loop", ["x"], ["a"]),
+                       helper.make_node("FusedMatMul", ["a", "a"], ["b"], domain="com.microsoft"),
+                       helper.make_node("Loop", ["b"], ["c"]),
+                       helper.make_node("HardSwish", ["c"], ["y"])], tmp_path)
+    with pytest.raises(BlockcError) as e:
+        OnnxModel(path)
+    assert str(e.value) == (f"{path}: 3 operator types not supported by blockc's ONNX import: "
+                            "ai.onnx::HardSwish (opset 17), ai.onnx::Loop (opset 17), "
+                            "com.microsoft::FusedMatMul (opset 1)")
+    assert main(["show", str(path)]) == 2
+
+
+def test_set_refused_on_an_onnx_file(tmp_path, capsys):
+    path = _file_with([helper.make_node("Relu", ["x"], ["y"])], tmp_path)
+    assert main(["show", str(path), "--set", "layers=2"]) == 2
+    assert "--set does not apply" in capsys.readouterr().err
