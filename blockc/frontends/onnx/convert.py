@@ -428,17 +428,51 @@ def _last_axis(node, x, default):
 
 def _softmax(node, ins, ctx):
     (x,) = ins
-    _last_axis(node, x, -1 if ctx.opset >= 13 else 1)
-    return [x.softmax(-1)]
+    if ctx.opset < 13:   # before 13 Softmax ran over the axes from `axis` on, flattened: one axis only when last
+        _last_axis(node, x, 1)
+        return [x.softmax(-1)]
+    axis = _attr(node, "axis", -1) % x.ndim
+    if axis == x.ndim - 1:
+        return [x.softmax(-1)]
+    swap = list(range(x.ndim))
+    swap[axis], swap[-1] = swap[-1], swap[axis]   # blockc's softmax is over the last axis; a swap undoes itself
+    return [x.permute(swap).softmax(-1).permute(swap)]
 
 
 def _layernorm(node, ins, ctx):
     x, gamma = ins[0], ins[1]
     beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
-    _last_axis(node, x, -1)
-    if any(o and ctx.used(o) for o in node.output[1:]):
-        raise Unsupported("LayerNormalization's mean or inverse deviation outputs are used")
-    return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=float(_attr(node, "epsilon", 1e-5)))]
+    eps = float(_attr(node, "epsilon", 1e-5))
+    axis = _attr(node, "axis", -1) % x.ndim
+    stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
+    if axis == x.ndim - 1:
+        return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=eps), *stats]
+    # ONNX normalizes over every axis from `axis` on: blockc's layernorm over them flattened into one
+    normalized = list(x.shape[axis:])
+    inner = 1
+    for d in normalized:
+        inner = d * inner
+
+    def flat(v):   # scale and bias over the normalized axes, flattened as x is
+        if is_tensor(v):
+            return apply("expand", v, shape=normalized).reshape([inner])
+        return np.broadcast_to(_known(v), [int(d) for d in normalized]).reshape(-1)
+
+    y = apply("layernorm", x.reshape(list(x.shape[:axis]) + [inner]), tensor(flat(gamma), x), tensor(flat(beta), x),
+              eps=eps)
+    return [y.reshape(list(x.shape)), *stats]
+
+
+def _layernorm_stats(node, x, axis, eps):
+    """LayerNormalization's optional Mean and InvStdDev outputs (a training graph's), computed
+    apart in its stash_type so that Y stays one layernorm for the fusions."""
+    stash = DType.from_onnx(_attr(node, "stash_type", 1))
+    xs = x if x.dtype == stash else x.cast(stash)
+    axes = list(range(axis, x.ndim))
+    mean = apply("reduce_mean", xs, axes=axes, keepdims=True)
+    centered = xs - mean
+    var = apply("reduce_mean", centered * centered, axes=axes, keepdims=True)
+    return [mean, apply("reciprocal", apply("sqrt", var + np.array(eps, stash.numpy)))]
 
 
 def _reduce(ir_op: str, fold, axes_input_since: int):
