@@ -126,8 +126,14 @@ class Rule:
     until: int = NEWEST_OPSET
 
 
+def _refuse_axis_broadcast(node):
+    if _attr(node, "axis") is not None:   # before opset 7, B could be aligned at an axis, not at the end
+        raise Unsupported(f"{node.op_type} broadcasting along axis {_attr(node, 'axis')} (opset < 7)")
+
+
 def _elementwise(ir_op: str, fold: Callable):
     def run(node, ins, ctx):
+        _refuse_axis_broadcast(node)
         if not any(is_tensor(v) for v in ins):
             out = fold(*[_known(v) for v in ins])
             return [out.astype(bool) if out.dtype == object and ir_op in _BOOL_OPS else out]
@@ -145,6 +151,7 @@ def _int_aware_div(a, b):
 
 
 def _pow(node, ins, ctx):
+    _refuse_axis_broadcast(node)
     base, exponent = ins
     if not any(is_tensor(v) for v in ins):
         return [np.power(_known(base), _known(exponent))]
@@ -251,6 +258,8 @@ def _squeeze(node, ins, ctx):
 
 def _concat(node, ins, ctx):
     axis = _attr(node, "axis")
+    if axis is None:   # opset 1 defaulted it to 1; opset 4 made it required
+        raise Unsupported("Concat without an axis (opset < 4)")
     ins = [v for v in ins if not (not is_tensor(v) and 0 in np.shape(v))]   # empty pieces
     if not any(is_tensor(v) for v in ins):
         parts = [np.asarray(v) for v in ins]
