@@ -1,7 +1,6 @@
 """Importing ONNX files: blockc's own exports and Hugging Face's (torch.onnx)
 imported, run on the reference interpreter and compared with ONNX Runtime
 on the original file (the outside oracle) at two sequence lengths."""
-import re
 import warnings
 
 import numpy as np
@@ -156,11 +155,11 @@ def test_weights_replace_the_files(tmp_path, capsys):
     assert main(["run", str(path), "--weights", str(tmp_path / "w.npz"), "--check"]) == 0
 
 
-def _file_with(nodes, tmp_path, inputs=None, opset=17):
+def _file_with(nodes, tmp_path, inputs=None):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     g = helper.make_graph(nodes, "g", inputs or [x], [y])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     path = tmp_path / "m.onnx"
     onnx.save(m, str(path))
     return path
@@ -180,13 +179,16 @@ def test_unsupported_ops_listed_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("node, opset, says", [
-    (helper.make_node("Add", ["x", "x"], ["y"], broadcast=1, axis=0), 6, "Add broadcasting along axis 0 (opset < 7)"),
-    (helper.make_node("Concat", ["x", "x"], ["y"]), 1, "Concat without an axis (opset < 4)"),
+    (helper.make_node("Add", ["x", "x"], ["y"], broadcast=1, axis=0), 6, r"Add broadcasting along axis 0 \(opset < 7\)"),
+    (helper.make_node("Concat", ["x", "x"], ["y"]), 1, r"Concat without an axis \(opset < 4\)"),
 ])
 def test_old_opset_forms_refused(node, opset, says, tmp_path):
     """An old opset's form that means something else than the rule reads is refused, not misread."""
-    with pytest.raises(BlockcError, match=re.escape(says)):
-        load_onnx(_file_with([node], tmp_path, opset=opset))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    g = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(tmp_path / "m.onnx"))
+    with pytest.raises(BlockcError, match=says):
+        load_onnx(tmp_path / "m.onnx")
 
 
 def test_set_refused_on_an_onnx_file(tmp_path, capsys):
