@@ -12,8 +12,8 @@ never answered wrongly. Those cases are ``REFUSED``: one row per family, with
 the refusal's message and the reason. The rows are strict: a case in a row
 that imports and matches fails the test, so the table only ever shrinks.
 
-Since onnx 1.2x (onnx PR #7959) the package builds the node cases in memory
-instead of shipping ``node/test_*/model.onnx`` and ``test_data_set_*/*.pb``;
+Newer onnx releases (onnx PR #7959) build the node cases in memory instead
+of shipping ``node/test_*/model.onnx`` and ``test_data_set_*/*.pb``;
 ``load_model_tests(kind="node")`` gives them either way, and ``_case_data``
 reads the files where an older onnx still has them.
 """
@@ -64,8 +64,8 @@ REFUSED = [
     Refusal(("test_gather_elements_*", "test_nllloss_*_expanded"), r"GatherElements of a tensor computed at run time",
             "GatherElements folds on known tables only (where exporters use it); blockc has no gather-along-axis op"),
     Refusal(("test_gather_negative_indices",), r"ids out of range \[0, 10\)",
-            "blockc's gather takes indices in [0, rows): the input check refuses negative ones, which are not "
-            "a read out of bounds only in ONNX's reading"),
+            "ONNX counts a negative index from the end; blockc's gather takes indices in [0, rows), and its "
+            "input check refuses others rather than read out of bounds"),
     Refusal(("test_pow_types_int*_float32",), r"Pow of a int(32|64) base with a float32 exponent",
             "an integer power with a float exponent: blockc's pow takes one element type"),
     Refusal(("test_range_*",), r"Range whose bounds are computed at run time",
@@ -99,7 +99,7 @@ def _read_pb(path: str) -> onnx.TensorProto:
 
 
 def _case_data(case) -> tuple[onnx.ModelProto, list]:
-    """The case's model and its ``[(inputs, outputs)]``: in memory (onnx >= 1.2x) or on disk."""
+    """The case's model and its ``[(inputs, outputs)]``: in memory (newer onnx) or on disk (older)."""
     if case.model is not None:
         return case.model, list(case.data_sets)
     model = onnx.load(os.path.join(case.model_dir, "model.onnx"))   # onnx's own test data, not a user's file
