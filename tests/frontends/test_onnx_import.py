@@ -178,6 +178,19 @@ def test_unsupported_ops_listed_at_once(tmp_path):
     assert main(["show", str(path)]) == 2
 
 
+@pytest.mark.parametrize("node, opset, says", [
+    (helper.make_node("Add", ["x", "x"], ["y"], broadcast=1, axis=0), 6, r"Add broadcasting along axis 0 \(opset < 7\)"),
+    (helper.make_node("Concat", ["x", "x"], ["y"]), 1, r"Concat without an axis \(opset < 4\)"),
+])
+def test_old_opset_forms_refused(node, opset, says, tmp_path):
+    """An old opset's form that means something else than the rule reads is refused, not misread."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    g = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(tmp_path / "m.onnx"))
+    with pytest.raises(BlockcError, match=says):
+        load_onnx(tmp_path / "m.onnx")
+
+
 def test_set_refused_on_an_onnx_file(tmp_path, capsys):
     path = _file_with([helper.make_node("Relu", ["x"], ["y"])], tmp_path)
     assert main(["show", str(path), "--set", "layers=2"]) == 2

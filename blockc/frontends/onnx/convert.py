@@ -27,8 +27,14 @@ from ...errors import BlockcError
 from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..tensor import Tensor, apply, _apply
+from .safe_load import element_type_name
 
 INT64_MAX = 2**63 - 1
+# The newest ai.onnx opset a rule claims by default. Opsets 25 to 28 changed
+# no operator in TABLE except to admit new element types (int2, uint2,
+# float6, which blockc refuses by type; Range-27 float16 and bfloat16,
+# computed in its stash_type, float32).
+NEWEST_OPSET = 28
 
 
 class Unsupported(BlockcError):
@@ -117,11 +123,17 @@ class Rule:
 
     fn: Callable
     since: int = 1
-    until: int = 24
+    until: int = NEWEST_OPSET
+
+
+def _refuse_axis_broadcast(node):
+    if _attr(node, "axis") is not None:   # before opset 7, B could be aligned at an axis, not at the end
+        raise Unsupported(f"{node.op_type} broadcasting along axis {_attr(node, 'axis')} (opset < 7)")
 
 
 def _elementwise(ir_op: str, fold: Callable):
     def run(node, ins, ctx):
+        _refuse_axis_broadcast(node)
         if not any(is_tensor(v) for v in ins):
             out = fold(*[_known(v) for v in ins])
             return [out.astype(bool) if out.dtype == object and ir_op in _BOOL_OPS else out]
@@ -138,6 +150,21 @@ def _int_aware_div(a, b):
     return np.divide(a, b)
 
 
+def _pow(node, ins, ctx):
+    _refuse_axis_broadcast(node)
+    base, exponent = ins
+    if not any(is_tensor(v) for v in ins):
+        return [np.power(_known(base), _known(exponent))]
+    # Pow's exponent has its own type (T1); the result has the base's
+    if is_tensor(base) and not is_tensor(exponent) and base.dtype.is_float:
+        exponent = np.asarray(_known(exponent)).astype(base.dtype.numpy)
+    elif is_tensor(base) and is_tensor(exponent) and base.dtype != exponent.dtype:
+        if not base.dtype.is_float:
+            raise Unsupported(f"Pow of a {base.dtype.name} base with a {exponent.dtype.name} exponent")
+        exponent = exponent.cast(base.dtype)
+    return [apply("pow", *_operands([base, exponent]))]
+
+
 def _isnan(node, ins, ctx):
     (x,) = ins
     if not is_tensor(x):
@@ -149,7 +176,7 @@ def _cast(node, ins, ctx):
     to = DType.from_onnx(_attr(node, "to")) if _attr(node, "to") in [d.onnx_code for d in DType] else None
     (x,) = ins
     if to is None:
-        raise Unsupported(f"Cast to element type {_attr(node, 'to')} is not supported by blockc")
+        raise Unsupported(f"Cast to element type {element_type_name(_attr(node, 'to'))} is not supported by blockc")
     if is_symbolic(x) and to in (DType.int64, DType.int32):
         return [x]
     if not is_tensor(x):
@@ -159,6 +186,21 @@ def _cast(node, ins, ctx):
 
 def _identity(node, ins, ctx):
     return [ins[0]]
+
+
+def _dropout(node, ins, ctx):
+    x = ins[0]
+    ratio = _scalar(ins[1]) if len(ins) > 1 and ins[1] is not None else _attr(node, "ratio", 0.5)
+    # opset 12 takes the mode as an input; before opset 7 an is_test attribute said it (training by default)
+    training = ins[2] if len(ins) > 2 and ins[2] is not None else ctx.opset < 7 and not _attr(node, "is_test", 0)
+    if is_tensor(training) or is_tensor(ratio):
+        raise Unsupported("Dropout whose ratio or training mode is computed at run time")
+    if bool(_scalar(training)) and float(ratio) != 0.0:
+        raise Unsupported("Dropout in training mode (it draws random numbers)")
+    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
+    if not is_tensor(x) or all(isinstance(d, int) for d in shape):
+        return [x, np.ones(shape, dtype=bool)]
+    return [x, apply("expand", tensor(np.array(True)), shape=shape)]
 
 
 def _shape(node, ins, ctx):
@@ -216,6 +258,8 @@ def _squeeze(node, ins, ctx):
 
 def _concat(node, ins, ctx):
     axis = _attr(node, "axis")
+    if axis is None:   # opset 1 defaulted it to 1; opset 4 made it required
+        raise Unsupported("Concat without an axis (opset < 4)")
     ins = [v for v in ins if not (not is_tensor(v) and 0 in np.shape(v))]   # empty pieces
     if not any(is_tensor(v) for v in ins):
         parts = [np.asarray(v) for v in ins]
@@ -236,7 +280,8 @@ def _reshape(node, ins, ctx):
 def _flatten(node, ins, ctx):
     (x,) = ins
     shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    axis = _attr(node, "axis", 1) % (len(shape) + 1)
+    axis = _attr(node, "axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis   # -1 is the last axis, as everywhere in ONNX
     outer, inner = 1, 1
     for d in shape[:axis]:
         outer = d * outer
@@ -269,7 +314,9 @@ def _range(node, ins, ctx):
         raise Unsupported("Range whose bounds are computed at run time")
     start, limit, delta = (_scalar(v) for v in ins)
     if not any(isinstance(v, Sym) for v in (start, limit, delta)):
-        return [np.arange(start, limit, delta, dtype=np.asarray(ins[0]).dtype)]
+        dtype = np.asarray(ins[0]).dtype
+        stash = np.float32 if dtype.kind in "fV" and dtype.itemsize == 2 else dtype   # Range-27's stash_type
+        return [np.arange(start, limit, delta, dtype=stash).astype(dtype)]
     if isinstance(limit, Sym) and not isinstance(start, Sym) and delta == 1:
         out = apply("arange", n=limit - int(start))
         return [out if int(start) == 0 else out + np.array(int(start), np.int64)]
@@ -340,19 +387,29 @@ def _split(node, ins, ctx):
     sizes = dims_of(ins[1]) if len(ins) > 1 and ins[1] is not None else _attr(node, "split")
     if sizes is None:
         parts = len(node.output)
-        if not isinstance(n, int) or n % parts:
+        if not isinstance(n, int) or (n % parts and _attr(node, "num_outputs") is None):
             raise Unsupported(f"Split of {n} into {parts} equal parts")
-        sizes = [n // parts] * parts
+        chunk = -(-n // parts)   # num_outputs (opset 18): parts of ceil(n / parts), the last one smaller
+        sizes = [chunk] * (parts - 1) + [n - chunk * (parts - 1)]
     if not is_tensor(x):
         return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
     return x.split(list(sizes), axis=axis)
 
 
 def _matmul(node, ins, ctx):
-    a, b = ins
-    if (a.ndim if is_tensor(a) else np.ndim(a)) < 2 or (b.ndim if is_tensor(b) else np.ndim(b)) < 2:
-        raise Unsupported("MatMul of a 1-D operand")
-    return [apply("matmul", *_operands(ins))]
+    if not any(is_tensor(v) for v in ins):
+        return [np.matmul(*[_known(v) for v in ins])]
+    a, b = _operands(ins)
+    if a.ndim == 0 or b.ndim == 0:
+        raise Unsupported("MatMul of a scalar")
+    # a 1-D operand is a row on the left or a column on the right, that axis dropped after (numpy's rule)
+    drop = [k for k, vector in ((-2, a.ndim == 1), (-1, b.ndim == 1)) if vector]
+    a = a.reshape([1, a.shape[0]]) if a.ndim == 1 else a
+    b = b.reshape([b.shape[0], 1]) if b.ndim == 1 else b
+    y = apply("matmul", a, b)
+    if drop:
+        y = y.reshape([d for k, d in enumerate(y.shape) if k - y.ndim not in drop])
+    return [y]
 
 
 def _gemm(node, ins, ctx):
@@ -380,23 +437,59 @@ def _last_axis(node, x, default):
 
 def _softmax(node, ins, ctx):
     (x,) = ins
-    _last_axis(node, x, -1 if ctx.opset >= 13 else 1)
-    return [x.softmax(-1)]
+    if ctx.opset < 13:   # before 13 Softmax ran over the axes from `axis` on, flattened: one axis only when last
+        _last_axis(node, x, 1)
+        return [x.softmax(-1)]
+    axis = _attr(node, "axis", -1) % x.ndim
+    if axis == x.ndim - 1:
+        return [x.softmax(-1)]
+    swap = list(range(x.ndim))
+    swap[axis], swap[-1] = swap[-1], swap[axis]   # blockc's softmax is over the last axis; a swap undoes itself
+    return [x.permute(swap).softmax(-1).permute(swap)]
 
 
 def _layernorm(node, ins, ctx):
     x, gamma = ins[0], ins[1]
     beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
-    _last_axis(node, x, -1)
-    if any(o and ctx.used(o) for o in node.output[1:]):
-        raise Unsupported("LayerNormalization's mean or inverse deviation outputs are used")
-    return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=float(_attr(node, "epsilon", 1e-5)))]
+    eps = float(_attr(node, "epsilon", 1e-5))
+    axis = _attr(node, "axis", -1) % x.ndim
+    stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
+    if axis == x.ndim - 1:
+        return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=eps), *stats]
+    # ONNX normalizes over every axis from `axis` on: blockc's layernorm over them flattened into one
+    normalized = list(x.shape[axis:])
+    inner = 1
+    for d in normalized:
+        inner = d * inner
+
+    def flat(v):   # scale and bias over the normalized axes, flattened as x is
+        if is_tensor(v):
+            return apply("expand", v, shape=normalized).reshape([inner])
+        return np.broadcast_to(_known(v), [int(d) for d in normalized]).reshape(-1)
+
+    y = apply("layernorm", x.reshape(list(x.shape[:axis]) + [inner]), tensor(flat(gamma), x), tensor(flat(beta), x),
+              eps=eps)
+    return [y.reshape(list(x.shape)), *stats]
+
+
+def _layernorm_stats(node, x, axis, eps):
+    """LayerNormalization's optional Mean and InvStdDev outputs (a training graph's), computed
+    apart in its stash_type so that Y stays one layernorm for the fusions."""
+    stash = DType.from_onnx(_attr(node, "stash_type", 1))
+    xs = x if x.dtype == stash else x.cast(stash)
+    axes = list(range(axis, x.ndim))
+    mean = apply("reduce_mean", xs, axes=axes, keepdims=True)
+    centered = xs - mean
+    var = apply("reduce_mean", centered * centered, axes=axes, keepdims=True)
+    return [mean, apply("reciprocal", apply("sqrt", var + np.array(eps, stash.numpy)))]
 
 
 def _reduce(ir_op: str, fold, axes_input_since: int):
     def run(node, ins, ctx):
         x = ins[0]
         axes = _axes(node, ins, 1) if ctx.opset >= axes_input_since else _attr(node, "axes")
+        if not axes and _attr(node, "noop_with_empty_axes", 0):
+            return [x]   # no axes given and told so: the input unchanged, not a full reduction
         rank = x.ndim if is_tensor(x) else np.ndim(x)
         axes = list(range(rank)) if not axes else list(axes)
         keep = bool(_attr(node, "keepdims", 1))
@@ -418,9 +511,14 @@ def _where(node, ins, ctx):
 def _trilu(node, ins, ctx):
     x = ins[0]
     k = int(ints_of(ins[1])[0]) if len(ins) > 1 and ins[1] is not None else 0
-    if is_tensor(x):
-        raise Unsupported("Trilu of a tensor computed at run time")
-    return [np.triu(x, k) if _attr(node, "upper", 1) else np.tril(x, k)]
+    tri = np.triu if _attr(node, "upper", 1) else np.tril
+    if not is_tensor(x):
+        return [tri(x, k)]
+    rows, cols = x.shape[-2:]
+    if not (isinstance(rows, int) and isinstance(cols, int)):
+        raise Unsupported(f"Trilu of a tensor with symbolic matrix dims [{rows}, {cols}]")
+    keep = tri(np.ones((rows, cols), dtype=bool), k)
+    return [apply("where", tensor(keep), x, tensor(np.zeros((), x.dtype.numpy)))]
 
 
 def _gelu(node, ins, ctx):
@@ -438,7 +536,7 @@ def _unary(ir_op: str, fold):
 TABLE: dict[str, Rule] = {
     "Add": _elementwise("add", np.add), "Sub": _elementwise("sub", np.subtract),
     "Mul": _elementwise("mul", np.multiply), "Div": _elementwise("div", _int_aware_div),
-    "Pow": _elementwise("pow", np.power),
+    "Pow": Rule(_pow),
     "Equal": _elementwise("equal", np.equal), "Less": _elementwise("less", np.less),
     "LessOrEqual": _elementwise("less_equal", np.less_equal), "Greater": _elementwise("greater", np.greater),
     "GreaterOrEqual": _elementwise("greater_equal", np.greater_equal),
@@ -449,7 +547,7 @@ TABLE: dict[str, Rule] = {
     "Tanh": _unary("tanh", np.tanh), "Relu": _unary("relu", lambda x: np.maximum(x, 0)),
     "Erf": _unary("erf", scipy.special.erf),
     "Gelu": Rule(_gelu, since=20),
-    "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_identity),
+    "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_dropout),
     "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements), "Unsqueeze": Rule(_unsqueeze), "Squeeze": Rule(_squeeze),
     "Concat": Rule(_concat), "Reshape": Rule(_reshape, since=5), "Flatten": Rule(_flatten),
     "Transpose": Rule(_transpose), "Expand": Rule(_expand), "Range": Rule(_range),

@@ -18,7 +18,6 @@ import os
 import re
 
 import numpy as np
-from onnx import TensorProto
 
 from ...errors import ModelError, OnnxFileError, ShapeError
 from ...ir.dims import Sym
@@ -26,7 +25,7 @@ from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
 from .convert import TABLE, Unsupported, is_tensor, tensor
-from .safe_load import OnnxFile, label, read_onnx, tensor_array
+from .safe_load import OnnxFile, element_type_name, label, read_onnx, tensor_array
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
@@ -53,8 +52,8 @@ class OnnxModel(Model):
         object.__setattr__(self, "file", loaded)
         object.__setattr__(self, "name", os.path.basename(os.fspath(path)))
         g = loaded.model.graph
-        self.opset = next((o.version for o in loaded.model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
-        _refuse_unsupported(loaded, self.opset)
+        self.opset = default_opset(loaded.model.opset_import)
+        _refuse_unsupported(loaded)
         self.constants: dict[str, np.ndarray] = {}
         counts: dict[DType, int] = {}
         for name, value in loaded.initializers.items():
@@ -96,6 +95,10 @@ class OnnxModel(Model):
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
                 raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
                                     f"({node.op_type}) cannot be imported: {type(e).__name__}: {e}") from None
+            unmade = [name for name in node.output[len(outs):] if name and self.used(name)]
+            if unmade:   # an optional output the rule does not compute, which the graph reads
+                raise OnnxFileError(f"{self.file.path}: node {label(node.name or node.output[0])} ({node.op_type}): "
+                                    f"its output {label(unmade[0])} is not supported by blockc's ONNX import")
             for name, v in zip(node.output, outs):
                 if name:
                     # numpy gives a bare element for a 0-d result: keep every known value an array
@@ -116,18 +119,31 @@ def _float_dtype(value: np.ndarray) -> DType | None:
     return dtype if dtype.is_float else None
 
 
-def _refuse_unsupported(loaded: OnnxFile, opset: int) -> None:
-    """One error listing every operator the importer lacks, with its domain and opset."""
-    versions = {o.domain: o.version for o in loaded.model.opset_import}
+def default_opset(opset_import) -> int:
+    """The model's ai.onnx opset: the one TABLE's ranges are read against."""
+    return next((o.version for o in opset_import if o.domain in DEFAULT_DOMAINS), 1)
+
+
+def missing_operators(nodes, opset_import) -> list[str]:
+    """Every operator among ``nodes`` that the importer lacks at the model's
+    opsets (``opset_import``), as ``domain::Op (opset N)``, sorted."""
+    versions = {o.domain: o.version for o in opset_import}
+    opset = default_opset(opset_import)
     missing = set()
-    for n in loaded.nodes:
+    for n in nodes:
         rule = TABLE.get(n.op_type) if n.domain in DEFAULT_DOMAINS else None
         if rule is None or not rule.since <= opset <= rule.until:
             domain = n.domain or "ai.onnx"
             missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {versions.get(n.domain, '?')})")
+    return sorted(missing)
+
+
+def _refuse_unsupported(loaded: OnnxFile) -> None:
+    """One error listing every operator the importer lacks, with its domain and opset."""
+    missing = missing_operators(loaded.nodes, loaded.model.opset_import)
     if missing:
         raise OnnxFileError(f"{loaded.path}: {len(missing)} operator type{'s' if len(missing) > 1 else ''} "
-                            f"not supported by blockc's ONNX import: {', '.join(sorted(missing))}")
+                            f"not supported by blockc's ONNX import: {', '.join(missing)}")
 
 
 def _input_specs(loaded: OnnxFile, constants) -> list[InputSpec]:
@@ -146,7 +162,7 @@ def _input_specs(loaded: OnnxFile, constants) -> list[InputSpec]:
             dtype = DType.from_onnx(t.elem_type)
         except KeyError:
             raise OnnxFileError(f"{loaded.path}: input {label(v.name)} has element type "
-                                f"{TensorProto.DataType.Name(t.elem_type) if t.elem_type in TensorProto.DataType.values() else t.elem_type}, "
+                                f"{element_type_name(t.elem_type)}, "
                                 f"which blockc does not support") from None
         shape = []
         for i, d in enumerate(t.shape.dim):

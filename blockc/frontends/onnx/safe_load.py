@@ -52,6 +52,11 @@ def label(name: str) -> str:
     return f"'{text}'"
 
 
+def element_type_name(code: int) -> str:
+    """An ONNX element type code as its name (``FLOAT8E4M3FN``), or the code where unknown."""
+    return TensorProto.DataType.Name(code) if code in TensorProto.DataType.values() else str(code)
+
+
 @dataclass
 class OnnxFile:
     """A checked ONNX model: its proto (initializers' data not yet decoded),

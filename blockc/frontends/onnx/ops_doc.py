@@ -1,0 +1,59 @@
+"""The supported-operators page (``docs/ONNX-OPS.md``), written from the
+importer's own table so that it cannot say something the importer does not:
+
+    python -m blockc.frontends.onnx.ops_doc > docs/ONNX-OPS.md
+
+``tests/frontends/test_onnx_ops_doc.py`` fails when the checked-in page is not
+what this prints.
+"""
+from __future__ import annotations
+
+import onnx.defs
+
+from .convert import TABLE
+from .model import DEFAULT_DOMAINS
+
+# Every rule is for the default domain (model.DEFAULT_DOMAINS), shown by its name.
+DOMAIN = "ai.onnx"
+assert "" in DEFAULT_DOMAINS and DOMAIN in DEFAULT_DOMAINS
+
+
+def _introduced(op_type: str) -> int:
+    """The opset that introduced ``op_type`` in the default domain."""
+    return min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
+               if s.name == op_type and s.domain == "")
+
+
+def supported_ops_markdown() -> str:
+    """The page: one row per operator in ``convert.TABLE``, its domain and opsets."""
+    rows = []
+    for op_type in sorted(TABLE):
+        rule = TABLE[op_type]
+        # a rule claims from opset 1 by default; the range shown starts where the operator exists
+        since = max(rule.since, _introduced(op_type))
+        rows.append(f"| {op_type} | {DOMAIN} | {since}–{rule.until} |")
+    return "\n".join([
+        "# ONNX operators blockc imports",
+        "",
+        "Generated from the importer's table (`blockc/frontends/onnx/convert.py`, `TABLE`) by",
+        "`python -m blockc.frontends.onnx.ops_doc > docs/ONNX-OPS.md`; do not edit it by hand",
+        "(`tests/frontends/test_onnx_ops_doc.py` fails when it is stale).",
+        "",
+        f"{len(rows)} operators, all in the default domain. A model's `ai.onnx` opset must lie in the",
+        "range of every operator it uses; a model that uses an operator not listed, or one outside its",
+        "range, is refused with one error that lists every such operator, with its domain and opset.",
+        "Within a range, an attribute or input a rule cannot express (a strided `Slice`, a `Range` whose",
+        "bounds are only known at run time) is refused by name when the model is imported.",
+        "",
+        "ONNX's own node tests for these operators run in `tests/frontends/test_onnx_conformance.py`;",
+        "the cases blockc refuses, and why, are its `REFUSED` table.",
+        "",
+        "| Operator | Domain | Opsets |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ])
+
+
+if __name__ == "__main__":
+    print(supported_ops_markdown(), end="")
