@@ -159,10 +159,27 @@ def _file_with(nodes, tmp_path, inputs=None):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     g = helper.make_graph(nodes, "g", inputs or [x], [y])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    # IR version 10: what the installed ONNX Runtime reads (onnx's newest may be past it)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=10)
     path = tmp_path / "m.onnx"
     onnx.save(m, str(path))
     return path
+
+
+def test_gather_nd_max_min_of_tensors(tmp_path):
+    """torch's advanced indexing (GatherND, negative indices too) and
+    variadic Max/Min, on tensors computed at run time."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 3])
+    const = lambda name, value: helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(value))
+    path = _file_with([const("idx", np.array([[0, 1], [1, -1]], np.int64)),
+                       const("lo", np.array(0.1, np.float32)), const("hi", np.array([0.5], np.float32)),
+                       helper.make_node("GatherND", ["x", "idx"], ["a"]),
+                       helper.make_node("Neg", ["a"], ["n"]),
+                       helper.make_node("Max", ["a", "lo", "n"], ["m"]),
+                       helper.make_node("Min", ["m", "hi"], ["y"])], tmp_path, inputs=[x])
+    model, graph = check_against_ort(path)
+    assert graph.outputs[0][1].shape == (2, 3)
 
 
 def test_unsupported_ops_listed_at_once(tmp_path):

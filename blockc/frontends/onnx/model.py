@@ -25,7 +25,7 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
-from .convert import TABLE, Unsupported, is_tensor, tensor
+from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
 from .safe_load import OnnxFile, label, read_onnx, tensor_array
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -98,9 +98,7 @@ class OnnxModel(Model):
                                     f"({node.op_type}) cannot be imported: {type(e).__name__}: {e}") from None
             for name, v in zip(node.output, outs):
                 if name:
-                    # numpy gives a bare element for a 0-d result: keep every known value an array
-                    values[name] = v if is_tensor(v) or isinstance(v, np.ndarray) else \
-                        np.array(v, dtype=object if isinstance(v, Sym) else None)
+                    values[name] = as_value(v)
         out = {}
         for o in self.file.model.graph.output:
             v = values[o.name]
