@@ -212,7 +212,8 @@ def _gather_nd(node, ins, ctx):
     lead, offset = data.shape[:k], None
     for i, n in enumerate(lead):
         col = idx.slice(idx.ndim - 1, i, i + 1).reshape(list(idx.shape[:-1]))
-        col = apply("where", apply("less", col, tensor(np.array(0, col.dtype.numpy))), col + tensor(_dim_array(n), col), col)
+        negative = apply("less", col, tensor(np.array(0, col.dtype.numpy)))
+        col = apply("where", negative, col + tensor(_dim_array(n), col), col)
         stride = 1
         for d in lead[i + 1:]:
             stride = d * stride
