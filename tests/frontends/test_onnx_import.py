@@ -77,14 +77,19 @@ def test_blockc_export_round_trips(name, tmp_path, capsys):
 # ---- Hugging Face models exported by torch.onnx ------------------------------
 L = 2
 
-# (exporter, model, opset): TorchScript at 17; the dynamo exporter at its
-# default opset and at 18, where GELU is still written with Erf and the
-# padding mask is read by GatherND. Its GPT-2 is the LM (GPT2Model inside).
-EXPORTS = [("torchscript", kind, 17) for kind in ("gpt2", "gpt2-lm", "bert")] + \
-          [("dynamo", kind, opset) for kind in ("gpt2-lm", "bert") for opset in (None, 18)]
+# (exporter, model, opset, attention): TorchScript at 17, eager attention; the
+# dynamo exporter at its default opset, eager, and at 18 (GELU still written
+# with Erf) with Hugging Face's default SDPA attention: a NaN guard after
+# softmax, the scale split as √s on q and on k. Every dynamo export reads the
+# padding mask with GatherND. Its GPT-2 is the LM (GPT2Model inside).
+# TorchScript's SDPA masks with -inf, so its NaN guard must stay and attention
+# does not fuse (fuse_attention says so): it is not among these.
+EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "bert")] + \
+          [("dynamo", kind, opset, attention) for kind in ("gpt2-lm", "bert")
+           for opset, attention in ((None, "eager"), (18, "sdpa"))]
 
 
-def _hf_export(exporter, kind, opset, path):
+def _hf_export(exporter, kind, opset, attention, path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     if exporter == "dynamo":
@@ -92,11 +97,11 @@ def _hf_export(exporter, kind, opset, path):
     torch.manual_seed(0)
     if kind == "bert":
         cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
-                                      intermediate_size=64, max_position_embeddings=128, attn_implementation="eager")
+                                      intermediate_size=64, max_position_embeddings=128, attn_implementation=attention)
         hf = transformers.BertModel(cfg, add_pooling_layer=False)
     else:
         cfg = transformers.GPT2Config(vocab_size=100, n_positions=128, n_embd=32, n_layer=L, n_head=4,
-                                      attn_implementation="eager")
+                                      attn_implementation=attention)
         hf = (transformers.GPT2LMHeadModel if kind == "gpt2-lm" else transformers.GPT2Model)(cfg)
     # Random norms and biases: HF's ones and zeros would hide a wrong mapping, and
     # the dynamo exporter's optimizer merges equal initializers into one.
@@ -123,10 +128,10 @@ def _hf_export(exporter, kind, opset, path):
     return path
 
 
-@pytest.fixture(scope="module", params=EXPORTS, ids=lambda e: f"{e[0]}-{e[1]}-opset{e[2] or 'default'}")
+@pytest.fixture(scope="module", params=EXPORTS, ids=lambda e: f"{e[0]}-{e[1]}-opset{e[2] or 'default'}-{e[3]}")
 def hf_file(request, tmp_path_factory):
-    exporter, kind, opset = request.param
-    return kind, _hf_export(exporter, kind, opset, tmp_path_factory.mktemp("hf") / f"{kind}.onnx")
+    exporter, kind, opset, attention = request.param
+    return kind, _hf_export(exporter, kind, opset, attention, tmp_path_factory.mktemp("hf") / f"{kind}.onnx")
 
 
 def test_hf_export_matches_ort(hf_file):
