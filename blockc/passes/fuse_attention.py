@@ -17,18 +17,28 @@ Also matched when masked-softmax fusion is off: ``softmax`` over any
 scale/mask form that ``fuse_masked_softmax`` accepts. Kᵀ may be any
 transpose (e.g. the head split and the swap merged into ``perm=[0,2,3,1]``);
 the fused op then reads K through the remaining transpose.
+
+The probabilities may pass a NaN guard first, ``where(isnan(p), 0, p)``
+(imported as ``where(not(equal(p, p)), 0, p)``), which torch's
+scaled_dot_product_attention writes for rows whose every score is -inf. It
+is dropped when the masks are finite (constant fills, an additive mask made
+by ``where`` of finite constants, as Hugging Face builds it): softmax then
+gives no NaN the guard could catch, only what NaN inputs would already give.
 """
 from __future__ import annotations
 
-from ..ir.graph import Graph
+import numpy as np
+
+from ..ir.graph import Graph, Value
 from .base import PassResult
 from .fuse_masked_softmax import check_masks, mask_attrs, masked_scores
-from .rewrite import Op, Or, Rule, Var, apply_rules
+from .rewrite import Const, Op, Or, Rule, Var, apply_rules
 
 KT = Or(Op("transpose", Var("k_in"), name="kt"), Var("kt_value"))
 QK = Op("matmul", Var("q"), KT, name="qk")
 PROBS = Or(Op("masked_softmax", QK, name="fused_softmax"), Op("softmax", masked_scores(QK), name="softmax"))
-PATTERN = Op("matmul", PROBS, Var("v"), name="root")
+NAN_GUARDED = Op("where", Op("logical_not", Op("equal", PROBS, PROBS)), Const("nan_fill"), PROBS, name="nan_guard")
+PATTERN = Op("matmul", Or(NAN_GUARDED, PROBS), Var("v"), name="root")
 
 
 def _check(m):
@@ -36,7 +46,44 @@ def _check(m):
         sm = m["softmax"]
         if sm.attrs["axis"] % sm.inputs[0].type.rank != sm.inputs[0].type.rank - 1:
             return "softmax is not over the last axis"
-        return check_masks(m, m["qk"].outputs[0])
+        reason = check_masks(m, m["qk"].outputs[0])
+        if reason:
+            return reason
+    if "nan_guard" in m:
+        return _nan_possible(*_attrs_and_masks(m))
+    return None
+
+
+def _attrs_and_masks(m):
+    if "fused_softmax" in m:
+        fs = m["fused_softmax"]
+        return dict(fs.attrs), list(fs.inputs[1:])
+    return mask_attrs(m)
+
+
+def _nan_possible(attrs, masks) -> str | None:
+    """Why the softmax may give NaN (so its NaN guard must stay), or None."""
+    guard = "the NaN guard after softmax must stay"
+    if "fill" in attrs and not np.isfinite(attrs["fill"]):
+        return f"the mask fills with {attrs['fill']}: a fully masked row is NaN, and {guard}"
+    if attrs["mask"] != "additive":
+        return None
+    values = _constant_leaves(masks[0])
+    if values is None:
+        return f"the additive mask is computed at run time and may hold -inf: {guard}"
+    if not all(np.isfinite(v).all() for v in values):
+        return f"the additive mask holds -inf: {guard}"
+    return None
+
+
+def _constant_leaves(v: Value) -> list | None:
+    """The arrays ``v`` takes its values from: a constant, or ``where`` of two; None otherwise."""
+    node = v.producer
+    if node is not None and node.op == "constant":
+        return [node.attrs["value"]]
+    if node is not None and node.op == "where":
+        leaves = [_constant_leaves(x) for x in node.inputs[1:]]
+        return None if None in leaves else leaves[0] + leaves[1]
     return None
 
 
@@ -54,11 +101,7 @@ def _key(b, m):
 
 
 def _rewrite(b, m):
-    if "fused_softmax" in m:
-        fs = m["fused_softmax"]
-        attrs, masks = dict(fs.attrs), list(fs.inputs[1:])
-    else:
-        attrs, masks = mask_attrs(m)
+    attrs, masks = _attrs_and_masks(m)
     return {"root": b.op("attention", m["q"], _key(b, m), m["v"], *masks, **attrs)}
 
 

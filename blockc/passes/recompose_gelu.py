@@ -15,8 +15,10 @@ After::
 
     %1:f32[b,s,d] = gelu %x {approximate="none"}
 
-Variants: ``x * 0.7071`` for ``x / 1.4142``; ``0.5 * (x * (1 + ...))`` and
-``(0.5 * x) * (1 + ...)``; the tanh form with ``x*x*x`` or ``pow(x, 3)``.
+Variants: ``x * 0.7071`` for ``x / 1.4142``; ``0.5 * (x * (1 + ...))``,
+``(0.5 * x) * (1 + ...)`` and ``x * (0.5 * (1 + ...))`` (torch.onnx's dynamo
+exporter at opset 18, before ``Gelu`` exists); the tanh form with ``x*x*x``
+or ``pow(x, 3)``.
 """
 from __future__ import annotations
 
@@ -36,9 +38,10 @@ TANH_PHI = Op("add", Op("tanh", INNER), Const("one"), commutative=True)
 
 
 def _gelu(phi):
-    """0.5 * x * phi in either association."""
+    """0.5 * x * phi in each association."""
     return Or(Op("mul", Op("mul", X, Const("half"), commutative=True), phi, commutative=True, name="root"),
-              Op("mul", Op("mul", X, phi, commutative=True), Const("half"), commutative=True, name="root"))
+              Op("mul", Op("mul", X, phi, commutative=True), Const("half"), commutative=True, name="root"),
+              Op("mul", X, Op("mul", phi, Const("half"), commutative=True), commutative=True, name="root"))
 
 
 def _close(m, key, want) -> bool:
@@ -55,14 +58,9 @@ def _check(m):
 
 
 RULES = [
-    Rule("erf form -> gelu", _gelu(ERF_PHI).options[0], lambda b, m: {"root": b.op("gelu", m["x"])}, _check,
-         "gelu"),
-    Rule("erf form -> gelu ", _gelu(ERF_PHI).options[1], lambda b, m: {"root": b.op("gelu", m["x"])}, _check,
-         "gelu"),
-    Rule("tanh form -> gelu", _gelu(TANH_PHI).options[0],
-         lambda b, m: {"root": b.op("gelu", m["x"], approximate="tanh")}, _check, "gelu"),
-    Rule("tanh form -> gelu ", _gelu(TANH_PHI).options[1],
-         lambda b, m: {"root": b.op("gelu", m["x"], approximate="tanh")}, _check, "gelu"),
+    Rule("erf form -> gelu", _gelu(ERF_PHI), lambda b, m: {"root": b.op("gelu", m["x"])}, _check, "gelu"),
+    Rule("tanh form -> gelu", _gelu(TANH_PHI), lambda b, m: {"root": b.op("gelu", m["x"], approximate="tanh")},
+         _check, "gelu"),
 ]
 
 

@@ -261,15 +261,24 @@ class Rule:
     from the builder (the fused op's shape rule said no) declines with its
     message. Any other match of the pattern at the same anchor is then tried.
 
+    The pattern is an ``Op``, or an ``Or`` of ``Op``s (one expression in
+    several associations, say), each its own way of matching the same anchor.
+
     Building a rule checks that every op its pattern names is declared."""
 
     name: str
-    pattern: Op
+    pattern: Op | Or
     rewrite: Callable[[Builder, Match], Mapping[str, Any] | Decline | None]
     check: Callable[[Match], str | None] = lambda m: None
     kind: str = ""  # the fusion kind reported (defaults to name)
 
     def __post_init__(self):
+        roots = self.pattern.options if isinstance(self.pattern, Or) else (self.pattern,)
+        if not all(isinstance(r, Op) for r in roots) or len({r.index for r in roots}) != 1:
+            raise BlockcError(f"rule {self.name!r}: its pattern must be an Op, or an Or of Ops on the same output")
+        # What the engine anchors on: the ops a root may be, and which of the node's outputs.
+        self.anchor_ops = frozenset(op for r in roots for op in r.op)
+        self.anchor_index = roots[0].index
         unknown = sorted(set(_op_names(self.pattern)) - set(registry.OPS))
         if unknown:
             raise BlockcError(f"rule {self.name!r}: its pattern names undeclared "
@@ -338,12 +347,12 @@ def _sweep(g: Graph, rules: list[Rule], sites: list[Site], positions: "_Position
         if id(node) in removed:
             continue
         for rule in rules:
-            if node.op not in rule.pattern.op:
+            if node.op not in rule.anchor_ops:
                 continue
             fail = _Failure()
             site = Site(rule.name, rule.kind or rule.name, _label(node), node.op, False)
             outcome = None
-            for m in _match(rule.pattern, node.outputs[rule.pattern.index], Match(), fail):
+            for m in _match(rule.pattern, node.outputs[rule.anchor_index], Match(), fail):
                 m.root = node
                 reason = rule.check(m)
                 if reason:

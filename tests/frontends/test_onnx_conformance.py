@@ -75,6 +75,8 @@ REFUSED = [
             "a zero-size result: blockc's dims are at least 1"),
     Refusal(("test_slice_neg_steps", "test_rotary_embedding_*interleaved*_expanded"), r"Slice of a tensor with step",
             "blockc's slice takes a contiguous range: no strided or reversed slice of a traced tensor"),
+    Refusal(("test_gathernd_example_int32_batch_dim1",), r"GatherND with batch_dims=1",
+            "GatherND is imported for batch_dims=0, the form exporters write for a mask lookup"),
     Refusal(("test_split_zero_size_splits_*", "test_tril_zero", "test_triu_zero", "test_reduce_max_empty_set*"),
             r"do not add up to dim|symbolic matrix dims|zero-size array",
             "a zero-size input: blockc reads a dim_value of 0 as an unknown size (its dims are at least 1), "

@@ -1,6 +1,8 @@
-"""Importing ONNX files: blockc's own exports and Hugging Face's (torch.onnx)
-imported, run on the reference interpreter and compared with ONNX Runtime
-on the original file (the outside oracle) at two sequence lengths."""
+"""Importing ONNX files: blockc's own exports and Hugging Face's (torch.onnx,
+TorchScript and dynamo exporters) imported, run on the reference interpreter,
+fused and re-exported, and compared with ONNX Runtime on the original file
+(the outside oracle) at two sequence lengths."""
+import contextlib
 import warnings
 
 import numpy as np
@@ -15,7 +17,10 @@ from blockc.frontends.onnx import OnnxModel, load_onnx
 from blockc.frontends.weights import materialize
 from blockc.ir.parser import parse_graph
 from blockc.ir.printer import print_graph
+from blockc.runtime.ort_runner import OrtSession
 from blockc.runtime.reference import run_reference
+
+from hf_testing import randomise
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -26,21 +31,28 @@ def _feeds(model, graph, seq, batch=2, seed=0):
     return {s.name: s.sample(sizes, rng) for s in model.inputs()}
 
 
-def check_against_ort(path, seqs=(5, 11), tol=1e-4):
-    """Import ``path``, and compare the reference's outputs with ONNX Runtime's on the file."""
+def check_against_ort(path, seqs=(5, 11), tol=1e-4, fused=False):
+    """Import ``path`` and compare with ONNX Runtime on the file: the
+    reference's outputs, or (``fused``) those of the optimized graph
+    re-exported and run by ONNX Runtime."""
     model = OnnxModel(path)
     graph = trace(model)
     weights = materialize(init_weights(model))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    for seq in seqs:
-        feeds = _feeds(model, graph, seq)
-        ours = run_reference(graph, weights, feeds)
-        theirs = dict(zip(names, session.run(None, feeds)))
-        assert set(ours) == set(theirs)
-        for k in theirs:
-            assert ours[k].shape == theirs[k].shape
-            np.testing.assert_allclose(ours[k].astype(np.float64), theirs[k], atol=tol, rtol=tol, err_msg=k)
+    with contextlib.ExitStack() as stack:
+        if fused:
+            run = stack.enter_context(OrtSession(optimize(graph).graph, weights)).run
+        else:
+            run = lambda feeds: run_reference(graph, weights, feeds)   # noqa: E731
+        for seq in seqs:
+            feeds = _feeds(model, graph, seq)
+            ours = run(feeds)
+            theirs = dict(zip(names, session.run(None, feeds)))
+            assert set(ours) == set(theirs)
+            for k in theirs:
+                assert ours[k].shape == theirs[k].shape
+                np.testing.assert_allclose(ours[k].astype(np.float64), theirs[k], atol=tol, rtol=tol, err_msg=k)
     return model, graph
 
 
@@ -65,43 +77,61 @@ def test_blockc_export_round_trips(name, tmp_path, capsys):
 # ---- Hugging Face models exported by torch.onnx ------------------------------
 L = 2
 
+# (exporter, model, opset, attention): TorchScript at 17, eager attention; the
+# dynamo exporter at its default opset, eager, and at 18 (GELU still written
+# with Erf) with Hugging Face's default SDPA attention: a NaN guard after
+# softmax, the scale split as √s on q and on k. Every dynamo export reads the
+# padding mask with GatherND. Its GPT-2 is the LM (GPT2Model inside).
+# TorchScript's SDPA masks with -inf, so its NaN guard must stay and attention
+# does not fuse (fuse_attention says so): it is not among these.
+EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "bert")] + \
+          [("dynamo", kind, opset, attention) for kind in ("gpt2-lm", "bert")
+           for opset, attention in ((None, "eager"), (18, "sdpa"))]
 
-def _hf_export(kind, path):
+
+def _hf_export(exporter, kind, opset, attention, path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")   # what torch.onnx's dynamo exporter writes ONNX with
     torch.manual_seed(0)
     if kind == "bert":
         cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
-                                      intermediate_size=64, max_position_embeddings=128, attn_implementation="eager")
+                                      intermediate_size=64, max_position_embeddings=128, attn_implementation=attention)
         hf = transformers.BertModel(cfg, add_pooling_layer=False)
     else:
         cfg = transformers.GPT2Config(vocab_size=100, n_positions=128, n_embd=32, n_layer=L, n_head=4,
-                                      attn_implementation="eager")
+                                      attn_implementation=attention)
         hf = (transformers.GPT2LMHeadModel if kind == "gpt2-lm" else transformers.GPT2Model)(cfg)
+    # Random norms and biases: HF's ones and zeros would hide a wrong mapping, and
+    # the dynamo exporter's optimizer merges equal initializers into one.
+    randomise(hf, torch)
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.m = hf
 
-        def forward(self, ids, mask, *types):
-            extra = {"token_type_ids": types[0]} if types else {"use_cache": False}
+        def forward(self, ids, mask, types=None):
+            extra = {"token_type_ids": types} if types is not None else {"use_cache": False}
             return self.m(input_ids=ids, attention_mask=mask, return_dict=False, **extra)[0]
 
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if kind == "bert" else [])
     args = tuple(torch.zeros(2, 5, dtype=torch.long) for _ in names)
     dyn = {n: {0: "batch", 1: "sequence"} for n in names}
+    options = dict(dynamo=False, opset_version=opset) if exporter == "torchscript" else \
+        dict(dynamo=True, verbose=False, **({"opset_version": opset} if opset else {}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # the TorchScript exporter: the dynamo one needs onnxscript, not installed here
         torch.onnx.export(Wrapped().eval(), args, str(path), input_names=names, output_names=["out"],
-                          dynamic_axes=dyn, opset_version=17, dynamo=False)
+                          dynamic_axes=dyn, **options)
     return path
 
 
-@pytest.fixture(scope="module", params=["gpt2", "gpt2-lm", "bert"])
+@pytest.fixture(scope="module", params=EXPORTS, ids=lambda e: f"{e[0]}-{e[1]}-opset{e[2] or 'default'}-{e[3]}")
 def hf_file(request, tmp_path_factory):
-    return request.param, _hf_export(request.param, tmp_path_factory.mktemp("hf") / f"{request.param}.onnx")
+    exporter, kind, opset, attention = request.param
+    return kind, _hf_export(exporter, kind, opset, attention, tmp_path_factory.mktemp("hf") / f"{kind}.onnx")
 
 
 def test_hf_export_matches_ort(hf_file):
@@ -112,7 +142,7 @@ def test_hf_export_matches_ort(hf_file):
 
 def test_hf_export_fuses(hf_file):
     """The issue's targets: 2L+1 add+LayerNorm, and L masked softmaxes (causal+padding for
-    GPT-2, padding for BERT), which then become attention."""
+    GPT-2, padding for BERT), which then become attention; every GELU is recomposed."""
     kind, path = hf_file
     result = optimize(trace(OnnxModel(path)))
     fused = {}
@@ -122,6 +152,13 @@ def test_hf_export_fuses(hf_file):
     assert fused.get("add_layernorm") == 2 * L + 1
     assert fused.get("masked_softmax") == L
     assert fused.get("attention") == L
+    assert "erf" not in result.graph.op_counts() and "tanh" not in result.graph.op_counts()
+
+
+def test_hf_fused_reexport_matches_ort(hf_file):
+    """The optimized graph, exported and run by ONNX Runtime, against the original file."""
+    kind, path = hf_file
+    check_against_ort(path, fused=True)
 
 
 def test_cli_on_an_onnx_file(hf_file, capsys):
@@ -159,10 +196,27 @@ def _file_with(nodes, tmp_path, inputs=None):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     g = helper.make_graph(nodes, "g", inputs or [x], [y])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    # IR version 10: what the installed ONNX Runtime reads (onnx's newest may be past it)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=10)
     path = tmp_path / "m.onnx"
     onnx.save(m, str(path))
     return path
+
+
+def test_gather_nd_max_min_of_tensors(tmp_path):
+    """torch's advanced indexing (GatherND, negative indices too) and
+    variadic Max/Min, on tensors computed at run time."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 3])
+    const = lambda name, value: helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(value))
+    path = _file_with([const("idx", np.array([[0, 1], [1, -1]], np.int64)),
+                       const("lo", np.array(0.1, np.float32)), const("hi", np.array([0.5], np.float32)),
+                       helper.make_node("GatherND", ["x", "idx"], ["a"]),
+                       helper.make_node("Neg", ["a"], ["n"]),
+                       helper.make_node("Max", ["a", "lo", "n"], ["m"]),
+                       helper.make_node("Min", ["m", "hi"], ["y"])], tmp_path, inputs=[x])
+    model, graph = check_against_ort(path)
+    assert graph.outputs[0][1].shape == (2, 3)
 
 
 def test_unsupported_ops_listed_at_once(tmp_path):

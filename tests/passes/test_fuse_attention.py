@@ -109,6 +109,46 @@ def _sites(text):
     return g, r, r.sites
 
 
+GUARDED = """
+    graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4], %c: bool[2,1,5]) {
+      %0:f64[2,4,5] = transpose %k {perm=[0,2,1]}
+      %1:f64[2,5,5] = matmul %q, %0
+      %2:f64[] = constant {value=dense<f64[]: [0.0]>}
+      %3:f64[] = constant {value=dense<f64[]: [FILL]>}
+      %4:f64[2,1,5] = where %c, %2, %3
+      %5:f64[2,5,5] = add %1, %4
+      %6:f64[2,5,5] = softmax %5 {axis=-1}
+      %7:bool[2,5,5] = equal %6, %6
+      %8:bool[2,5,5] = logical_not %7
+      %9:f64[2,5,5] = where %8, %2, %6
+      %10:f64[2,5,4] = matmul %9, %v
+      return y=%10
+    }
+"""
+
+
+def test_golden_nan_guard_after_softmax_with_a_finite_mask():
+    # torch's SDPA: where(isnan(p), 0, p) after softmax; the padding mask is
+    # where(c, 0, lowest), so no row is NaN and the guard goes.
+    check_golden(fuse_attention, GUARDED.replace("FILL", "-1000000000.0"), """
+        graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4], %c: bool[2,1,5]) {
+          %0:f64[] = constant {value=dense<f64[]: [0.0]>}
+          %1:f64[] = constant {value=dense<f64[]: [-1000000000.0]>}
+          %2:f64[2,1,5] = where %c, %0, %1
+          %3:f64[2,5,4] = attention %q, %k, %v, %2 {scale=1.0, mask="additive", causal=false, fill=-3.4028234663852886e+38}
+          return y=%3
+        }
+    """)
+
+
+def test_nan_guard_stays_where_the_mask_holds_minus_inf():
+    # where(c, 0, -inf): a fully masked row is NaN, and the guard makes it 0.
+    g, r, sites = _sites(GUARDED.replace("FILL", "-inf"))
+    assert not r.changed
+    (site,) = [s for s in sites if s.anchor == "%10"]
+    assert site.reason == "the additive mask holds -inf: the NaN guard after softmax must stay"
+
+
 def test_probabilities_used_elsewhere_block_the_fusion():
     g, r, sites = _sites("""
         graph g(%q: f64[5,4], %k: f64[5,4], %v: f64[5,4]) {

@@ -110,6 +110,31 @@ def test_golden_variants():
     """)
 
 
+def test_half_times_phi_then_x():
+    # torch.onnx's dynamo exporter at opset 18: x * (0.5 * (1 + erf(x / 1.4142)))
+    check_golden(recompose_gelu, """
+        graph g(%x: f64[3,4]) {
+          %0:f64[] = constant {value=dense<f64[]: [1.4142135623730951]>}
+          %1:f64[3,4] = div %x, %0
+          %2:f64[3,4] = erf %1
+          %3:f64[] = constant {value=dense<f64[]: [1.0]>}
+          %4:f64[3,4] = add %2, %3
+          %5:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %6:f64[3,4] = mul %5, %4
+          %7:f64[3,4] = mul %x, %6
+          return a=%7
+        }
+    """, """
+        graph g(%x: f64[3,4]) {
+          %0:f64[] = constant {value=dense<f64[]: [1.4142135623730951]>}
+          %1:f64[] = constant {value=dense<f64[]: [1.0]>}
+          %2:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %3:f64[3,4] = gelu %x {approximate="none"}
+          return a=%3
+        }
+    """)
+
+
 def test_cube_as_x_times_x_squared():
     g = parse_graph(ir(DECOMPOSED).replace("%9:f64[3,4] = mul %8, %y", "%9:f64[3,4] = mul %y, %8"))
     r = run_pass(recompose_gelu, g)

@@ -234,6 +234,20 @@ def test_a_declined_match_lets_the_next_match_at_the_same_anchor_try():
     assert sorted(n.op for n in r.graph.nodes) == ["exp", "tanh"]
 
 
+def test_a_rule_rooted_at_an_or_is_one_site_per_anchor():
+    """Associations of one expression, each an Op at the root: one candidate
+    site per anchor, whichever fits (not one per association)."""
+    root = Or(Op("neg", Op("exp", Var("x")), name="root"), Op(("neg", "relu"), Op("tanh", Var("x")), name="root"))
+    rule = Rule("neg∘(exp|tanh)", root, lambda b, m: {"root": m["x"]})
+    assert rule.anchor_ops == {"neg", "relu"}
+    _, r = _apply([rule], NEG)
+    (site,) = r.sites
+    assert site.fused and site.ops == ["tanh", "neg"]
+
+    with pytest.raises(BlockcError, match="an Op, or an Or of Ops"):
+        Rule("bad", Or(Op("neg", Var("x")), Var("x")), lambda b, m: None)
+
+
 # ---- building a rule -------------------------------------------------------------------------
 @pytest.mark.parametrize("pattern", [
     Op("layernrom", Var("x")),

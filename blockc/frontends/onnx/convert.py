@@ -85,6 +85,14 @@ def tensor(v, like: Tensor | None = None) -> Tensor:
     return apply("constant", value=arr)
 
 
+def as_value(v):
+    """A node's result as the importer keeps it: numpy gives a bare element
+    (an int, a ``Sym``) for a 0-d result, and every known value is an array."""
+    if is_tensor(v) or isinstance(v, np.ndarray):
+        return v
+    return np.array(v, dtype=object if isinstance(v, Sym) else None)
+
+
 def _known(v) -> np.ndarray:
     """A known value for numpy folding; object arrays of plain ints become int64."""
     if is_symbolic(v) and not any(isinstance(d, Sym) for d in v.reshape(-1)):
@@ -135,7 +143,7 @@ def _elementwise(ir_op: str, fold: Callable):
     def run(node, ins, ctx):
         _refuse_axis_broadcast(node)
         if not any(is_tensor(v) for v in ins):
-            out = fold(*[_known(v) for v in ins])
+            out = as_value(fold(*[_known(v) for v in ins]))
             return [out.astype(bool) if out.dtype == object and ir_op in _BOOL_OPS else out]
         return [apply(ir_op, *_operands(ins))]
     return Rule(run)
@@ -229,6 +237,54 @@ def _gather_elements(node, ins, ctx):
     if is_tensor(data) or is_tensor(idx):
         raise Unsupported("GatherElements of a tensor computed at run time")
     return [np.take_along_axis(_known(data), _known(idx).astype(np.int64), axis=_attr(node, "axis", 0))]
+
+
+def _gather_nd(node, ins, ctx):
+    data, idx = ins
+    if _attr(node, "batch_dims", 0):
+        raise Unsupported(f"GatherND with batch_dims={_attr(node, 'batch_dims')}")
+    if not is_tensor(data) and not is_tensor(idx):
+        return [_known(data)[tuple(np.moveaxis(_known(idx).astype(np.int64), -1, 0))]]
+    # torch's advanced indexing (HF's padding mask read as mask[batch_ids, kv_ids]):
+    # the k index columns make one row-major offset into data's first k dims, then a gather.
+    data, idx = tensor(data), tensor(idx)
+    k = idx.shape[-1]
+    if not isinstance(k, int) or k > data.ndim:
+        raise Unsupported(f"GatherND with index tuples of length {k} into a rank-{data.ndim} tensor")
+    lead, offset = data.shape[:k], None
+    for i, n in enumerate(lead):
+        col = idx.slice(idx.ndim - 1, i, i + 1).reshape(list(idx.shape[:-1]))
+        negative = apply("less", col, tensor(np.array(0, col.dtype.numpy)))
+        col = apply("where", negative, col + tensor(_dim_array(n), col), col)
+        stride = 1
+        for d in lead[i + 1:]:
+            stride = d * stride
+        term = col if isinstance(stride, int) and stride == 1 else col * tensor(_dim_array(stride), col)
+        offset = term if offset is None else offset + term
+    rows = 1
+    for d in lead:
+        rows = d * rows
+    return [apply("gather", data.reshape([rows, *data.shape[k:]]), offset, axis=0)]
+
+
+def _dim_array(d) -> np.ndarray:
+    """One dim as a 0-d value ``tensor`` turns into a constant or a ``dim_value``."""
+    return np.array(d, dtype=object) if isinstance(d, Sym) else np.array(d, np.int64)
+
+
+def _extremum(pick: str, fold):
+    """Max/Min of any number of operands: ``where(a pick b, a, b)`` pairwise."""
+    def run(node, ins, ctx):
+        if not any(is_tensor(v) for v in ins):
+            out = _known(ins[0])
+            for v in ins[1:]:
+                out = fold(out, _known(v))
+            return [out]
+        out, *rest = _operands(ins)
+        for v in rest:
+            out = apply("where", apply(pick, out, v), out, v)
+        return [out]
+    return Rule(run)
 
 
 def _axes(node, ins, position: int):
@@ -548,7 +604,8 @@ TABLE: dict[str, Rule] = {
     "Erf": _unary("erf", scipy.special.erf),
     "Gelu": Rule(_gelu, since=20),
     "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_dropout),
-    "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements), "Unsqueeze": Rule(_unsqueeze), "Squeeze": Rule(_squeeze),
+    "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements),
+    "GatherND": Rule(_gather_nd, since=11), "Unsqueeze": Rule(_unsqueeze), "Squeeze": Rule(_squeeze),
     "Concat": Rule(_concat), "Reshape": Rule(_reshape, since=5), "Flatten": Rule(_flatten),
     "Transpose": Rule(_transpose), "Expand": Rule(_expand), "Range": Rule(_range),
     "ConstantOfShape": Rule(_constant_of_shape), "Constant": Rule(_constant), "Slice": Rule(_slice),
@@ -556,5 +613,6 @@ TABLE: dict[str, Rule] = {
     "LayerNormalization": Rule(_layernorm, since=17),
     "ReduceMean": _reduce("reduce_mean", np.mean, 18), "ReduceSum": _reduce("reduce_sum", np.sum, 13),
     "ReduceMax": _reduce("reduce_max", np.max, 18),
+    "Max": _extremum("greater", np.maximum), "Min": _extremum("less", np.minimum),
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }

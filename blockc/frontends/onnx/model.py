@@ -24,7 +24,7 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
-from .convert import TABLE, Unsupported, is_tensor, tensor
+from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
 from .safe_load import OnnxFile, element_type_name, label, read_onnx, tensor_array
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -101,9 +101,7 @@ class OnnxModel(Model):
                                     f"its output {label(unmade[0])} is not supported by blockc's ONNX import")
             for name, v in zip(node.output, outs):
                 if name:
-                    # numpy gives a bare element for a 0-d result: keep every known value an array
-                    values[name] = v if is_tensor(v) or isinstance(v, np.ndarray) else \
-                        np.array(v, dtype=object if isinstance(v, Sym) else None)
+                    values[name] = as_value(v)
         out = {}
         for o in self.file.model.graph.output:
             v = values[o.name]
