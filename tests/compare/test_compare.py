@@ -417,3 +417,36 @@ def test_the_ort_optimizer_peer_runs_on_rmsnorm_models():
     rows = [r for r in report["results"] if r["form"] == "ort-optimizer"]
     assert rows and all(r["status"] == "ok" and r["max_abs_error"] < 1e-4 for r in rows)
     assert "LayerNorm/RMSNorm fusions off" in report["peers"][0]["detail"]
+
+
+def test_ort_original_is_unavailable_for_a_dsl_model(capsys):
+    """ort-original runs the user's own ONNX file: a DSL model has none, so
+    it is listed as skipped with the reason, like a peer that is not
+    installed, and has no rows."""
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=("ort-original",),
+                                          seqs=(8,), threads=1, kernels=False, **{**QUICK, "blocks": 1}))
+    report = run_comparison(plan)
+    (peer,) = report["peers"]
+    assert peer["name"] == "ort-original" and not peer["available"] and "not an ONNX file" in peer["reason"]
+    assert not any(r["form"] == "ort-original" for r in report["results"])
+    jsonschema.validate(json.loads(json.dumps(report)), _schema())
+    # asked for alone, with nothing else to run: the same error as any peer that cannot run here
+    assert main(["compare", "tiny", "--backends", "none", "--peers", "ort-original", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to compare" in err and "ort-original: MODEL is not an ONNX file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model, settings, expected", [
+    ("tiny", SMALL, ("gpt2", 2, 32)),                        # causal: a decoder
+    ("bert-base", SMALL[:2] + ["layers=1"], ("bert", 2, 32)),  # a padding mask, not causal
+    ("llama-tiny", ["layers=1"], ("gpt2", 4, 64)),            # grouped-query heads: 2 K/V heads x 2 queries each
+])
+def test_the_optimizers_settings_come_from_the_fused_attention(model, settings, expected):
+    """ONNX Runtime's optimizer is told the model type, heads and their width
+    read from blockc's fused graph: the one reading for DSL models and
+    imported files."""
+    from blockc import optimize
+    from blockc.compare.peers import attention_shape
+    from blockc.frontends import build_model, trace
+    from blockc.frontends.catalog import parse_sets
+    assert attention_shape(optimize(trace(build_model(model, parse_sets(settings)))).graph) == expected
