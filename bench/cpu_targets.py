@@ -52,7 +52,7 @@ def parse_model(spec: str):
     return name, parse_sets([s for s in sets.split(",") if s])
 
 
-def onnx_models(model, graphs, weights) -> dict[str, bytes]:
+def onnx_models(graphs, weights) -> dict[str, bytes]:
     """The three models, serialized once: blockc's unfused and fused export,
     and ONNX Runtime's transformer optimizer applied to the unfused one (as
     the compare peer does). Each block then only loads them: exporting a
@@ -63,7 +63,7 @@ def onnx_models(model, graphs, weights) -> dict[str, bytes]:
     from onnxruntime.transformers.optimizer import optimize_model
 
     from blockc.codegen.onnx_export import export_onnx
-    model_type, heads, hidden = attention_shape(model)
+    model_type, heads, hidden = attention_shape(graphs["fused"])
     standard = export_onnx(graphs["standard"], weights)
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     optimized = optimize_model(standard, model_type=model_type, num_heads=heads, hidden_size=hidden,
@@ -120,7 +120,7 @@ def main() -> int:
         traced = blockc.trace(model)
         graphs = {"standard": traced, "fused": blockc.optimize(traced).graph}
         weights = dict(blockc.init_weights(model, seed=0))
-        protos = onnx_models(model, graphs, weights)
+        protos = onnx_models(graphs, weights)
         print(f"### {spec}\n")
         print("| shape | ORT level | standard ms | fused ms | ORT optimizer ms | fused vs standard | "
               "fused vs ORT optimizer | A/A control |")

@@ -752,7 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="fused against unfused, measured side by side with the peers",
                        description="Measure MODEL in every form (decomposed, standard, fused) on every available "
-                       "backend, and the peers (ONNX Runtime's transformer optimizer, PyTorch eager, torch.compile) "
+                       "backend, and the peers (ONNX Runtime's transformer optimizer, on the file itself where MODEL is an "
+                       "ONNX file; that file unmodified on ONNX Runtime; PyTorch eager; torch.compile) "
                        "on the same weights, shapes, threads and repeats: latency, speedup against the standard "
                        "form, node and kernel counts, modelled bytes and achieved bandwidth, max error against the "
                        "float64 reference. ONNX Runtime runs at its basic optimization level (so the fusions are "
@@ -764,7 +765,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {', '.join(backend_names())} (default: "
                         f"{', '.join(compare_backends())}; those not here are skipped)")
     p.add_argument("--peers", default=",".join(PEERS), metavar="LIST",
-                   help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed)")
+                   help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed and "
+                        f"apply: ort-original needs an ONNX file)")
     p.add_argument("--batch", default="1", metavar="LIST", help="batch sizes, e.g. 1,8 (default 1)")
     p.add_argument("--seq", default="128", metavar="LIST", help="sequence lengths, e.g. 128,512 (default 128)")
     _dim_arg(p, defaults=None, purpose=" other than batch and seq")

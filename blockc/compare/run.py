@@ -175,7 +175,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
         check_weights(model, weights)
 
     backends = [(b, *b.availability()) for b in (make_backend(n, fused_as=o.fused_as) for n in o.backends)]
-    peers = [(p, *p.availability()) for p in (make_peer(n, model) for n in o.peers)]
+    peers = [(p, *p.availability()) for p in (make_peer(n, model, graphs["fused"]) for n in o.peers)]
     if not any(ok for _, ok, _ in backends + peers):
         reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
         raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")

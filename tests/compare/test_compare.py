@@ -356,12 +356,13 @@ def test_the_plan_is_said_before_measuring():
     assert "the budget is 8 GiB" in lines[1] and lines[-1].startswith("time: about ")
 
 
-def test_readme_compare_examples_fit_the_memory_budget():
+def test_readme_compare_examples_fit_the_memory_budget(tmp_path, monkeypatch):
     """Each `blockc compare` line in the README, planned here: no contestant
     is over the default budget (half the memory available; taken as 45% of
     this machine's memory, what an idle one has, so that other work running
     beside the test does not change its answer), so none is skipped, and the
-    largest group with the reference fits within it."""
+    largest group with the reference fits within it. A user's ONNX file the
+    README names stands for the user's: a small GPT-2 block exported here."""
     import pathlib
     import shlex
 
@@ -371,8 +372,12 @@ def test_readme_compare_examples_fit_the_memory_budget():
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
     lines = [line.split("#")[0].strip() for line in readme.splitlines() if line.strip().startswith("blockc compare")]
     assert len(lines) >= 4
+    monkeypatch.chdir(tmp_path)
     for line in lines:
         argv = shlex.split(line)[1:]
+        model = argv[1] if len(argv) > 1 else ""   # argv[0] is "compare"
+        if model.endswith(".onnx") and not os.path.exists(model):
+            assert main(["export", "gpt2-block", "--set", "d_model=64", "--set", "heads=4", "-o", model]) == 0
         args = build_parser().parse_args(argv)
         args.argv = argv
         options = compare_options(args)
@@ -417,3 +422,36 @@ def test_the_ort_optimizer_peer_runs_on_rmsnorm_models():
     rows = [r for r in report["results"] if r["form"] == "ort-optimizer"]
     assert rows and all(r["status"] == "ok" and r["max_abs_error"] < 1e-4 for r in rows)
     assert "LayerNorm/RMSNorm fusions off" in report["peers"][0]["detail"]
+
+
+def test_ort_original_is_unavailable_for_a_dsl_model(capsys):
+    """ort-original runs the user's own ONNX file: a DSL model has none, so
+    it is listed as skipped with the reason, like a peer that is not
+    installed, and has no rows."""
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("ort-cpu",), peers=("ort-original",),
+                                          seqs=(8,), threads=1, kernels=False, **{**QUICK, "blocks": 1}))
+    report = run_comparison(plan)
+    (peer,) = report["peers"]
+    assert peer["name"] == "ort-original" and not peer["available"] and "not an ONNX file" in peer["reason"]
+    assert not any(r["form"] == "ort-original" for r in report["results"])
+    jsonschema.validate(json.loads(json.dumps(report)), _schema())
+    # asked for alone, with nothing else to run: the same error as any peer that cannot run here
+    assert main(["compare", "tiny", "--backends", "none", "--peers", "ort-original", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to compare" in err and "ort-original: MODEL is not an ONNX file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model, settings, expected", [
+    ("tiny", SMALL, ("gpt2", 2, 32)),                        # causal: a decoder
+    ("bert-base", SMALL[:2] + ["layers=1"], ("bert", 2, 32)),  # a padding mask, not causal
+    ("llama-tiny", ["layers=1"], ("gpt2", 4, 64)),            # grouped-query heads: 2 K/V heads x 2 queries each
+])
+def test_the_optimizers_settings_come_from_the_fused_attention(model, settings, expected):
+    """ONNX Runtime's optimizer is told the model type, heads and their width
+    read from blockc's fused graph: the one reading for DSL models and
+    imported files."""
+    from blockc import optimize
+    from blockc.compare.peers import attention_shape
+    from blockc.frontends import build_model, trace
+    from blockc.frontends.catalog import parse_sets
+    assert attention_shape(optimize(trace(build_model(model, parse_sets(settings)))).graph) == expected

@@ -249,3 +249,76 @@ def test_set_refused_on_an_onnx_file(tmp_path, capsys):
     path = _file_with([helper.make_node("Relu", ["x"], ["y"])], tmp_path)
     assert main(["show", str(path), "--set", "layers=2"]) == 2
     assert "--set does not apply" in capsys.readouterr().err
+
+
+# ---- blockc compare on a user's file -----------------------------------------
+def _compare(path, **options):
+    from blockc.compare import CompareOptions, plan_comparison, run_comparison
+    plan = plan_comparison(CompareOptions(model=str(path), backends=("ort-cpu",), peers=("ort-optimizer", "ort-original"),
+                                          dims={"sequence": 8}, threads=1, kernels=False, warmup=1, min_repeats=2,
+                                          min_time_s=0.0, blocks=1, **options))
+    return run_comparison(plan)
+
+
+@pytest.fixture(scope="module")
+def gpt2_file(tmp_path_factory):
+    # the dynamo exporter's: its weights are external data, which the peers must read in
+    return _hf_export("dynamo", "gpt2-lm", None, "eager", tmp_path_factory.mktemp("compare") / "gpt2.onnx")
+
+
+def test_compare_runs_the_users_file_beside_blockc(gpt2_file, monkeypatch):
+    """The issue's "compare shows blockc's fused graph beside ONNX Runtime's
+    optimizer on the same file": blockc's forms, the optimizer applied to the
+    user's file (not blockc's re-export: the model it is handed has the
+    file's nodes), and the file itself, each within 1e-4 of float64."""
+    import json
+    from importlib import resources
+
+    import jsonschema
+    import onnxruntime.transformers.optimizer as ort_optimizer
+    handed = []   # the op types of each model handed to the optimizer (which then rewrites it in place)
+    real = ort_optimizer.optimize_model
+    monkeypatch.setattr(ort_optimizer, "optimize_model",
+                        lambda model, **kw: handed.append([n.op_type for n in model.graph.node]) or real(model, **kw))
+    report = _compare(gpt2_file)
+    jsonschema.validate(json.loads(json.dumps(report)),
+                        json.loads(resources.files("blockc.compare").joinpath("schema.json").read_text()))
+    rows = {(r["variant"], r["form"]): r for r in report["results"] if r["backend"] == "ort-cpu"}
+    for level in ("basic", "all"):
+        for form in ("standard", "fused", "ort-optimizer", "ort-original"):
+            r = rows[(level, form)]
+            assert r["status"] == "ok" and r["max_abs_error"] <= 1e-4, (level, form, r["error"])
+        pairs = {(x["a"], x["b"]) for x in report["ratios"]}
+        assert {(f"ort-cpu/{level}/fused", f"ort-cpu/{level}/{p}") for p in ("ort-optimizer", "ort-original")} <= pairs
+    assert report["forms"]["fused"]["ops"]["attention"] == L
+    file_ops = [n.op_type for n in onnx.load(str(gpt2_file)).graph.node]
+    assert handed and all(ops == file_ops for ops in handed)
+    peers = {p["name"]: p for p in report["peers"]}
+    assert "on the user's file gpt2.onnx" in peers["ort-optimizer"]["detail"]
+    assert "num_heads=4, hidden_size=32" in peers["ort-optimizer"]["detail"]   # read from blockc's fused attention
+    assert peers["ort-optimizer"]["fused_ops"].get("SkipLayerNormalization") == 2 * L   # its fusions, on the file
+    assert peers["ort-original"]["detail"].startswith("the user's file gpt2.onnx as it is,")
+
+
+def test_compare_puts_weights_into_the_users_file(gpt2_file, tmp_path):
+    """--weights replace the file's initializers in the peers that run the
+    file: their outputs match the float64 reference on the new weights, and
+    their detail says how many were replaced."""
+    from blockc.frontends.weights import save_weights
+    model = OnnxModel(gpt2_file)
+    weights = {k: (v * 1.25).astype(v.dtype) for k, v in materialize(init_weights(model)).items()}
+    save_weights(tmp_path / "w.npz", weights)
+    report = _compare(gpt2_file, weights=str(tmp_path / "w.npz"))
+    for r in report["results"]:
+        assert r["status"] == "ok" and r["max_abs_error"] <= 1e-4, (r["form"], r["error"])
+    for p in report["peers"]:
+        assert f", {len(weights)} initializers replaced by --weights" in p["detail"]
+
+
+def test_own_proto_refuses_weights_that_do_not_fit(gpt2_file):
+    model = OnnxModel(gpt2_file)
+    name, value = next(iter(materialize(init_weights(model)).items()))
+    proto, replaced = model.own_proto()
+    assert replaced == 0 and not any(t.external_data for t in proto.graph.initializer)   # read in
+    with pytest.raises(BlockcError, match="cannot replace it"):
+        model.own_proto({name: value.astype(np.float64)})

@@ -11,15 +11,20 @@ weights, limits, passes, exports and ``compare`` see nothing new.
   at import, where the fusion patterns expect them.
 * ``forward``: the nodes in dependency order, each replayed by its entry in
   ``convert.TABLE``.
+* ``own_proto``: the file's own graph again (what ``blockc compare``'s ONNX
+  Runtime peers run), with other weights where ``--weights`` gives them.
 """
 from __future__ import annotations
 
 import os
 import re
 
-import numpy as np
+from typing import Mapping
 
-from ...errors import ModelError, OnnxFileError, ShapeError
+import numpy as np
+import onnx
+
+from ...errors import ModelError, OnnxFileError, ShapeError, WeightsError
 from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
@@ -79,6 +84,32 @@ class OnnxModel(Model):
                 where = f"node {label(node.name or node.op_type)}, attribute {name}"
                 return tensor_array(self.file, a.t, os.path.dirname(os.path.abspath(self.file.path)), where)
         return None
+
+    def own_proto(self, weights: Mapping[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, int]:
+        """The file's own model, self-contained, and how many initializers
+        were replaced: each parameter in ``weights`` whose values differ
+        from the file's is written in place of its initializer (parameters
+        are the file's float initializers, so any checked weights fit), and
+        initializers kept as external data are read in from the arrays
+        ``safe_load`` checked, so that no runtime follows their locations."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.file.model)   # external initializers are references here, not their bytes
+        replaced = 0
+        for t in model.graph.initializer:
+            stored = self.file.initializers[t.name]
+            value = stored
+            if weights is not None and t.name in self._params and t.name in weights:
+                value = np.asarray(weights[t.name])
+                if value.shape != stored.shape or value.dtype != stored.dtype:
+                    raise WeightsError(f"{self.file.path}: weight {label(t.name)} is {value.dtype}{list(value.shape)}, "
+                                       f"its initializer {stored.dtype}{list(stored.shape)}: it cannot replace it")
+                if np.array_equal(value, stored):
+                    value = stored
+                else:
+                    replaced += 1
+            if value is not stored or t.data_location == onnx.TensorProto.EXTERNAL:
+                t.CopyFrom(onnx.numpy_helper.from_array(value, t.name))
+        return model, replaced
 
     def forward(self, *inputs: Tensor):
         values: dict[str, object] = dict(self.constants)
