@@ -405,8 +405,7 @@ def cmd_generate(args) -> int:
     pick = Sampler(args.temperature or 0.0, args.top_k, args.top_p, args.repetition_penalty, seed=args.seed)
     model = _built(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
-    if args.cache == "inplace":
-        cache_length(prompts, args.max_new, args.cache_len)
+    cache_length(model, prompts, args.max_new, args.cache, args.cache_len)
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
     result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=pick,

@@ -362,6 +362,21 @@ def test_generate_samples_with_a_seed(capsys):
     assert runs[0] == runs[1] == runs[2] != runs[3]
 
 
+def test_generate_gives_the_same_ids_whatever_the_cache(capsys):
+    """--cache concat and --cache-len change where the keys and values are
+    kept, never the ids: greedy ids agree with the default in-place cache
+    sized just enough. llama-tiny (rotary, grouped-query attention): its
+    random weights give varied ids, where tiny's repeat one."""
+    args = ["generate", "llama-tiny", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new", "6", "--seed", "3"]
+    runs = []
+    for extra in ([], ["--cache", "concat"], ["--cache-len", "100"], ["--cache", "inplace", "--cache-len", "8"]):
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 0, err
+        runs.append(out.splitlines()[:2])
+    assert all(len(set(line.split()[1:])) > 2 for line in runs[0])
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["tiny", "--prompt-ids", "1,x"], "malformed --prompt-ids '1,x': expected integers separated by commas"),
     (["tiny", "--prompt-ids", "1,256"], "prompt 0: token id 256 is outside the vocabulary [0, 256)"),
@@ -374,6 +389,12 @@ def test_generate_samples_with_a_seed(capsys):
     (["tiny", "--prompt-ids", "1", "--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["tiny", "--prompt-ids", "1", "--top-k", "5"], "give --temperature T (> 0) with them"),
     (["tiny", "--prompt-ids", "1", "--temperature", "1", "--repetition-penalty", "0"], "repetition_penalty must be > 0"),
+    (["tiny", "--prompt-ids", "1,2", "--max-new", "5", "--cache-len", "5"],
+     "a prompt of 2 tokens and 5 new ones need a cache of 6 positions, over the preallocated cache_len=5"),
+    (["tiny", "--prompt-ids", "1", "--cache-len", "0"], "cache_len must be a positive integer, got 0"),
+    (["tiny", "--prompt-ids", "1", "--cache-len", "129"], "cache_len=129 is over the model's maximum of 128"),
+    (["tiny", "--prompt-ids", "1", "--cache", "concat", "--cache-len", "8"],
+     "cache_len sizes the in-place cache; the concat cache has no buffer to size"),
 ])
 def test_generate_refuses_bad_input_in_one_line(capsys, argv, message):
     code, out, err = run(capsys, "generate", *argv)

@@ -137,10 +137,19 @@ def _picked(pick: Pick, logits: np.ndarray, history: list[list[int]], vocab: int
 CACHES = ("inplace", "concat")
 
 
-def cache_length(prompts: Sequence[Sequence[int]], max_new: int, cache_len: int | None) -> int:
+def cache_length(model: DecoderLM, prompts: Sequence[Sequence[int]], max_new: int, cache: str,
+                 cache_len: int | None) -> int | None:
     """The positions an in-place cache must hold: the longest prompt and
     every new token but the last (which no step reads back); ``cache_len``
-    if it is given and holds them, else a ``BlockcError``."""
+    if it is given, holds them and fits the model's positions (a longer
+    buffer could never be filled), else a ``BlockcError``. None for the
+    concat cache, which has no buffer to size."""
+    if cache not in CACHES:
+        raise BlockcError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    if cache != "inplace":
+        if cache_len is not None:
+            raise BlockcError(f"cache_len sizes the in-place cache; the {cache} cache has no buffer to size")
+        return None
     longest = max(len(p) for p in prompts)
     needed = longest + max_new - 1
     if cache_len is None:
@@ -150,6 +159,9 @@ def cache_length(prompts: Sequence[Sequence[int]], max_new: int, cache_len: int 
     if needed > cache_len:
         raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones need a cache of {needed} positions, "
                           f"over the preallocated cache_len={cache_len}")
+    if cache_len > model.cfg.max_positions:
+        raise BlockcError(f"cache_len={cache_len} is over the model's maximum of {model.cfg.max_positions} "
+                          f"positions (max_positions): the buffer could never be filled")
     return int(cache_len)
 
 
@@ -175,9 +187,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     check_request(model, prompts, max_new)
     if stop_id is not None and not 0 <= stop_id < model.cfg.vocab:
         raise BlockcError(f"stop id {stop_id} is outside the vocabulary [0, {model.cfg.vocab})")
-    if cache not in CACHES:
-        raise BlockcError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
-    length = cache_length(prompts, max_new, cache_len) if cache == "inplace" else None
+    length = cache_length(model, prompts, max_new, cache, cache_len)
     target = make_backend(backend, **backend_options)
     target.require()
     t0 = time.perf_counter()
