@@ -80,7 +80,8 @@ def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) ->
         o = n.outputs[0]
         ctype_c = "bool" if o.dtype == DType.bool else ("float" if o.dtype.is_float else "long long")
         names[id(o)] = f"t{j}"
-        body.append(f"const {ctype_c} t{j} = {expr(n.op, n.attrs, args_c, o.dtype)};")
+        # `i` is this node's own linear index too: a chain's members all have its output's shape.
+        body.append(f"const {ctype_c} t{j} = {expr(n.op, n.attrs, args_c, o.dtype, index='i', dim=dim)};")
     result = names.get(id(out)) or operand(out)
     decompose: list[str] = []
     if need_index:
