@@ -85,8 +85,9 @@ def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) ->
     result = names.get(id(out)) or operand(out)
     decompose: list[str] = []
     if need_index:
-        decompose = ["long long rest = i;"] + index_lines(shape, ctx, " ".join(body + list(loads.values())
-                                                                                    + [result]))
+        decompose = index_lines(shape, ctx, " ".join(body + list(loads.values()) + [result]))
+        # none when every broadcast input is a single element (offset 0): then no `rest`, which nvcc would flag
+        decompose = ["long long rest = i;"] + decompose if decompose else []
     out_t = ctype(out.dtype)
     store = f"blockc_from_compute<{out_t}>({result})"
     ops = [n.op for n in nodes if n.op not in ("constant",)]
