@@ -65,7 +65,9 @@ class OpDef:
     onnx_encodings: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
     torch_fn: Callable | None = None       # fn(b, node, xs): see blockc/runtime/torch_runner.py
     cuda: str | None = None                # a CUDA_KERNELS family; None: legalized by decomposition
-    cuda_expr: str | Callable | None = None  # elementwise: "({0} + {1})" or fn(attrs, args, out_dtype)
+    # elementwise: "({0} + {1})" ({k} the k-th input, {index} the element's linear index, {attr} a
+    # dim attribute's run-time value), or fn(attrs, args, out_dtype)
+    cuda_expr: str | Callable | None = None
     flops: int | Callable = 1              # per element of the first output, or fn(node, bindings)
     fused: bool = False                    # made by the fusion passes
     colour: str | None = None              # a fused op's colour in report pictures (else a spare one)

@@ -67,7 +67,7 @@ logical_not.torch(lambda b, node, xs: b.call(b.torch.logical_not, xs[0]))
 
 # ---- arange -----------------------------------------------------------------
 arange = define("arange", (), attrs={"n": (DIM, REQUIRED)}, doc="int64[n]: 0, 1, ..., n-1 (n may be symbolic)",
-                flops=0)
+                cuda="elementwise", cuda_expr="{index}", flops=0)
 
 
 @arange.infer
@@ -83,7 +83,8 @@ arange.onnx(lambda e, node, ins: [e.emit("Range", [e.const(np.array(0, np.int64)
 arange.torch(lambda b, node, xs: b.call(b.torch.arange, b.dim(node.attrs["n"]), dtype=b.torch.int64))
 
 # ---- dim_value --------------------------------------------------------------
-dim_value = define("dim_value", (), attrs={"value": (DIM, REQUIRED)}, flops=0,
+dim_value = define("dim_value", (), attrs={"value": (DIM, REQUIRED)}, cuda="elementwise", cuda_expr="{value}",
+                   flops=0,
                    doc="int64[]: the size of a (symbolic) dimension, as data (index arithmetic over a sequence)")
 dim_value.infer(lambda types, attrs: TensorType(DType.int64, ()))
 dim_value.numpy(lambda xs, attrs, env: np.array(env.eval_dims([attrs["value"]])[0], np.int64))
@@ -91,7 +92,9 @@ dim_value.onnx(lambda e, node, ins: [e.scalar_dim(node.attrs["value"])])
 dim_value.torch(lambda b, node, xs: b.call(b.torch.tensor, b.dim(node.attrs["value"]), dtype=b.torch.int64))
 
 # ---- expand -----------------------------------------------------------------
-expand = define("expand", ("x",), attrs={"shape": (DIMS, REQUIRED)}, cuda="copy", flops=0,
+# An elementwise identity on CUDA: the elementwise kernels already read each
+# input at its broadcast offset, and so it joins the chain that reads it.
+expand = define("expand", ("x",), attrs={"shape": (DIMS, REQUIRED)}, cuda="elementwise", cuda_expr="{0}", flops=0,
                 doc="broadcast to a shape, numpy (ONNX Expand) rules: the result is the broadcast of both")
 
 

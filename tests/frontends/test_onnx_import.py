@@ -2,7 +2,6 @@
 TorchScript and dynamo exporters) imported, run on the reference interpreter,
 fused and re-exported, and compared with ONNX Runtime on the original file
 (the outside oracle) at two sequence lengths."""
-import contextlib
 import warnings
 
 import numpy as np
@@ -17,8 +16,7 @@ from blockc.frontends.onnx import OnnxModel, load_onnx
 from blockc.frontends.weights import materialize
 from blockc.ir.parser import parse_graph
 from blockc.ir.printer import print_graph
-from blockc.runtime.ort_runner import OrtSession
-from blockc.runtime.reference import run_reference
+from blockc.runtime.backend import make_backend
 
 from hf_testing import randomise
 
@@ -31,23 +29,35 @@ def _feeds(model, graph, seq, batch=2, seed=0):
     return {s.name: s.sample(sizes, rng) for s in model.inputs()}
 
 
-def check_against_ort(path, seqs=(5, 11), tol=1e-4, fused=False):
-    """Import ``path`` and compare with ONNX Runtime on the file: the
-    reference's outputs, or (``fused``) those of the optimized graph
-    re-exported and run by ONNX Runtime."""
+# How blockc runs an imported file, each against ONNX Runtime on the file
+# itself: the import as it is, on the float64 reference interpreter; the
+# optimized graph re-exported and run by ONNX Runtime; the optimized graph as
+# generated CUDA, emulated on the CPU. name: (backend, its options, optimized)
+RUNS = {
+    "reference": ("reference", {"float64": True}, False),
+    "fused-ort": ("ort-cpu", {}, True),
+    "fused-cuda-emu": ("cuda-emu", {}, True),
+}
+
+
+def check_against_ort(path, seqs=(5, 11), tol=1e-4, run="reference"):
+    """Import ``path``, run it as ``RUNS[run]`` says at each of ``seqs``
+    (one compiled graph: the sizes are symbolic), and compare with ONNX
+    Runtime on the file."""
+    name, options, optimized = RUNS[run]
+    backend = make_backend(name, **options)
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
     model = OnnxModel(path)
     graph = trace(model)
     weights = materialize(init_weights(model))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    with contextlib.ExitStack() as stack:
-        if fused:
-            run = stack.enter_context(OrtSession(optimize(graph).graph, weights)).run
-        else:
-            run = lambda feeds: run_reference(graph, weights, feeds)   # noqa: E731
+    with backend.compile(optimize(graph).graph if optimized else graph, weights) as compiled:
         for seq in seqs:
             feeds = _feeds(model, graph, seq)
-            ours = run(feeds)
+            ours = compiled.run(feeds)
             theirs = dict(zip(names, session.run(None, feeds)))
             assert set(ours) == set(theirs)
             for k in theirs:
@@ -134,9 +144,12 @@ def hf_file(request, tmp_path_factory):
     return kind, _hf_export(exporter, kind, opset, attention, tmp_path_factory.mktemp("hf") / f"{kind}.onnx")
 
 
-def test_hf_export_matches_ort(hf_file):
+@pytest.mark.parametrize("run", list(RUNS))
+def test_hf_export_matches_ort(hf_file, run):
+    """The import on the reference, and the optimized graph exported for
+    ONNX Runtime and generated as CUDA (emulated), against the original file."""
     kind, path = hf_file
-    model, graph = check_against_ort(path)
+    model, graph = check_against_ort(path, run=run)
     assert graph.symbols() == ["batch", "sequence"]
 
 
@@ -153,12 +166,6 @@ def test_hf_export_fuses(hf_file):
     assert fused.get("masked_softmax") == L
     assert fused.get("attention") == L
     assert "erf" not in result.graph.op_counts() and "tanh" not in result.graph.op_counts()
-
-
-def test_hf_fused_reexport_matches_ort(hf_file):
-    """The optimized graph, exported and run by ONNX Runtime, against the original file."""
-    kind, path = hf_file
-    check_against_ort(path, fused=True)
 
 
 def test_cli_on_an_onnx_file(hf_file, capsys):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ...ir.dtypes import DType
-from ...ir.opdef import get
+from ...ir.opdef import DIM, get
 
 
 def float_literal(x: float) -> str:
@@ -35,13 +35,25 @@ def literal(value: np.ndarray, dtype: DType) -> str:
     return f"{int(v)}LL"
 
 
-def expr(op: str, attrs: dict, args: list[str], out_dtype: DType) -> str:
+def expr(op: str, attrs: dict, args: list[str], out_dtype: DType, *, index: str | None = None,
+         dim=None) -> str:
     """The C expression computing the elementwise ``op`` on argument
-    expressions ``args``: the op's own ``cuda_expr`` in the registry."""
-    rule = get(op).cuda_expr
+    expressions ``args``: the op's own ``cuda_expr`` in the registry. A
+    string rule may also name ``{index}``, the element's linear index (the C
+    expression ``index``), and each dim attribute, as its run-time value
+    (``dim(d)``: a C ``long long`` expression, symbols read at run time).
+    A caller that gives neither (a GEMM's epilogue) cannot place such an op:
+    the rule then fails with a KeyError naming what it lacks."""
+    opdef = get(op)
+    rule = opdef.cuda_expr
     if rule is None:
         raise KeyError(op)
-    return rule.format(*args) if isinstance(rule, str) else rule(attrs, args, out_dtype)
+    if not isinstance(rule, str):
+        return rule(attrs, args, out_dtype)
+    named = {} if index is None else {"index": index}
+    if dim is not None:
+        named.update({k: dim(v) for k, v in attrs.items() if opdef.attrs[k][0] == DIM})
+    return rule.format(*args, **named)
 
 
 def is_inline(v) -> bool:

@@ -75,21 +75,32 @@ def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCo
     if node.op == "gather":
         table, ids = node.inputs
         out = node.outputs[0]
-        if node.attrs["axis"] != 0 or table.type.rank != 2:
-            raise CudaCodegenError("gather: the CUDA backend does row lookups (axis 0 of a matrix) only")
-        rank = out.type.rank
+        if node.attrs["axis"] % table.type.rank != 0:
+            raise CudaCodegenError("gather: the CUDA backend takes entries along axis 0 only")
+        rank, lead = out.type.rank, ids.type.rank
         ids_off = _linear(_strides(ids.shape, ctx), ids.shape)
-        rows, width = ctx.dim(table.shape[0]), ctx.dim(table.shape[1])
-        ok = f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows})"
-        value = f"{ok} ? in[index[{ids_off}] * {width} + idx{rank - 1}] : blockc_from_compute<{ctype(out.dtype)}>(NAN)"
+        # An entry of the table is a row (an embedding) or, for a 1-D table, one element (a mask bit).
+        inner_strides = _strides(table.shape[1:], ctx)
+        inner = " + ".join(f"idx{lead + a}" if st == "1LL" else f"idx{lead + a} * {st}"
+                           for a, st in enumerate(inner_strides)) or "0"
+        rows, width = ctx.dim(table.shape[0]), ctx.numel(table.shape[1:])
+        # Negative ids count from the end, as the op's numpy meaning (np.take) does.
+        at = f"(index[{ids_off}] < 0 ? index[{ids_off}] + {rows} : (long long)index[{ids_off}])"
+        ok = f"(index[{ids_off}] >= -{rows} && index[{ids_off}] < {rows})"
+        T = ctype(out.dtype)
+        missing = f"blockc_from_compute<{T}>(NAN)" if out.dtype.is_float else f"({T})0"
+        value = f"{ok} ? in[{at} * {width} + {inner}] : {missing}"
         name = f"gather_rows_{dt}_{shape_class(out.shape)}"
-        # Ids that blockc_run answers for (an input with an id range): the first
-        # position of a bad one goes to first_bad (once per id, from its row's
-        # column 0) and blockc_run refuses the run. Every gather of the input
-        # checks its own table; the smallest (the range the error names) flags first.
+        # Ids that blockc_run answers for (an input with an id range, [0, rows)):
+        # the first position of a bad one goes to first_bad (once per id, from
+        # its entry's first element) and blockc_run refuses the run. Every gather
+        # of the input checks its own table; the smallest (the range the error names) flags first.
         flag = ctx.id_flag(ids)
-        check = flag and f"if (idx{rank - 1} == 0 && !{ok}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
-        title = f"embedding lookup (an out-of-range id gives NaN{' and is reported' if flag else ''})"
+        first = f"({inner}) == 0 && " if rank > lead else ""
+        in_range = f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows})"
+        check = flag and f"if ({first}!{in_range}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
+        title = f"lookup along axis 0 (an out-of-range id gives {'NaN' if out.dtype.is_float else 0}" \
+                f"{' and is reported' if flag else ''})"
         return [_copy(name, title, labels, ctx, table, out, out.shape, "", "i", node.op, value=value, index=ids,
                       check=check, flag=flag)]
     raise CudaCodegenError(f"no copy kernel for {node.op}")

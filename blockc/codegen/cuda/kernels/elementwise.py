@@ -80,12 +80,14 @@ def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) ->
         o = n.outputs[0]
         ctype_c = "bool" if o.dtype == DType.bool else ("float" if o.dtype.is_float else "long long")
         names[id(o)] = f"t{j}"
-        body.append(f"const {ctype_c} t{j} = {expr(n.op, n.attrs, args_c, o.dtype)};")
+        # `i` is this node's own linear index too: a chain's members all have its output's shape.
+        body.append(f"const {ctype_c} t{j} = {expr(n.op, n.attrs, args_c, o.dtype, index='i', dim=dim)};")
     result = names.get(id(out)) or operand(out)
     decompose: list[str] = []
     if need_index:
-        decompose = ["long long rest = i;"] + index_lines(shape, ctx, " ".join(body + list(loads.values())
-                                                                                    + [result]))
+        decompose = index_lines(shape, ctx, " ".join(body + list(loads.values()) + [result]))
+        # none when every broadcast input is a single element (offset 0): then no `rest`, which nvcc would flag
+        decompose = ["long long rest = i;"] + decompose if decompose else []
     out_t = ctype(out.dtype)
     store = f"blockc_from_compute<{out_t}>({result})"
     ops = [n.op for n in nodes if n.op not in ("constant",)]
