@@ -21,11 +21,13 @@ been measured to take beyond what stays resident after it (the first
 block's check run of each session, its peak read from the kernel's
 high-water mark: an interpreter's temporaries are not in the model). The
 measure is the process's whole, so memory a closed session's runtime kept
-counts against the next group; ``release_freed`` hands what it can back
-after each group.
+counts against the next group; ``release_freed`` collects what closed
+sessions left in reference cycles and hands what it can back after each
+group.
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 from dataclasses import dataclass
@@ -117,11 +119,20 @@ class Watch:
 
 
 def release_freed() -> None:
-    """Hand memory freed by closed sessions back to the OS. glibc keeps freed
+    """Free what closed sessions left, and hand it back to the OS.
+
+    First Python's cycle collector: a closed session is not freed when its
+    last name goes if it sits in a reference cycle (a torch.fx module and its
+    parameters, folded constants such as GPT-2's transposed 147 MiB embedding
+    among them; ONNX Runtime's optimizer's model protos with every weight).
+    The collector runs by counts of Python objects made, not by bytes, so a
+    run that makes few objects and large arrays can go many groups without
+    it, each group's sessions piling on the last. Then glibc: it keeps freed
     blocks in its per-thread arenas (ONNX Runtime's and torch's worker
-    threads each have one), so without this the process's resident memory
-    only ratchets up from group to group and the next group's measurement
-    counts the last one's garbage."""
+    threads each have one), so without ``malloc_trim`` the process's
+    resident memory only ratchets up from group to group and the next
+    group's measurement counts the last one's garbage."""
+    gc.collect()
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
