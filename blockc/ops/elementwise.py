@@ -42,6 +42,10 @@ _UNARY = {
     "reciprocal": (np.reciprocal, "Reciprocal", True, "reciprocal", "(1.0f / {0})"),
     "tanh": (np.tanh, "Tanh", True, "tanh", "tanhf({0})"),
     "erf": (scipy.special.erf, "Erf", True, "erf", "erff({0})"),
+    "sin": (np.sin, "Sin", True, "sin", "sinf({0})"),
+    "cos": (np.cos, "Cos", True, "cos", "cosf({0})"),
+    # expit, not 1 / (1 + exp(-x)): no overflow warning for very negative x
+    "sigmoid": (scipy.special.expit, "Sigmoid", True, "sigmoid", "(1.0f / (1.0f + expf(-({0}))))"),
     "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "Relu", False, "relu", "fmaxf({0}, 0.0f)"),
 }
 

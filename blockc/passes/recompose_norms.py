@@ -17,8 +17,8 @@ After::
 
     %1:f32[b,s,d] = layernorm %x, @gamma, @beta {eps=1e-05}
 
-Variants matched: ``pow(xc, 2)`` for ``xc*xc``; ``xc * reciprocal(sigma)``
-for the division; operands of add/mul in either order. RMSNorm likewise:
+Variants matched: ``pow(xc, 2)`` for ``xc*xc``; ``xc * reciprocal(sigma)`` or
+``xc * (1 / sigma)`` for the division; operands of add/mul in either order. RMSNorm likewise:
 ``x / sqrt(mean(x*x) + eps) * gamma``.
 """
 from __future__ import annotations
@@ -35,7 +35,9 @@ def _square(v):
 
 
 def _normalize(num, denom):
-    return Or(Op("div", num, denom), Op("mul", num, Op("reciprocal", denom), commutative=True))
+    # 1/sigma as reciprocal, or as div(1, sigma) (torch.rsqrt through the TorchScript exporter)
+    inverse = Or(Op("reciprocal", denom), Op("div", Const("one"), denom))
+    return Or(Op("div", num, denom), Op("mul", num, inverse, commutative=True))
 
 
 X = Var("x")
@@ -60,6 +62,8 @@ def _check(m):
             return f"the {key} is not over the last axis"
     if "two" in m and float(m["two"].reshape(-1)[0]) != 2.0:
         return "the power is not 2"
+    if "one" in m and float(m["one"].reshape(-1)[0]) != 1.0:
+        return "the numerator of 1/sigma is not 1"
     eps = float(m["eps"].reshape(-1)[0])
     if not 0 <= eps < 1e-1:
         return f"eps={eps} does not look like a norm's epsilon"

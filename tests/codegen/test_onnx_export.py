@@ -63,7 +63,7 @@ def binary(op):
     return g
 
 
-@case("neg", "exp", "tanh", "erf", "relu", "silu")
+@case("neg", "exp", "tanh", "erf", "relu", "silu", "sin", "cos", "sigmoid")
 @case("sqrt", "reciprocal", low=0.5)
 def unary(op):
     g = Graph(op)

@@ -94,9 +94,37 @@ L = 2
 # padding mask with GatherND. Its GPT-2 is the LM (GPT2Model inside).
 # TorchScript's SDPA masks with -inf, so its NaN guard must stay and attention
 # does not fuse (fuse_attention says so): it is not among these.
-EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "bert")] + \
+# Llama (GQA, RoPE, RMSNorm, SwiGLU) computes its rotary rows from the
+# positions: "llama" from arange(seq) inside the graph, "llama-pos" from a
+# position_ids input.
+EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "bert", "llama")] + \
           [("dynamo", kind, opset, attention) for kind in ("gpt2-lm", "bert")
-           for opset, attention in ((None, "eager"), (18, "sdpa"))]
+           for opset, attention in ((None, "eager"), (18, "sdpa"))] + \
+          [("dynamo", "llama-pos", None, attention) for attention in ("eager", "sdpa")]
+
+# What each model kind's import fuses (the issue's targets): add+norm after every
+# sublayer and at the end, one masked softmax and attention per layer; Llama's
+# norms are written out (Pow, ReduceMean, Sqrt...) and recomposed first, and its
+# queries and keys each rotate once per layer.
+_GPT = {"add_layernorm": 2 * L + 1, "masked_softmax": L, "attention": L}
+_LLAMA = {"rmsnorm": 2 * L + 1, "add_rmsnorm": 2 * L, "masked_softmax": L, "attention": L, "rotary": 2 * L}
+FUSED = {"gpt2": _GPT, "gpt2-lm": _GPT, "bert": _GPT, "llama": _LLAMA, "llama-pos": _LLAMA}
+
+
+def _hf_model(kind, attention, torch, transformers):
+    if kind == "bert":
+        cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=128, attn_implementation=attention)
+        return transformers.BertModel(cfg, add_pooling_layer=False)
+    if kind.startswith("llama"):
+        # GQA (4 query heads over 2 K/V heads); rope_theta off its default so a wrong base shows
+        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=L,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                       rope_theta=500.0, attn_implementation=attention)
+        return transformers.LlamaForCausalLM(cfg)
+    cfg = transformers.GPT2Config(vocab_size=100, n_positions=128, n_embd=32, n_layer=L, n_head=4,
+                                  attn_implementation=attention)
+    return (transformers.GPT2LMHeadModel if kind == "gpt2-lm" else transformers.GPT2Model)(cfg)
 
 
 def _hf_export(exporter, kind, opset, attention, path):
@@ -105,14 +133,7 @@ def _hf_export(exporter, kind, opset, attention, path):
     if exporter == "dynamo":
         pytest.importorskip("onnxscript")   # what torch.onnx's dynamo exporter writes ONNX with
     torch.manual_seed(0)
-    if kind == "bert":
-        cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
-                                      intermediate_size=64, max_position_embeddings=128, attn_implementation=attention)
-        hf = transformers.BertModel(cfg, add_pooling_layer=False)
-    else:
-        cfg = transformers.GPT2Config(vocab_size=100, n_positions=128, n_embd=32, n_layer=L, n_head=4,
-                                      attn_implementation=attention)
-        hf = (transformers.GPT2LMHeadModel if kind == "gpt2-lm" else transformers.GPT2Model)(cfg)
+    hf = _hf_model(kind, attention, torch, transformers)
     # Random norms and biases: HF's ones and zeros would hide a wrong mapping, and
     # the dynamo exporter's optimizer merges equal initializers into one.
     randomise(hf, torch)
@@ -122,11 +143,15 @@ def _hf_export(exporter, kind, opset, attention, path):
             super().__init__()
             self.m = hf
 
-        def forward(self, ids, mask, types=None):
-            extra = {"token_type_ids": types} if types is not None else {"use_cache": False}
-            return self.m(input_ids=ids, attention_mask=mask, return_dict=False, **extra)[0]
+        def forward(self, ids, mask, extra=None):
+            if kind == "bert":
+                named = {"token_type_ids": extra}
+            else:
+                named = {"use_cache": False, **({"position_ids": extra} if extra is not None else {})}
+            return self.m(input_ids=ids, attention_mask=mask, return_dict=False, **named)[0]
 
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if kind == "bert" else [])
+    third = {"bert": ["token_type_ids"], "llama-pos": ["position_ids"]}.get(kind, [])
+    names = ["input_ids", "attention_mask"] + third
     args = tuple(torch.zeros(2, 5, dtype=torch.long) for _ in names)
     dyn = {n: {0: "batch", 1: "sequence"} for n in names}
     options = dict(dynamo=False, opset_version=opset) if exporter == "torchscript" else \
@@ -154,24 +179,24 @@ def test_hf_export_matches_ort(hf_file, run):
 
 
 def test_hf_export_fuses(hf_file):
-    """The issue's targets: 2L+1 add+LayerNorm, and L masked softmaxes (causal+padding for
-    GPT-2, padding for BERT), which then become attention; every GELU is recomposed."""
+    """The issue's targets (``FUSED``): 2L+1 add+LayerNorm, and L masked softmaxes
+    (causal+padding for GPT-2 and Llama, padding for BERT), which then become
+    attention; every GELU is recomposed; Llama's rotations fuse."""
     kind, path = hf_file
     result = optimize(trace(OnnxModel(path)))
     fused = {}
     for s in result.sites:
         if s.fused:
             fused[s.kind] = fused.get(s.kind, 0) + 1
-    assert fused.get("add_layernorm") == 2 * L + 1
-    assert fused.get("masked_softmax") == L
-    assert fused.get("attention") == L
+    assert {k: fused.get(k) for k in FUSED[kind]} == FUSED[kind]
     assert "erf" not in result.graph.op_counts() and "tanh" not in result.graph.op_counts()
 
 
 def test_cli_on_an_onnx_file(hf_file, capsys):
     kind, path = hf_file
     assert main(["fusions", str(path), "--dim", "sequence=16"]) == 0
-    assert "add_layernorm                 5" in capsys.readouterr().out
+    norm = "add_layernorm" if "add_layernorm" in FUSED[kind] else "add_rmsnorm"
+    assert f"{norm:<30}{FUSED[kind][norm]}" in capsys.readouterr().out
     assert main(["run", str(path), "--check", "--dim", "sequence=7"]) == 0
     out = capsys.readouterr().out
     assert "sequence=7" in out and "max |err| vs f64" in out

@@ -1,6 +1,7 @@
 """fuse_rotary: golden IR for each form the DSL emits (rotate-half,
 interleaved, partial rotation, [batch, seq] and [seq] positions), the
-decomposition traced back into the same fused op, and a rotary written
+decomposition traced back into the same fused op, rows computed where they
+are used (Hugging Face's, through torch.onnx), and a rotary written
 differently rejected with its reason, in the pass and in the fusion report."""
 import pytest
 
@@ -111,6 +112,85 @@ def test_the_decomposition_fuses_back_into_the_same_op(interleaved, positions, r
     assert node.attrs == {"interleaved": interleaved}
     assert [v.name for v in node.inputs] == ["x", "cos", "sin", "pos"]
     assert_same_numbers(g, r.graph)
+
+
+# ---- rows computed where they are used (Hugging Face Llama through torch.onnx) -----------
+def computed(rows: str = "1", rotation: str = "") -> str:
+    """cos/sin of cat(angles, angles) times a scalar, reshaped to [rows, 1, s, 16] as %7/%8,
+    and x's halves sliced; ``rotation`` replaces Hugging Face's rotate_half."""
+    return ir(f"""
+        graph g(%x: f64[b,4,s,16], %p: f64[{rows},s,1]) {{
+          param @inv_freq: f64[8]
+          %0:f64[{rows},s,8] = mul %p, @inv_freq
+          %1:f64[{rows},s,16] = concat %0, %0 {{axis=-1}}
+          %2:f64[{rows},s,16] = cos %1
+          %3:f64[] = constant {{value=dense<f64[]: [0.5]>}}
+          %4:f64[{rows},s,16] = mul %2, %3
+          %5:f64[{rows},s,16] = sin %1
+          %6:f64[{rows},s,16] = mul %5, %3
+          %7:f64[{rows},1,s,16] = reshape %4 {{shape=[{rows},1,s,16]}}
+          %8:f64[{rows},1,s,16] = reshape %6 {{shape=[{rows},1,s,16]}}
+          %9:f64[b,4,s,16] = mul %x, %7
+    """) + ir(rotation or """
+          %10:f64[b,4,s,8] = slice %x {axis=3, start=0, end=8}
+          %11:f64[b,4,s,8] = slice %x {axis=3, start=8, end=16}
+          %12:f64[b,4,s,8] = neg %11
+          %13:f64[b,4,s,16] = concat %12, %10 {axis=-1}
+          %14:f64[b,4,s,16] = mul %13, %8
+          %15:f64[b,4,s,16] = add %9, %14
+          return y=%15
+        }
+    """)
+
+
+def test_golden_rows_computed_per_token():
+    # one row per position of the sequence: they become a table read by arange(s)
+    check_golden(fuse_rotary, computed(), """
+        graph g(%x: f64[b,4,s,16], %p: f64[1,s,1]) {
+          param @inv_freq: f64[8]
+          %0:f64[1,s,8] = mul %p, @inv_freq
+          %1:f64[1,s,16] = concat %0, %0 {axis=-1}
+          %2:f64[1,s,16] = cos %1
+          %3:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %4:f64[1,s,16] = mul %2, %3
+          %5:f64[1,s,16] = sin %1
+          %6:f64[1,s,16] = mul %5, %3
+          %7:f64[1,1,s,16] = reshape %4 {shape=[1,1,s,16]}
+          %8:f64[1,1,s,16] = reshape %6 {shape=[1,1,s,16]}
+          %9:f64[s,16] = reshape %7 {shape=[-1,16]}
+          %10:f64[s,16] = reshape %8 {shape=[-1,16]}
+          %11:i64[s] = arange {n=s}
+          %12:f64[b,4,s,16] = rotary %x, %9, %10, %11 {interleaved=false}
+          return y=%12
+        }
+    """)
+
+
+def test_rows_computed_for_each_row_of_the_batch():
+    # position_ids given per row: rows [b, 1, s, 16], a table of b*s rows read as arange(b*s) in [b, s]
+    g = parse_graph(computed(rows="b"))
+    r = run_pass(fuse_rotary, g)
+    (node,) = nodes_of(r.graph, "rotary")
+    assert str(node.inputs[1].type) == "f64[b*s,16]" and str(node.inputs[3].type) == "i64[b,s]"
+    assert_same_numbers(g, r.graph)
+
+
+def test_computed_rows_under_a_rotation_of_adjacent_pairs_are_rejected():
+    g = label_origins(parse_graph(computed(rotation="""
+          %10:f64[b,4,s,8,2] = reshape %x {shape=[0,0,0,8,2]}
+          %11:f64[b,4,s,8,1], %12:f64[b,4,s,8,1] = split %10 {axis=-1, sizes=[1,1]}
+          %13:f64[b,4,s,8,1] = neg %12
+          %14:f64[b,4,s,8,2] = concat %13, %11 {axis=-1}
+          %15:f64[b,4,s,16] = reshape %14 {shape=[0,0,0,16]}
+          %16:f64[b,4,s,16] = mul %15, %8
+          %17:f64[b,4,s,16] = add %9, %16
+          return y=%17
+        }""")))
+    r = run_pass(fuse_rotary, g)
+    assert not r.changed
+    (site,) = [s for s in r.sites if s.rule == "rotary" and s.anchor_op == "add"]
+    assert site.reason == ("the cos/sin rows are computed as cat(angles, angles), which pairs dims half apart, "
+                           "but the rotation turns adjacent pairs")
 
 
 # ---- rotations the fused op does not express ---------------------------------------------

@@ -112,6 +112,43 @@ def test_golden_variants():
     """)
 
 
+RMS_ONE_OVER = """
+    graph g(%y: f64[2,3,8]) {{
+      param @g: f64[8]
+      %0:f64[] = constant {{value=dense<f64[]: [2.0]>}}
+      %1:f64[2,3,8] = pow %y, %0
+      %2:f64[2,3,1] = reduce_mean %1 {{axes=[-1], keepdims=true}}
+      %3:f64[] = constant {{value=dense<f64[]: [1e-06]>}}
+      %4:f64[2,3,1] = add %2, %3
+      %5:f64[2,3,1] = sqrt %4
+      %6:f64[] = constant {{value=dense<f64[]: [{one}]>}}
+      %7:f64[2,3,1] = div %6, %5
+      %8:f64[2,3,8] = mul %y, %7
+      %9:f64[2,3,8] = mul @g, %8
+      return b=%9
+    }}
+"""
+
+
+def test_golden_one_over_sigma():
+    # torch.rsqrt as the TorchScript exporter writes it (Hugging Face Llama's RMSNorm): y * (1 / sqrt(...))
+    check_golden(recompose_norms, RMS_ONE_OVER.format(one="1.0"), """
+        graph g(%y: f64[2,3,8]) {
+          param @g: f64[8]
+          %0:f64[] = constant {value=dense<f64[]: [2.0]>}
+          %1:f64[] = constant {value=dense<f64[]: [1e-06]>}
+          %2:f64[] = constant {value=dense<f64[]: [1.0]>}
+          %3:f64[2,3,8] = rmsnorm %y, @g {eps=1e-06}
+          return b=%3
+        }
+    """)
+    g = label_origins(parse_graph(ir(RMS_ONE_OVER.format(one="2.0"))))
+    r = run_pass(recompose_norms, g)
+    assert not r.changed
+    (site,) = [s for s in r.sites if s.anchor == "%9"]
+    assert site.reason == "the numerator of 1/sigma is not 1"
+
+
 def test_decompose_then_recompose_is_the_identity():
     r = run_pass(recompose_norms, decompose(parse_graph(ir(NORMS))).graph)
     assert str(dce(r.graph).graph) == ir(NORMS)  # dce drops the eps constants

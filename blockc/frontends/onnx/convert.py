@@ -602,6 +602,7 @@ TABLE: dict[str, Rule] = {
     "Reciprocal": _unary("reciprocal", np.reciprocal), "Exp": _unary("exp", np.exp),
     "Tanh": _unary("tanh", np.tanh), "Relu": _unary("relu", lambda x: np.maximum(x, 0)),
     "Erf": _unary("erf", scipy.special.erf),
+    "Sin": _unary("sin", np.sin), "Cos": _unary("cos", np.cos), "Sigmoid": _unary("sigmoid", scipy.special.expit),
     "Gelu": Rule(_gelu, since=20),
     "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_dropout),
     "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements),

@@ -205,6 +205,10 @@ def _input_specs(loaded: OnnxFile, constants) -> list[InputSpec]:
         name_l = v.name.lower()
         if dtype == DType.bool or (not dtype.is_float and "mask" in name_l):
             specs.append(InputSpec(v.name, dtype, tuple(shape), kind="mask"))
+        elif not dtype.is_float and "position" in name_l and v.name not in rows:
+            # positions computed with (Hugging Face's position_ids feeding rotary angles), not
+            # looked up in a table: sampled as 0..seq-1, as a prompt's are
+            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="positions"))
         elif not dtype.is_float:
             specs.append(InputSpec(v.name, dtype, tuple(shape), kind="ids", high=rows.get(v.name, 1)))
         else:
