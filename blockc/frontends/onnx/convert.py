@@ -510,22 +510,28 @@ def _layernorm(node, ins, ctx):
     eps = float(_attr(node, "epsilon", 1e-5))
     axis = _attr(node, "axis", -1) % x.ndim
     stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
+    return [normalize_from(axis, "layernorm", x, [gamma, beta], eps=eps), *stats]
+
+
+def normalize_from(axis: int, ir_op: str, x, params, **attrs):
+    """``ir_op`` (a norm over the last axis, with per-element ``params``) over
+    every axis of ``x`` from ``axis`` on, as ONNX's normalizations mean it:
+    blockc's norm over those axes flattened into one."""
+    x = tensor(x)
     if axis == x.ndim - 1:
-        return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=eps), *stats]
-    # ONNX normalizes over every axis from `axis` on: blockc's layernorm over them flattened into one
+        return apply(ir_op, x, *[tensor(p, x) for p in params], **attrs)
     normalized = list(x.shape[axis:])
     inner = 1
     for d in normalized:
         inner = d * inner
 
-    def flat(v):   # scale and bias over the normalized axes, flattened as x is
+    def flat(v):   # a parameter over the normalized axes, flattened as x is
         if is_tensor(v):
             return apply("expand", v, shape=normalized).reshape([inner])
         return np.broadcast_to(_known(v), [int(d) for d in normalized]).reshape(-1)
 
-    y = apply("layernorm", x.reshape(list(x.shape[:axis]) + [inner]), tensor(flat(gamma), x), tensor(flat(beta), x),
-              eps=eps)
-    return [y.reshape(list(x.shape)), *stats]
+    y = apply(ir_op, x.reshape(list(x.shape[:axis]) + [inner]), *[tensor(flat(p), x) for p in params], **attrs)
+    return y.reshape(list(x.shape))
 
 
 def _layernorm_stats(node, x, axis, eps):
@@ -616,3 +622,4 @@ TABLE: dict[str, Rule] = {
     "Max": _extremum("greater", np.maximum), "Min": _extremum("less", np.minimum),
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }
+
