@@ -508,9 +508,17 @@ def _layernorm(node, ins, ctx):
     x, gamma = ins[0], ins[1]
     beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
     eps = float(_attr(node, "epsilon", 1e-5))
-    axis = _attr(node, "axis", -1) % x.ndim
+    axis = axis_of(node, x.ndim)
     stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
     return [normalize_from(axis, "layernorm", x, [gamma, beta], eps=eps), *stats]
+
+
+def axis_of(node, rank: int, default: int = -1) -> int:
+    """The node's ``axis`` attribute as an index in ``[0, rank)``; out of range is refused."""
+    axis = _attr(node, "axis", default)
+    if not -rank <= axis < rank:
+        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{rank} tensor")
+    return axis % rank
 
 
 def normalize_from(axis: int, ir_op: str, x, params, **attrs):
