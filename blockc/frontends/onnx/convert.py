@@ -33,7 +33,8 @@ INT64_MAX = 2**63 - 1
 # The newest ai.onnx opset a rule claims by default. Opsets 25 to 28 changed
 # no operator in TABLE except to admit new element types (int2, uint2,
 # float6, which blockc refuses by type; Range-27 float16 and bfloat16,
-# computed in its stash_type, float32).
+# computed in its stash_type, float32) and to give Attention sliding windows
+# (25), which its rule refuses by name.
 NEWEST_OPSET = 28
 
 
@@ -631,3 +632,8 @@ TABLE: dict[str, Rule] = {
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }
 
+# The opset-23 fused operators (Attention, RMSNormalization, RotaryEmbedding)
+# have a module of their own; it uses the helpers above, so it comes last.
+from .opset23 import RULES as OPSET23_RULES  # noqa: E402
+
+TABLE.update(OPSET23_RULES)
