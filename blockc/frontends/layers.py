@@ -131,8 +131,9 @@ def make_norm(kind: str, dim: int, eps: float) -> Module:
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 causal: bool = False) -> Tensor:
-    """``softmax(mask(q kᵀ / sqrt(d_k))) v`` over the last two axes.
+                                 causal: bool = False, scale: float | None = None) -> Tensor:
+    """``softmax(mask(q kᵀ * scale)) v`` over the last two axes; ``scale``
+    is ``1 / sqrt(d_k)`` unless given.
 
     ``mask`` is boolean (True = may attend) or additive (added to the scaled
     scores); it must broadcast to the scores' shape ``[..., q_len, k_len]``.
@@ -140,9 +141,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     sees keys ``j <= i + k_len - q_len``.
     """
     d_k = q.shape[-1]
-    if not isinstance(d_k, int):
-        raise ModelError(at_user_line(f"attention head size must be a static int, got {d_k}"))
-    scores = (q @ k.T) * constant(1.0 / math.sqrt(d_k), q.dtype)
+    if scale is None:
+        if not isinstance(d_k, int):
+            raise ModelError(at_user_line(f"attention head size must be a static int, got {d_k}"))
+        scale = 1.0 / math.sqrt(d_k)
+    scores = (q @ k.T) * constant(scale, q.dtype)
     if mask is not None:
         try:
             fits = broadcast_shapes("attention mask", mask.shape, scores.shape) == scores.shape
@@ -163,6 +166,57 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
         # gives a uniform distribution instead of NaN.
         scores = where(causal_mask(q.shape[-2], k.shape[-2]), scores, q.dtype.lowest)
     return scores.softmax(-1) @ v
+
+
+def split_heads(x: Tensor, heads: int, size: Dim) -> Tensor:
+    """``[b, s, heads*size] -> [b, heads, s, size]``."""
+    return x.reshape(0, 0, heads, size).permute(0, 2, 1, 3)
+
+
+def join_heads(x: Tensor) -> Tensor:
+    """``[b, heads, s, size] -> [b, s, heads*size]``: ``split_heads`` undone."""
+    return x.permute(0, 2, 1, 3).reshape(0, 0, x.shape[1] * x.shape[3])
+
+
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+                      scale: float | None = None) -> Tensor:
+    """``scaled_dot_product_attention`` of ``q`` ``[b, heads, s, d_k]`` over
+    ``k``, ``v`` ``[b, kv_heads, t, d]`` (``mask`` over ``[..., heads, s, t]``).
+
+    ``kv_heads`` below ``heads`` is grouped-query attention: query head ``h``
+    reads key/value head ``h // (heads // kv_heads)`` (``kv_heads=1`` is
+    multi-query). The heads are grouped, not copied: queries are viewed as
+    ``[b, kv_heads, group, s, d_k]`` and keys as ``[b, kv_heads, 1, t, d_k]``,
+    and the batched product broadcasts.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads == heads:
+        return scaled_dot_product_attention(q, k, v, mask, causal, scale)
+    if not (isinstance(heads, int) and isinstance(kv_heads, int)):
+        raise ModelError(at_user_line(f"grouped-query attention needs fixed head counts, got {heads} query "
+                                      f"and {kv_heads} key/value heads"))
+    problem = heads_problem(heads, kv_heads)
+    if problem:
+        raise ModelError(at_user_line(problem))
+    group = heads // kv_heads
+    q = q.reshape(0, kv_heads, group, -1, q.shape[-1])
+    k, v = k.reshape(0, kv_heads, 1, -1, k.shape[-1]), v.reshape(0, kv_heads, 1, -1, v.shape[-1])
+    o = scaled_dot_product_attention(q, k, v, _grouped_mask(mask, heads, kv_heads), causal, scale)
+    return o.reshape(0, heads, -1, v.shape[-1])
+
+
+def _grouped_mask(mask: Tensor | None, heads: int, kv_heads: int) -> Tensor | None:
+    """A mask over ``[..., heads, q, k]`` as one over the grouped scores
+    ``[..., kv_heads, group, q, k]``; masks without a heads axis broadcast as they are."""
+    if mask is None or mask.ndim < 3:
+        return mask
+    *lead, h, rows, cols = mask.shape
+    if h == 1:
+        return mask.reshape(*lead, 1, 1, rows, cols)
+    if h == heads:
+        return mask.reshape(*lead, kv_heads, heads // kv_heads, rows, cols)
+    raise ModelError(at_user_line(f"attention mask of shape {fmt(mask.shape)} has {h} heads, "
+                                  f"the attention {heads}"))
 
 
 class KVCache:
@@ -207,11 +261,9 @@ def heads_problem(heads: int, kv_heads: int) -> str | None:
 class MultiHeadAttention(Module):
     """``h`` heads of size ``d_k`` (queries/keys) and ``d_v`` (values), then ``W_O``.
 
-    ``kv_heads`` below ``heads`` is grouped-query attention: query head ``h``
-    reads key/value head ``h // (heads // kv_heads)`` (``kv_heads=1`` is
-    multi-query). The heads are grouped, not copied: queries are viewed as
-    ``[batch, kv_heads, group, seq, d_k]`` and keys as
-    ``[batch, kv_heads, 1, seq, d_k]``, and the batched product broadcasts.
+    ``kv_heads`` below ``heads`` is grouped-query attention
+    (``grouped_attention``): query head ``h`` reads key/value head
+    ``h // (heads // kv_heads)`` (``kv_heads=1`` is multi-query).
 
     ``bias`` puts biases on the q, k and v projections and, unless
     ``out_bias`` says otherwise, on ``W_O`` (Llama: none; Qwen2: q, k, v
@@ -249,7 +301,7 @@ class MultiHeadAttention(Module):
 
     def split_heads(self, x: Tensor, size: int, heads: int | None = None) -> Tensor:
         """``[b, s, h*size] -> [b, h, s, size]``."""
-        return x.reshape(0, 0, heads or self.heads, size).permute(0, 2, 1, 3)
+        return split_heads(x, heads or self.heads, size)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, memory: Tensor | None = None,
                 rotary: Rotary | None = None, cache: KVCache | None = None) -> Tensor:
@@ -264,16 +316,7 @@ class MultiHeadAttention(Module):
             q, k = rotary.rotate(q), rotary.rotate(k)
         if cache is not None:
             k, v = cache.extend(k, v)
-        if self.kv_heads == self.heads:
-            o = scaled_dot_product_attention(q, k, v, mask, self.causal)
-        else:
-            group = self.heads // self.kv_heads
-            q = q.reshape(0, self.kv_heads, group, -1, self.d_k)
-            k, v = k.reshape(0, self.kv_heads, 1, -1, self.d_k), v.reshape(0, self.kv_heads, 1, -1, self.d_v)
-            o = scaled_dot_product_attention(q, k, v, self._grouped_mask(mask), self.causal)
-            o = o.reshape(0, self.heads, -1, self.d_v)
-        o = o.permute(0, 2, 1, 3).reshape(0, 0, self.heads * self.d_v)
-        return self.w_o(o)
+        return self.w_o(join_heads(grouped_attention(q, k, v, mask, self.causal)))
 
     def _heads(self, y: Tensor, norm: str, heads: int) -> Tensor:
         """Queries or keys ``[b, s, heads*d_k]`` as ``[b, heads, s, d_k]``, normalised as ``qk_norm`` says."""
@@ -281,19 +324,6 @@ class MultiHeadAttention(Module):
             y = getattr(self, norm)(y)
         y = self.split_heads(y, self.d_k, heads)
         return getattr(self, norm)(y) if self.qk_norm == "head" else y
-
-    def _grouped_mask(self, mask: Tensor | None) -> Tensor | None:
-        """A mask over ``[..., heads, q, k]`` as one over the grouped scores
-        ``[..., kv_heads, group, q, k]``; masks without a heads axis broadcast as they are."""
-        if mask is None or mask.ndim < 3:
-            return mask
-        *lead, h, rows, cols = mask.shape
-        if h == 1:
-            return mask.reshape(*lead, 1, 1, rows, cols)
-        if h == self.heads:
-            return mask.reshape(*lead, self.kv_heads, self.heads // self.kv_heads, rows, cols)
-        raise ModelError(at_user_line(f"attention mask of shape {fmt(mask.shape)} has {h} heads, "
-                                      f"the attention {self.heads}"))
 
 
 class FeedForward(Module):

@@ -71,10 +71,21 @@ def rope_angles(positions: int, rotary_dim: int, base: float) -> np.ndarray:
 
 def rope_table(shape: tuple, rng=None, *, fn, base: float, interleaved: bool) -> np.ndarray:
     """The ``cos`` (``fn=np.cos``) or ``sin`` table: each angle for both
-    members of its pair, side by side (interleaved) or half apart."""
+    members of its pair (``pair_table``)."""
     positions, rotary_dim = shape
-    values = fn(rope_angles(positions, rotary_dim, base))
-    return np.repeat(values, 2, axis=1) if interleaved else np.concatenate([values, values], axis=1)
+    return pair_table(fn(rope_angles(positions, rotary_dim, base)), interleaved, np.concatenate)
+
+
+def pair_table(values, interleaved: bool, join):
+    """``[..., rotary_dim/2]`` values, one per pair, as ``[..., rotary_dim]``:
+    each written for both members of its pair, side by side (interleaved) or
+    half apart. ``join`` concatenates a list along an axis: ``np.concatenate``
+    for arrays, the DSL's ``concat`` for tensors (an ONNX file's caches)."""
+    if not interleaved:
+        return join([values, values], -1)
+    lead, half = list(values.shape[:-1]), values.shape[-1]
+    column = values.reshape(lead + [half, 1])
+    return join([column, column], -1).reshape(lead + [2 * half])
 
 
 @dataclass(frozen=True)
@@ -138,10 +149,17 @@ class RotaryEmbedding(Module):
         cos, sin = self.cos, self.sin
         if rows is not None:
             cos, sin = cos.slice(0, 0, rows), sin.slice(0, 0, rows)
-        cos, sin = gather(cos, position_ids), gather(sin, position_ids)
-        if position_ids.ndim == 2:  # [batch, seq, rd] -> [batch, 1, seq, rd]: the same angles for every head
-            cos, sin = (t.reshape(0, 1, -1, self.rotary_dim) for t in (cos, sin))
-        return Rotary(cos, sin, self.rotary_dim, self.interleaved)
+        return rotary_rows(cos, sin, position_ids, self.interleaved)
 
     def forward(self, x: Tensor, position_ids: Tensor) -> Tensor:
         return self.angles(position_ids).rotate(x)
+
+
+def rotary_rows(cos: Tensor, sin: Tensor, position_ids: Tensor, interleaved: bool) -> Rotary:
+    """The rows of tables ``[positions, rotary_dim]`` at ``position_ids``
+    (``[batch, seq]`` or ``[seq]``), ready to rotate."""
+    rotary_dim = cos.shape[-1]
+    cos, sin = gather(cos, position_ids), gather(sin, position_ids)
+    if position_ids.ndim == 2:  # [batch, seq, rd] -> [batch, 1, seq, rd]: the same angles for every head
+        cos, sin = (t.reshape(0, 1, -1, rotary_dim) for t in (cos, sin))
+    return Rotary(cos, sin, rotary_dim, interleaved)

@@ -81,6 +81,17 @@ REFUSED = [
             r"do not add up to dim|symbolic matrix dims|zero-size array",
             "a zero-size input: blockc reads a dim_value of 0 as an unknown size (its dims are at least 1), "
             "refused where the size matters"),
+    Refusal(("test_attention_*nonpad*", "test_attention_*padded_kv*", "test_attention_local_window_ext_cache_*"),
+            r"Attention with nonpad_kv_seqlen",
+            "opset 24's external KV cache (valid lengths per row, and a causal frontier per row from them): "
+            "blockc's attention takes masks, not lengths"),
+    Refusal(("test_attention_local_window", "test_attention_local_window_[!d]*", "test_attention_3d_local_window",
+             "test_attention_bidirectional_window"), r"Attention with (left|right)_window_size=",
+            "opset 25's sliding-window attention: blockc's attention masks by a mask input and a causal flag only"),
+    Refusal(("test_attention_*softcap*",), r"Attention with softcap=",
+            "blockc's attention has no soft cap of the scores (softcap * tanh(scores / softcap))"),
+    Refusal(("test_attention_*qk_matmul*",), r"Attention's qk_matmul_output \(qk_matmul_output_mode=\d\)",
+            "the scores or probabilities as a fourth output (a debugging aid): blockc's attention keeps them inside"),
 ]
 # The onnx release whose cases the rows were written against: a row that
 # matches none of them is stale (checked only there, since releases add and

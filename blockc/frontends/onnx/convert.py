@@ -33,7 +33,8 @@ INT64_MAX = 2**63 - 1
 # The newest ai.onnx opset a rule claims by default. Opsets 25 to 28 changed
 # no operator in TABLE except to admit new element types (int2, uint2,
 # float6, which blockc refuses by type; Range-27 float16 and bfloat16,
-# computed in its stash_type, float32).
+# computed in its stash_type, float32) and to give Attention sliding windows
+# (25), which its rule refuses by name.
 NEWEST_OPSET = 28
 
 
@@ -508,24 +509,38 @@ def _layernorm(node, ins, ctx):
     x, gamma = ins[0], ins[1]
     beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
     eps = float(_attr(node, "epsilon", 1e-5))
-    axis = _attr(node, "axis", -1) % x.ndim
+    axis = axis_of(node, x.ndim)
     stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
+    return [normalize_from(axis, "layernorm", x, [gamma, beta], eps=eps), *stats]
+
+
+def axis_of(node, rank: int, default: int = -1) -> int:
+    """The node's ``axis`` attribute as an index in ``[0, rank)``; out of range is refused."""
+    axis = _attr(node, "axis", default)
+    if not -rank <= axis < rank:
+        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{rank} tensor")
+    return axis % rank
+
+
+def normalize_from(axis: int, ir_op: str, x, params, **attrs):
+    """``ir_op`` (a norm over the last axis, with per-element ``params``) over
+    every axis of ``x`` from ``axis`` on, as ONNX's normalizations mean it:
+    blockc's norm over those axes flattened into one."""
+    x = tensor(x)
     if axis == x.ndim - 1:
-        return [apply("layernorm", x, tensor(gamma, x), tensor(beta, x), eps=eps), *stats]
-    # ONNX normalizes over every axis from `axis` on: blockc's layernorm over them flattened into one
+        return apply(ir_op, x, *[tensor(p, x) for p in params], **attrs)
     normalized = list(x.shape[axis:])
     inner = 1
     for d in normalized:
         inner = d * inner
 
-    def flat(v):   # scale and bias over the normalized axes, flattened as x is
+    def flat(v):   # a parameter over the normalized axes, flattened as x is
         if is_tensor(v):
             return apply("expand", v, shape=normalized).reshape([inner])
         return np.broadcast_to(_known(v), [int(d) for d in normalized]).reshape(-1)
 
-    y = apply("layernorm", x.reshape(list(x.shape[:axis]) + [inner]), tensor(flat(gamma), x), tensor(flat(beta), x),
-              eps=eps)
-    return [y.reshape(list(x.shape)), *stats]
+    y = apply(ir_op, x.reshape(list(x.shape[:axis]) + [inner]), *[tensor(flat(p), x) for p in params], **attrs)
+    return y.reshape(list(x.shape))
 
 
 def _layernorm_stats(node, x, axis, eps):
@@ -617,3 +632,9 @@ TABLE: dict[str, Rule] = {
     "Max": _extremum("greater", np.maximum), "Min": _extremum("less", np.minimum),
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }
+
+# The opset-23 fused operators (Attention, RMSNormalization, RotaryEmbedding)
+# have a module of their own; it uses the helpers above, so it comes last.
+from .opset23 import RULES as OPSET23_RULES  # noqa: E402
+
+TABLE.update(OPSET23_RULES)
