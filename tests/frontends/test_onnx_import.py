@@ -202,6 +202,41 @@ def test_cli_on_an_onnx_file(hf_file, capsys):
     assert "sequence=7" in out and "max |err| vs f64" in out
 
 
+def test_every_command_on_a_file_with_external_data(tmp_path, capsys):
+    """show, summary, check, export and cuda on an imported file whose weights
+    are external data (fusions, run and compare: the tests above and below)."""
+    sizes = BUILTINS["bert-base"]
+    assert main(["export", "bert-base", *sizes, "-o", str(tmp_path / "inline.onnx")]) == 0
+    path = tmp_path / "bert.onnx"
+    onnx.save(onnx.load(str(tmp_path / "inline.onnx")), str(path), save_as_external_data=True,
+              location="bert.onnx.data", size_threshold=256)   # every weight; shapes stay inline for ORT
+    (tmp_path / "inline.onnx").unlink()
+    assert (tmp_path / "bert.onnx.data").stat().st_size > 100_000 * 4 > path.stat().st_size
+    capsys.readouterr()
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('graph "bert.onnx"(%input_ids: i64[batch,seq]') and "param @tok.weight: f32[100,64]" in out
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert main(["summary", "bert-base", *sizes]) == 0
+    built_in = capsys.readouterr().out.splitlines()
+    # the same counts as the built-in model it came from, the lookup tables counted as embeddings
+    assert out.splitlines()[-2:] == built_in[-3:-1] and "110,720 parameters" in out
+    assert main(["check", str(path), "--dim", "seq=8"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+    fused = tmp_path / "fused.onnx"
+    assert main(["export", str(path), "--form", "fused", "-o", str(fused)]) == 0
+    assert "fused ops as" in capsys.readouterr().out
+    feeds = _feeds(OnnxModel(path), trace(OnnxModel(path)), seq=7)
+    want, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)
+                 for p in (path, fused))
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-4)
+    build = tmp_path / "cuda"
+    assert main(["cuda", str(path), "--no-compile", "--dim", "seq=32", "-o", str(build)]) == 0
+    assert "nvcc: not run (--no-compile)" in capsys.readouterr().out
+    assert (build / "model.cu").stat().st_size > 0 and (build / "weights.bin").stat().st_size >= 110_720 * 4
+
+
 def test_load_onnx_gives_graph_and_weights(tmp_path):
     path = tmp_path / "t.onnx"
     assert main(["export", "tiny", "-o", str(path)]) == 0
