@@ -108,11 +108,11 @@ EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "b
 # queries and keys each rotate once per layer.
 _GPT = {"add_layernorm": 2 * L + 1, "masked_softmax": L, "attention": L}
 _LLAMA = {"rmsnorm": 2 * L + 1, "add_rmsnorm": 2 * L, "masked_softmax": L, "attention": L, "rotary": 2 * L}
-FUSED = {"gpt2": _GPT, "gpt2-lm": _GPT, "bert": _GPT, "llama": _LLAMA, "llama-pos": _LLAMA}
+FUSED = {"gpt2": _GPT, "gpt2-lm": _GPT, "bert": _GPT, "bert-notype": _GPT, "llama": _LLAMA, "llama-pos": _LLAMA}
 
 
 def _hf_model(kind, attention, torch, transformers):
-    if kind == "bert":
+    if kind.startswith("bert"):
         cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
                                       intermediate_size=64, max_position_embeddings=128, attn_implementation=attention)
         return transformers.BertModel(cfg, add_pooling_layer=False)
@@ -144,7 +144,7 @@ def _hf_export(exporter, kind, opset, attention, path):
             self.m = hf
 
         def forward(self, ids, mask, extra=None):
-            if kind == "bert":
+            if kind.startswith("bert"):
                 named = {"token_type_ids": extra}
             else:
                 named = {"use_cache": False, **({"position_ids": extra} if extra is not None else {})}
@@ -190,6 +190,18 @@ def test_hf_export_fuses(hf_file):
             fused[s.kind] = fused.get(s.kind, 0) + 1
     assert {k: fused.get(k) for k in FUSED[kind]} == FUSED[kind]
     assert "erf" not in result.graph.op_counts() and "tanh" not in result.graph.op_counts()
+
+
+def test_hf_bert_without_token_type_ids(tmp_path):
+    """A common export: input_ids and attention_mask only. BertModel then reads
+    its default token types from a buffer expanded to the batch, with a
+    GatherElements at the positions: a gather of a tensor computed at run time.
+    (The dynamo exporter writes the same GatherElements.)"""
+    path = _hf_export("torchscript", "bert-notype", 17, "eager", tmp_path / "bert.onnx")
+    model, graph = check_against_ort(path)
+    assert [s.name for s in model.inputs()] == ["input_ids", "attention_mask"]
+    result = optimize(graph)
+    assert {k: sum(s.fused for s in result.sites if s.kind == k) for k in _GPT} == _GPT
 
 
 def test_cli_on_an_onnx_file(hf_file, capsys):
