@@ -43,7 +43,8 @@ BUILTINS = {b.name: b for b in [
     Builtin("gpt2-block", BlockConfig, {}, BlockModel,
             "one GPT-2 block (pre-norm, causal, tanh-GELU, d=768, 12 heads) on x: f32[batch,seq,768]"),
     Builtin("bert-base", EncoderConfig, {}, Encoder,
-            "BERT-base encoder: post-norm, GELU, 12 layers, d=768, 12 heads, padding mask"),
+            "BERT-base encoder: post-norm, GELU, 12 layers, d=768, 12 heads, padding mask; pooler=true adds "
+            "Hugging Face BertModel's pooler_output"),
     Builtin("llama-tiny", DecoderConfig, LLAMA_TINY, DecoderLM,
             "a small Llama-style decoder: RMSNorm, rotary positions (rotate-half) from position_ids, "
             "grouped-query attention (4 heads, 2 K/V heads), SwiGLU, no biases, untied head; "

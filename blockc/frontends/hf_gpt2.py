@@ -33,13 +33,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import Source, hf_setting, map_state_dict
+from .hf_common import HF_ACTIVATIONS, Source, hf_setting, map_state_dict
 from .models import DecoderConfig, DecoderLM
-
-# HF activation_function -> blockc activation. gelu_new, gelu_fast and
-# gelu_pytorch_tanh are all 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
-_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                "gelu": "gelu", "relu": "relu"}
 
 # HF name (relative to "transformer.") -> the DSL names it becomes; several
 # names mean the HF tensor is split along its last axis in that order.
@@ -82,8 +77,8 @@ def gpt2_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "fl
         raise ModelError(f"not a GPT-2 config: model_type is {model_type!r}")
     act = hf_setting(hf_config, "activation_function", "gelu_new")
     problems = []
-    if act not in _ACTIVATIONS:
-        problems.append(f"activation_function={act!r} (supported: {', '.join(_ACTIVATIONS)})")
+    if act not in HF_ACTIVATIONS:
+        problems.append(f"activation_function={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
     if not hf_setting(hf_config, "scale_attn_weights", True):
         problems.append("scale_attn_weights=False (blockc always scales scores by 1/sqrt(d_k))")
     if hf_setting(hf_config, "scale_attn_by_inverse_layer_idx", False):
@@ -102,7 +97,7 @@ def gpt2_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "fl
         heads=int(hf_setting(hf_config, "n_head", 12)),
         d_ff=int(hf_setting(hf_config, "n_inner", None) or 0),
         norm_first=True,
-        activation=_ACTIVATIONS[act],
+        activation=HF_ACTIVATIONS[act],
         norm="layernorm",
         positions="learned",
         eps=float(hf_setting(hf_config, "layer_norm_epsilon", 1e-5)),

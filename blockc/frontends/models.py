@@ -252,7 +252,9 @@ class DecoderLM(Model):
 
 @dataclass
 class EncoderConfig:
-    """A post-norm (BERT-shaped) encoder with a padding mask."""
+    """A post-norm (BERT-shaped) encoder with a padding mask. ``pooler``
+    adds Hugging Face ``BertModel``'s pooler: ``pooler_output`` is
+    ``tanh(dense(h[:, 0]))``, the first token's last hidden state."""
 
     vocab: int = 30522
     max_positions: int = 512
@@ -264,6 +266,7 @@ class EncoderConfig:
     activation: str = "gelu"
     norm: str = "layernorm"
     eps: float = 1e-12
+    pooler: bool = False
     dtype: str = "float32"
 
     def check(self) -> None:
@@ -274,7 +277,8 @@ class EncoderConfig:
 
 class Encoder(Model):
     """Embeddings (token + position + segment) and their LayerNorm, then L
-    post-norm blocks with a padding mask (``attention_mask``: 1 = token, 0 = pad)."""
+    post-norm blocks with a padding mask (``attention_mask``: 1 = token, 0 = pad);
+    with ``cfg.pooler``, also ``pooler_output`` (see ``EncoderConfig``)."""
 
     def __init__(self, cfg: EncoderConfig, name: str = "encoder"):
         super().__init__()
@@ -286,6 +290,8 @@ class Encoder(Model):
             self.segment = Embedding(cfg.type_vocab, cfg.d_model)
         self.ln_emb = make_norm(cfg.norm, cfg.d_model, cfg.eps)
         self.blocks = _blocks(cfg, norm_first=False, causal=False)
+        if cfg.pooler:
+            self.pooler = Linear(cfg.d_model, cfg.d_model)
 
     def inputs(self) -> list[InputSpec]:
         specs = [InputSpec("input_ids", DType.int64, (BATCH, SEQ), "ids", self.cfg.vocab)]
@@ -304,7 +310,10 @@ class Encoder(Model):
         mask = attention_mask.cast("bool").reshape(0, 1, 1, -1)
         for block in self.blocks:
             x = block(x, mask)
-        return {"last_hidden_state": x}
+        if not self.cfg.pooler:
+            return {"last_hidden_state": x}
+        first = x.slice(1, 0, 1).reshape(0, self.cfg.d_model)   # [batch, d]: the [CLS] token's state
+        return {"last_hidden_state": x, "pooler_output": self.pooler(first).tanh()}
 
 
 @dataclass

@@ -218,6 +218,12 @@ class Model(Module):
         raise ModelError(f"{type(self).__name__} defines no inputs(): a Model declares its graph inputs, e.g. "
                          f"def inputs(self): return [InputSpec('x', DType.float32, (batch, seq, 64))]")
 
+    def lookup_tables(self) -> set[str]:
+        """Names of parameters that are lookup tables though no embedding
+        module holds them (an imported file has no modules to say so); the
+        parameter summary counts them as embeddings."""
+        return set()
+
 
 def trace(model: Model, dtype: DType | str | None = None, *, progress: Progress | None = None) -> Graph:
     """Trace ``model.forward`` on symbolic inputs into a verified ``Graph``.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import printable
 from .layers import Embedding, LearnedPositionEmbedding
-from .module import Module, ModuleList
+from .module import Model, Module, ModuleList
 from .rotary import RotaryEmbedding
 
 # Modules whose parameters are lookup tables rather than computation.
@@ -113,6 +113,8 @@ def summarize(model: Module) -> Summary:
             by_type[kind] = by_type.get(kind, 0) + p.numel
             if isinstance(m, EMBEDDING_TYPES):
                 embedding += p.numel
+    tables = model.lookup_tables() if isinstance(model, Model) else set()
+    embedding += sum(p.numel for n, p in model.named_parameters() if n in tables)
     total = sum(p.numel for _, p in model.named_parameters())
     modules = []
     own = sum(p.numel for p in model._params.values())

@@ -61,8 +61,6 @@ REFUSED = [
             r"Dropout whose ratio or training mode is computed at run time",
             "the case feeds Dropout's ratio and training mode as graph inputs (exporters write constants); "
             "blockc imports inference only, and training-mode dropout draws random numbers"),
-    Refusal(("test_gather_elements_*", "test_nllloss_*_expanded"), r"GatherElements of a tensor computed at run time",
-            "GatherElements folds on known tables only (where exporters use it); blockc has no gather-along-axis op"),
     Refusal(("test_gather_negative_indices",), r"ids out of range \[0, 10\)",
             "ONNX counts a negative index from the end; blockc's gather takes indices in [0, rows), and its "
             "input check refuses others rather than read out of bounds"),

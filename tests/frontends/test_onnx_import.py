@@ -108,11 +108,11 @@ EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "b
 # queries and keys each rotate once per layer.
 _GPT = {"add_layernorm": 2 * L + 1, "masked_softmax": L, "attention": L}
 _LLAMA = {"rmsnorm": 2 * L + 1, "add_rmsnorm": 2 * L, "masked_softmax": L, "attention": L, "rotary": 2 * L}
-FUSED = {"gpt2": _GPT, "gpt2-lm": _GPT, "bert": _GPT, "llama": _LLAMA, "llama-pos": _LLAMA}
+FUSED = {"gpt2": _GPT, "gpt2-lm": _GPT, "bert": _GPT, "bert-notype": _GPT, "llama": _LLAMA, "llama-pos": _LLAMA}
 
 
 def _hf_model(kind, attention, torch, transformers):
-    if kind == "bert":
+    if kind.startswith("bert"):
         cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L, num_attention_heads=4,
                                       intermediate_size=64, max_position_embeddings=128, attn_implementation=attention)
         return transformers.BertModel(cfg, add_pooling_layer=False)
@@ -144,7 +144,7 @@ def _hf_export(exporter, kind, opset, attention, path):
             self.m = hf
 
         def forward(self, ids, mask, extra=None):
-            if kind == "bert":
+            if kind.startswith("bert"):
                 named = {"token_type_ids": extra}
             else:
                 named = {"use_cache": False, **({"position_ids": extra} if extra is not None else {})}
@@ -192,6 +192,18 @@ def test_hf_export_fuses(hf_file):
     assert "erf" not in result.graph.op_counts() and "tanh" not in result.graph.op_counts()
 
 
+def test_hf_bert_without_token_type_ids(tmp_path):
+    """A common export: input_ids and attention_mask only. BertModel then reads
+    its default token types from a buffer expanded to the batch, with a
+    GatherElements at the positions: a gather of a tensor computed at run time.
+    (The dynamo exporter writes the same GatherElements.)"""
+    path = _hf_export("torchscript", "bert-notype", 17, "eager", tmp_path / "bert.onnx")
+    model, graph = check_against_ort(path)
+    assert [s.name for s in model.inputs()] == ["input_ids", "attention_mask"]
+    result = optimize(graph)
+    assert {k: sum(s.fused for s in result.sites if s.kind == k) for k in _GPT} == _GPT
+
+
 def test_cli_on_an_onnx_file(hf_file, capsys):
     kind, path = hf_file
     assert main(["fusions", str(path), "--dim", "sequence=16"]) == 0
@@ -200,6 +212,41 @@ def test_cli_on_an_onnx_file(hf_file, capsys):
     assert main(["run", str(path), "--check", "--dim", "sequence=7"]) == 0
     out = capsys.readouterr().out
     assert "sequence=7" in out and "max |err| vs f64" in out
+
+
+def test_every_command_on_a_file_with_external_data(tmp_path, capsys):
+    """show, summary, check, export and cuda on an imported file whose weights
+    are external data (fusions, run and compare: the tests above and below)."""
+    sizes = BUILTINS["bert-base"]
+    assert main(["export", "bert-base", *sizes, "-o", str(tmp_path / "inline.onnx")]) == 0
+    path = tmp_path / "bert.onnx"
+    onnx.save(onnx.load(str(tmp_path / "inline.onnx")), str(path), save_as_external_data=True,
+              location="bert.onnx.data", size_threshold=256)   # every weight; shapes stay inline for ORT
+    (tmp_path / "inline.onnx").unlink()
+    assert (tmp_path / "bert.onnx.data").stat().st_size > 100_000 * 4 > path.stat().st_size
+    capsys.readouterr()
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('graph "bert.onnx"(%input_ids: i64[batch,seq]') and "param @tok.weight: f32[100,64]" in out
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert main(["summary", "bert-base", *sizes]) == 0
+    built_in = capsys.readouterr().out.splitlines()
+    # the same counts as the built-in model it came from, the lookup tables counted as embeddings
+    assert out.splitlines()[-2:] == built_in[-3:-1] and "110,720 parameters" in out
+    assert main(["check", str(path), "--dim", "seq=8"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+    fused = tmp_path / "fused.onnx"
+    assert main(["export", str(path), "--form", "fused", "-o", str(fused)]) == 0
+    assert "fused ops as" in capsys.readouterr().out
+    feeds = _feeds(OnnxModel(path), trace(OnnxModel(path)), seq=7)
+    want, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)
+                 for p in (path, fused))
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-4)
+    build = tmp_path / "cuda"
+    assert main(["cuda", str(path), "--no-compile", "--dim", "seq=32", "-o", str(build)]) == 0
+    assert "nvcc: not run (--no-compile)" in capsys.readouterr().out
+    assert (build / "model.cu").stat().st_size > 0 and (build / "weights.bin").stat().st_size >= 110_720 * 4
 
 
 def test_load_onnx_gives_graph_and_weights(tmp_path):

@@ -235,9 +235,53 @@ def _gather(node, ins, ctx):
 
 def _gather_elements(node, ins, ctx):
     data, idx = ins
-    if is_tensor(data) or is_tensor(idx):
-        raise Unsupported("GatherElements of a tensor computed at run time")
-    return [np.take_along_axis(_known(data), _known(idx).astype(np.int64), axis=_attr(node, "axis", 0))]
+    axis = _attr(node, "axis", 0)
+    if not is_tensor(data) and not is_tensor(idx):
+        return [np.take_along_axis(_known(data), _known(idx).astype(np.int64), axis=axis)]
+    # out[p] = data[p with p[axis] replaced by idx[p]]: idx's own coordinates on
+    # the other axes (HF BERT's default token types: a buffer expanded to the
+    # batch, read at the positions).
+    data, idx = tensor(data), tensor(idx)
+    rank = data.ndim
+    if idx.ndim != rank or not -rank <= axis < rank:
+        raise Unsupported(f"GatherElements with rank-{idx.ndim} indices into a rank-{rank} tensor on axis {axis}")
+    axis %= rank
+    for d, (n, m) in enumerate(zip(idx.shape, data.shape)):
+        if d != axis and n != m and not (isinstance(n, int) and isinstance(m, int) and n <= m):
+            raise Unsupported(f"GatherElements with indices {n} long on axis {d}, where the data is {m}")
+    if idx.dtype != DType.int64:
+        idx = idx.cast(DType.int64)
+    coords = [idx if d == axis else _iota(n, d, rank) for d, n in enumerate(idx.shape)]
+    return [_gather_at(data, coords, wraps=[d == axis for d in range(rank)])]
+
+
+def _iota(n, axis: int, rank: int) -> Tensor:
+    """0, 1, ..., n-1 along ``axis`` of a rank-``rank`` tensor, 1 long on every other axis."""
+    values = tensor(np.arange(n, dtype=np.int64)) if isinstance(n, int) else apply("arange", n=n)
+    return values.reshape([1] * axis + [n] + [1] * (rank - axis - 1)) if rank > 1 else values
+
+
+def _gather_at(data: Tensor, coords: list[Tensor], wraps: list[bool]) -> Tensor:
+    """``data[coords[0], ..., coords[k-1]]``, the index tensors broadcast
+    together over data's first k axes: one row-major offset into those axes,
+    then a gather along them flattened. A ``wraps`` coordinate may be negative,
+    counted from the end as ONNX's indices are. An index past its own axis
+    (which ONNX Runtime refuses) is not caught here: it reads another row of
+    the flattened axes, or past them, where the gather's own check refuses it."""
+    lead, offset = data.shape[:len(coords)], None
+    for i, (col, n) in enumerate(zip(coords, lead)):
+        if wraps[i]:
+            negative = apply("less", col, tensor(np.array(0, col.dtype.numpy)))
+            col = apply("where", negative, col + tensor(_dim_array(n), col), col)
+        stride = 1
+        for d in lead[i + 1:]:
+            stride = d * stride
+        term = col if isinstance(stride, int) and stride == 1 else col * tensor(_dim_array(stride), col)
+        offset = term if offset is None else offset + term
+    rows = 1
+    for d in lead:
+        rows = d * rows
+    return apply("gather", data.reshape([rows, *data.shape[len(coords):]]), offset, axis=0)
 
 
 def _gather_nd(node, ins, ctx):
@@ -247,25 +291,13 @@ def _gather_nd(node, ins, ctx):
     if not is_tensor(data) and not is_tensor(idx):
         return [_known(data)[tuple(np.moveaxis(_known(idx).astype(np.int64), -1, 0))]]
     # torch's advanced indexing (HF's padding mask read as mask[batch_ids, kv_ids]):
-    # the k index columns make one row-major offset into data's first k dims, then a gather.
+    # the k index columns are the coordinates of data's first k dims.
     data, idx = tensor(data), tensor(idx)
     k = idx.shape[-1]
     if not isinstance(k, int) or k > data.ndim:
         raise Unsupported(f"GatherND with index tuples of length {k} into a rank-{data.ndim} tensor")
-    lead, offset = data.shape[:k], None
-    for i, n in enumerate(lead):
-        col = idx.slice(idx.ndim - 1, i, i + 1).reshape(list(idx.shape[:-1]))
-        negative = apply("less", col, tensor(np.array(0, col.dtype.numpy)))
-        col = apply("where", negative, col + tensor(_dim_array(n), col), col)
-        stride = 1
-        for d in lead[i + 1:]:
-            stride = d * stride
-        term = col if isinstance(stride, int) and stride == 1 else col * tensor(_dim_array(stride), col)
-        offset = term if offset is None else offset + term
-    rows = 1
-    for d in lead:
-        rows = d * rows
-    return [apply("gather", data.reshape([rows, *data.shape[k:]]), offset, axis=0)]
+    cols = [idx.slice(idx.ndim - 1, i, i + 1).reshape(list(idx.shape[:-1])) for i in range(k)]
+    return [_gather_at(data, cols, wraps=[True] * k)]
 
 
 def _dim_array(d) -> np.ndarray:

@@ -78,6 +78,24 @@ class OnnxModel(Model):
     def used(self, name: str) -> bool:
         return name in self.uses
 
+    def lookup_tables(self) -> set[str]:
+        """The parameters whose rows the graph selects -- the table of a
+        ``Gather`` along axis 0 (token, segment and Hugging Face's position
+        embeddings) or of a ``Slice`` along axis 0 alone (blockc's own learned
+        positions): what a module tree would call embeddings."""
+        tables = set()
+        for node in self.file.nodes:
+            if not node.input or node.input[0] not in self._params:
+                continue
+            if node.op_type == "Gather":
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if axis in (0, -len(self._params[node.input[0]].shape)):
+                    tables.add(node.input[0])
+            elif node.op_type == "Slice" and len(node.input) > 3 and node.input[3] in self.constants:
+                if np.asarray(self.constants[node.input[3]]).reshape(-1).tolist() == [0]:
+                    tables.add(node.input[0])
+        return tables
+
     def attr_tensor(self, node, name: str):
         for a in node.attribute:
             if a.name == name and a.type == a.TENSOR:

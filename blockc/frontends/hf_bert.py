@@ -1,0 +1,144 @@
+"""Hugging Face BERT checkpoints on blockc's ``Encoder`` (the built-in ``bert-base``).
+
+``bert_config_from_hf`` turns a ``transformers.BertConfig`` (or its
+``config.json`` as a dict) into an ``EncoderConfig``; ``load_hf_bert_state_dict``
+maps a ``BertModel`` ``state_dict`` -- or a task model's (``BertForMaskedLM``,
+``BertForSequenceClassification``...), whose ``BertModel`` sits under ``bert.``
+-- onto the DSL model. Neither imports torch or transformers.
+
+What the mapping relies on:
+
+* **Post-norm blocks.** ``attention.output.LayerNorm`` normalises
+  ``x + attention(x)`` and ``output.LayerNorm`` ``o + ffn(o)``: the
+  ``TransformerBlock``'s ``ln1`` and ``ln2`` with ``norm_first=False``.
+* **nn.Linear is [out, in].** Every projection (query, key, value, the
+  attention's ``output.dense``, ``intermediate.dense``, ``output.dense``, the
+  pooler) is transposed into blockc's ``[in, out]``.
+* **Embeddings.** Word, position (rows ``0..seq-1``: HF's default
+  ``position_ids``) and token-type tables, summed and normalised, as the
+  ``Encoder`` does; the ``position_ids``/``token_type_ids`` buffers of older
+  checkpoints are not weights and are ignored.
+* **Padding mask.** HF adds the float minimum to padded keys' scores; blockc
+  selects the lowest float for them. The two agree wherever a row has one
+  token to attend to.
+* **Pooler.** ``BertModel``'s pooler, ``tanh(dense(h[:, 0]))``, is the
+  ``Encoder``'s ``pooler`` setting (``pooler_output``). A model built without
+  it computes no ``pooler_output`` and ignores the pooler's tensors, which
+  every ``BertModel`` checkpoint carries.
+
+A task model's head (every key outside ``bert.``: ``cls.``, ``classifier.``,
+``qa_outputs.``) is no part of ``BertModel`` and is left out.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ModelError
+from .hf_common import HF_ACTIVATIONS, Source, hf_setting, map_state_dict
+from .models import Encoder, EncoderConfig
+
+_BASE = "bert."   # where a task model keeps its BertModel
+
+# DSL name -> (BertModel name, is an nn.Linear weight); per layer, then for the whole model.
+_LINEARS = {"attn.w_q": "attention.self.query", "attn.w_k": "attention.self.key",
+            "attn.w_v": "attention.self.value", "attn.w_o": "attention.output.dense",
+            "ffn.fc1": "intermediate.dense", "ffn.fc2": "output.dense"}
+_NORMS = {"ln1": "attention.output.LayerNorm", "ln2": "output.LayerNorm"}
+_PER_BLOCK = {
+    **{f"{dsl}.{kind}": (f"{hf}.{kind}", kind == "weight") for dsl, hf in _LINEARS.items()
+       for kind in ("weight", "bias")},
+    **{f"{dsl}.{kind}": (f"{hf}.{kind}", False) for dsl, hf in _NORMS.items() for kind in ("weight", "bias")},
+}
+_TOP_LEVEL = {
+    "tok.weight": ("embeddings.word_embeddings.weight", False),
+    "pos.weight": ("embeddings.position_embeddings.weight", False),
+    "segment.weight": ("embeddings.token_type_embeddings.weight", False),
+    "ln_emb.weight": ("embeddings.LayerNorm.weight", False),
+    "ln_emb.bias": ("embeddings.LayerNorm.bias", False),
+    "pooler.weight": ("pooler.dense.weight", True),
+    "pooler.bias": ("pooler.dense.bias", False),
+}
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+
+def bert_config_from_hf(hf_config: Any, *, pooler: bool = True, dtype: str = "float32") -> EncoderConfig:
+    """The ``EncoderConfig`` of a Hugging Face BERT config (a
+    ``transformers.BertConfig`` or its ``config.json`` as a dict).
+
+    ``pooler=True`` (the default, as ``BertModel``'s ``add_pooling_layer``)
+    adds ``pooler_output``. Settings blockc's encoder cannot express (an
+    activation it lacks, relative position embeddings, a decoder or
+    cross-attention) are listed in one ``ModelError``.
+    """
+    model_type = hf_setting(hf_config, "model_type", "bert")
+    if model_type != "bert":
+        raise ModelError(f"not a BERT config: model_type is {model_type!r}")
+    get = lambda key, default=None: hf_setting(hf_config, key, default)  # noqa: E731
+    problems = []
+    act = get("hidden_act", "gelu")
+    if act not in HF_ACTIVATIONS:
+        problems.append(f"hidden_act={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
+    # transformers 4.x still has relative_key/relative_key_query position embeddings; 5 dropped them
+    positions = get("position_embedding_type", "absolute")
+    if positions not in (None, "absolute"):
+        problems.append(f"position_embedding_type={positions!r} (supported: 'absolute')")
+    if get("is_decoder", False):
+        problems.append("is_decoder=True (blockc's encoder attends both ways)")
+    if get("add_cross_attention", False):
+        problems.append("add_cross_attention=True")
+    if problems:
+        raise ModelError("BERT config not supported by blockc's Encoder: " + "; ".join(problems))
+    cfg = EncoderConfig(
+        vocab=int(get("vocab_size", 30522)),
+        max_positions=int(get("max_position_embeddings", 512)),
+        type_vocab=int(get("type_vocab_size", 2)),
+        d_model=int(get("hidden_size", 768)),
+        layers=int(get("num_hidden_layers", 12)),
+        heads=int(get("num_attention_heads", 12)),
+        d_ff=int(get("intermediate_size", 3072)),
+        activation=HF_ACTIVATIONS[act],
+        norm="layernorm",
+        eps=float(get("layer_norm_eps", 1e-12)),
+        pooler=pooler,
+        dtype=dtype,
+    )
+    cfg.check()
+    return cfg
+
+
+def _sources(model: Encoder) -> dict[str, Source]:
+    """The ``BertModel`` tensor of each of ``model``'s parameters."""
+    sources = {}
+    for name, _ in model.named_parameters():
+        if name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            hf, linear = _PER_BLOCK[rest]
+            hf = f"encoder.layer.{i}.{hf}"
+        else:
+            hf, linear = _TOP_LEVEL[name]
+        sources[hf] = Source((name,), transpose=linear)
+    return sources
+
+
+def load_hf_bert_state_dict(state_dict: Mapping[str, Any], model: Encoder) -> dict[str, np.ndarray]:
+    """Weights for ``model`` (an ``Encoder`` built from ``bert_config_from_hf``,
+    or the built-in ``bert-base`` at the checkpoint's sizes) from a Hugging
+    Face ``BertModel`` ``state_dict``, or a task model's (its ``bert.`` part).
+
+    Values may be torch tensors or numpy arrays; they are cast to the model's
+    dtype, and ``nn.Linear`` weights transposed (see the module docstring).
+    Missing, unexpected and misshapen tensors are all reported in one
+    ``WeightsError``, named as ``BertModel`` names them.
+    """
+    if not isinstance(model, Encoder):
+        raise ModelError(f"BERT weights load into an Encoder, not a {type(model).__name__}")
+    if model.cfg.norm != "layernorm":
+        raise ModelError("BERT weights need an Encoder with norm=layernorm (build it with bert_config_from_hf)")
+    if any(k.startswith(_BASE) for k in state_dict):
+        state_dict = {k[len(_BASE):]: v for k, v in state_dict.items() if k.startswith(_BASE)}
+    ignored = set(_BUFFERS)
+    if not model.cfg.pooler:
+        ignored |= {"pooler.dense.weight", "pooler.dense.bias"}
+    return map_state_dict(state_dict, model, _sources(model), family="BERT", ignored=ignored)
