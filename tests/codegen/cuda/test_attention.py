@@ -169,13 +169,18 @@ def test_an_unsupported_head_size_is_refused_by_name():
         generate(g, {})
 
 
-# Every tensor-core shape in one file, so one nvcc run: float16 and bfloat16,
-# head sizes 64 and 128 (each result negated, so the arena has a buffer).
-SHAPES = [(t, d) for t in ("f16", "bf16") for d in (64, 128)]
-VARIANTS = "graph g(" + ", ".join(f"%{t}{d}: {t}[2,4,33,{d}]" for t, d in SHAPES) + ") {\n" + "".join(
-    f'  %{2 * i}:{t}[2,4,33,{d}] = attention %{t}{d}, %{t}{d}, %{t}{d} '
-    f'{{scale=0.125, mask="none", causal=true, fill=-1e+30}}\n  %{2 * i + 1}:{t}[2,4,33,{d}] = neg %{2 * i}\n'
-    for i, (t, d) in enumerate(SHAPES)) + "  return a=%1, b=%3, c=%5, d=%7\n}\n"
+# The tensor-core shapes in one file, so one nvcc run: float16 and bfloat16 at
+# head sizes 64 and 128, causal alone and with each mask kind where registers
+# are tightest (each result negated, so the arena has a buffer).
+SHAPES = [("f16", 64, "additive"), ("f16", 128, "bool"), ("bf16", 64, "none"), ("bf16", 128, "additive")]
+MASKS = {"none": "", "bool": ", %keep", "additive": ", %{t}bias"}
+VARIANTS = "graph g(" + ", ".join([f"%{t}{d}: {t}[2,4,33,{d}]" for t, d, m in SHAPES]
+                                  + ["%keep: bool[2,1,1,33]", "%f16bias: f16[2,1,33,33]", "%bf16bias: bf16[2,1,33,33]"]) \
+    + ") {\n" + "".join(
+    f'  %{2 * i}:{t}[2,4,33,{d}] = attention %{t}{d}, %{t}{d}, %{t}{d}{MASKS[m].format(t=t)} '
+    f'{{scale=0.125, mask="{m}", causal=true, fill=-1e+30}}\n  %{2 * i + 1}:{t}[2,4,33,{d}] = neg %{2 * i}\n'
+    for i, (t, d, m) in enumerate(SHAPES)) \
+    + "  return " + ", ".join(f"y{i}=%{2 * i + 1}" for i in range(len(SHAPES))) + "\n}\n"
 
 
 @needs_nvcc
@@ -186,7 +191,8 @@ def test_tensor_core_attention_compiles_without_spills(tmp_path):
     result = toolchain.compile_nvcc(str(tmp_path / "model.cu"), ["sm_80", "sm_90"], werror=True,
                                     extra_flags=[f"-I{tmp_path}"])
     found = {(k.short_name, k.arch): k for k in result.kernels if k.short_name.startswith("attention")}
-    want = {(f"attention_causal_{t}_{d}_{v}", a) for t, d in SHAPES for v in ("simt", "mma") for a in ("sm_80", "sm_90")}
+    want = {(f"attention_causal{'' if m == 'none' else '_' + m}_{t}_{d}_{v}", a)
+            for t, d, m in SHAPES for v in ("simt", "mma") for a in ("sm_80", "sm_90")}
     assert set(found) == want
     assert all(k.spill_store_bytes == 0 and k.spill_load_bytes == 0 for k in found.values()), \
         {n: (k.spill_store_bytes, k.spill_load_bytes) for n, k in found.items()}
