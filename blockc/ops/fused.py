@@ -114,7 +114,7 @@ def _attention_flops(node, bindings) -> int:
 
 attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(_MASK_ATTRS),
                    doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]",
-                   fused=True, colour="#F58518", flops=_attention_flops)
+                   fused=True, colour="#F58518", cuda="attention", flops=_attention_flops)
 
 
 @attention.infer

@@ -8,9 +8,9 @@ import os
 from ..codegen.cuda.lower import CudaModel, ops_of
 from ..files import format_bytes
 
-# The fused row kernels, which must never spill (tests hold the generator to
-# it): a row kernel is named after its op.
-FUSED_PREFIXES = tuple(sorted(ops_of("row_norm", "softmax"), key=len, reverse=True))
+# The fused row and attention kernels, which must never spill (tests hold the
+# generator to it): such a kernel is named after its op.
+FUSED_PREFIXES = tuple(sorted(ops_of("row_norm", "softmax", "attention"), key=len, reverse=True))
 
 
 def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], *, compile: bool = True,

@@ -85,6 +85,7 @@ class LowerContext:
         self.symbols = list(symbols)
         self._ptrs: dict[int, str] = {}
         self._id_flags: dict[int, str] = {}
+        self._views: dict = {}                 # id(value) -> views.View: where a kernel finds it
         self.checked_ids: list[Value] = []     # slot k of the run function's id_errors is checked_ids[k]
 
     def check_ids(self, value: Value) -> None:
@@ -98,6 +99,15 @@ class LowerContext:
         """Where a kernel indexing with ``value`` records a bad id (an
         ``unsigned long long*``), or None when nobody reads it."""
         return self._id_flags.get(id(value))
+
+    def set_views(self, views: dict) -> None:
+        """Operands a kernel reads or writes through strides in another
+        value's buffer (``views.fold_attention_views``)."""
+        self._views = dict(views)
+
+    def view(self, value: Value):
+        """The ``views.View`` a kernel reads ``value`` through, or None (its own buffer, contiguous)."""
+        return self._views.get(id(value))
 
     def bind(self, value: Value, expr: str) -> None:
         self._ptrs[id(value)] = expr

@@ -6,7 +6,9 @@
    the node before anything is rendered or written;
 2. ``fold_load_time``     -- nodes computed from weights and constants alone
    run once, now, and their results join the weights file;
-3. ``fuse_elementwise``   -- chains of elementwise ops become one kernel step
+3. ``fold_attention_views`` -- the split, reshape and transpose nodes around
+   an attention become strides its kernel reads and writes through (no copy
+   kernels), then ``fuse_elementwise``: chains of elementwise ops become one kernel step
    (``describe`` lists each chain, and ``blockc cuda`` shows them);
 4. ``plan_buffers``       -- liveness, and the static memory plan of the arena;
 5. ``emit_kernels``       -- one kernel (or a few) per step, from its op's
@@ -33,12 +35,14 @@ from ...passes.legalize import legalize
 from ...passes.manager import label_origins
 from .exprs import is_inline
 from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype
+from .kernels.attention import emit_attention
 from .kernels.copy import emit_copy
 from .kernels.elementwise import emit_elementwise
 from .kernels.gemm import emit_gemm
 from .kernels.rows import emit_row_norm, emit_softmax
 from .memory_plan import MemoryPlan, plan_memory
 from .templates import render
+from .views import fold_attention_views
 
 def family(op: str) -> str | None:
     """The kernel family that computes ``op`` (its declaration's ``cuda``)."""
@@ -98,9 +102,13 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
         raise CudaCodegenError(f"unknown gemm {gemm!r}: use tiled or cublas")
     g = legalize_for_cuda(graph)
     stored, runtime = fold_load_time(g, weights)
-    steps_nodes, alias = fuse_elementwise(g, runtime)
+    folded = fold_attention_views(g, runtime, lambda v: v.kind != "node" or id(v) in stored.index,
+                                  ops_of("attention"))
+    steps_nodes, alias = fuse_elementwise(g, folded.runtime)
+    alias.update(folded.alias)
     buffers = plan_buffers(g, steps_nodes, alias, stored)
     ctx = bind_values(g, steps_nodes, alias, stored, buffers)
+    ctx.set_views(folded.views)
     steps = emit_kernels(g, steps_nodes, ctx, gemm)
     source, kernels = render_host(g, steps, ctx, stored, buffers.plan, form=form, version=version, gemm=gemm)
     return CudaModel(source, g, stored.params, steps, buffers.plan, g.symbols(), [(v.name, v) for v in g.inputs],
@@ -264,6 +272,7 @@ EMITTERS = {
     "softmax": lambda nodes, ctx, labels, gemm: [emit_softmax(nodes[-1], ctx, labels)],
     "gemm": lambda nodes, ctx, labels, gemm: [emit_gemm(nodes[-1], ctx, labels, gemm)],
     "copy": lambda nodes, ctx, labels, gemm: emit_copy(nodes[-1], ctx, labels),
+    "attention": lambda nodes, ctx, labels, gemm: [emit_attention(nodes[-1], ctx, labels)],
 }
 
 

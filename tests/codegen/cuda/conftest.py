@@ -5,6 +5,7 @@ CUDA thread under AddressSanitizer and under ThreadSanitizer.
 """
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,22 @@ def asan_lib(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tsan_lib(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "thread")
+
+
+@pytest.fixture
+def kernel_ptx():
+    """``ptx(cuda_model, folder, arch)``: each kernel's PTX body in the
+    model's model.cu, by mangled name (nvcc -ptx)."""
+    nvcc = toolchain.find_nvcc()
+    if nvcc.path is None:
+        pytest.skip(nvcc.reason)
+
+    def ptx(cm, folder, arch="sm_80") -> dict:
+        from blockc.codegen.cuda.build import write_build
+        write_build(cm, str(folder))
+        out = Path(folder) / "model.ptx"
+        cmd = [nvcc.path, "-ptx", "-std=c++17", f"-arch={arch}", f"-I{folder}", "-include",
+               str(toolchain.EMU_HEADER), str(Path(folder) / "model.cu"), "-o", str(out)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return {chunk.split("(", 1)[0]: chunk for chunk in out.read_text().split(".entry ")[1:]}
+    return ptx

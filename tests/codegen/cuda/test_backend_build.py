@@ -2,7 +2,6 @@
 128-bit loads in the fused kernels' PTX, sanitizer runs, and bad input."""
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -36,7 +35,7 @@ def test_models_compile_without_warnings_or_fused_spills(name, dtype, tmp_path, 
     assert {k["arch"] for k in kernels} == {"sm_80", "sm_90"}
     assert all(k["registers"] > 0 for k in kernels)
     fused = [k for k in kernels if k["fused"]]
-    assert any(k["kernel"].startswith("masked_softmax") for k in fused)
+    assert any(k["kernel"].startswith("attention") for k in fused)
     assert any(k["kernel"].startswith("add_layernorm") for k in fused)
     assert all(k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 for k in fused), \
         [k["function"] for k in fused if k["spill_store_bytes"] or k["spill_load_bytes"]]
@@ -48,19 +47,11 @@ def test_models_compile_without_warnings_or_fused_spills(name, dtype, tmp_path, 
 
 
 @needs_nvcc
-def test_fused_kernels_use_128_bit_loads(tmp_path):
+def test_fused_kernels_use_128_bit_loads(tmp_path, kernel_ptx):
     model = blockc.build_model("gpt2", {"layers": "1", "d_model": "64", "heads": "4", "vocab": "50"})
-    cm = generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model))
-    from blockc.codegen.cuda.build import write_build
-    write_build(cm, str(tmp_path))
-    ptx = tmp_path / "model.ptx"
-    cmd = [NVCC.path, "-ptx", "-std=c++17", "-arch=sm_80", f"-I{tmp_path}", "-include",
-           str(toolchain.EMU_HEADER), str(tmp_path / "model.cu"), "-o", str(ptx)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    text = ptx.read_text()
-    bodies = {}
-    for chunk in text.split(".entry ")[1:]:
-        bodies[chunk.split("(", 1)[0]] = chunk
+    # Without fuse_attention the block keeps its masked softmax (the attention kernel replaces it otherwise).
+    graph = blockc.to_form(blockc.trace(model), "fused", disable=["fuse_attention"])
+    bodies = kernel_ptx(generate(graph, blockc.init_weights(model)), tmp_path)
     for prefix in ("masked_softmax_causal_f32", "add_layernorm_f32"):
         vec = [body for name, body in bodies.items() if prefix in name and "Lb1E" in name]  # VEC=true
         assert vec, f"no vector instantiation of {prefix}"
@@ -181,11 +172,12 @@ def test_elementwise_chains_are_shown_in_the_summary(tmp_path, capsys):
 
 
 def test_kernels_from_a_decomposed_op_name_the_node_it_came_from():
-    # qkv_attention has no kernel: it is legalized into kernels that still carry its origin
+    # qkv_attention has no kernel of its own: it is legalized into the projection and one attention
+    # kernel, which still carry its origin
     g = blockc.optimize(blockc.trace(blockc.build_model("gpt2-block", {"d_model": "64", "heads": "2"}))).graph
     qkv = next(n for n in g.nodes if n.op == "qkv_attention")
     weights = {name: np.zeros(v.type.concrete_shape({}), np.float32) for name, v in g.params.items()}
     model = generate(g, weights)
     from_qkv = [s for s in model.steps if set(s.nodes) & set(qkv.origin)]
-    assert {"masked_softmax", "matmul"} <= {op for s in from_qkv for op in s.ops}
+    assert {"attention", "matmul"} <= {op for s in from_qkv for op in s.ops}
     assert not any(label.startswith("#") for s in model.steps for label in s.nodes)

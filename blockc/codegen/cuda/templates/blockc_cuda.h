@@ -132,3 +132,56 @@ __device__ __forceinline__ void blockc_store_vec(T* __restrict__ p, const float*
 __host__ __device__ __forceinline__ bool blockc_aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
+
+// ---- tensor cores (sm_80+): cp.async, ldmatrix and mma.sync m16n8k16 ----
+// Only a device pass for sm_80 or later defines them; kernels that use them
+// guard their bodies the same way, and the emulator never sees them (it runs
+// the SIMT variants).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Rows [r0, r0 + ROWS) of a [len, D] operand (row stride `stride`) into shared
+// rows of `ld` elements, 16 bytes per cp.async; rows past `len` are zero-filled
+// (a source size of 0 reads nothing). Commits one group.
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void blockc_cp_async_rows(T* dst, int ld, const T* src, long long stride, long long r0,
+                                                     long long len) {
+  constexpr int E = 16 / (int)sizeof(T), CHUNKS = D / E;
+  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
+    const int r = e / CHUNKS, c = (e % CHUNKS) * E;
+    const bool ok = r0 + r < len;
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst + r * ld + c);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+                 "l"(ok ? src + (r0 + r) * stride + c : src), "r"(ok ? 16 : 0));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void blockc_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void blockc_ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void blockc_ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+// c += a (16x16, row-major fragment) * b (16x8, column-major fragment), float32 accumulation.
+template <typename T> __device__ __forceinline__ void blockc_mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
+template <> __device__ __forceinline__ void blockc_mma_16816<__half>(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                                                     unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void blockc_mma_16816<__nv_bfloat16>(float (&c)[4], const unsigned (&a)[4],
+                                                                            unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif

@@ -1,0 +1,110 @@
+"""Attention as one flash-style kernel: softmax(mask(q kᵀ * scale)) v with
+the scores never written, Q, K, V, the mask and the output read and written
+through strides (``codegen/cuda/views.py`` folds the split, reshape and
+transpose nodes around the op into them), grouped-query attention through
+broadcast batch strides, and the causal key tiles past a query tile skipped.
+
+Two variants share the per-row finish: a float32 SIMT kernel for any storage
+type and head size up to ``MAX_HEAD_DIM`` (what the emulator runs), and for
+float16/bfloat16 with head size 64 or 128 an ``mma.sync`` tensor-core kernel
+the launcher picks on sm_80+ when every operand row is 16-byte aligned.
+"""
+from __future__ import annotations
+
+from ....ir.dtypes import DType
+from ....ir.graph import Node, Value
+from ....ops.masking import apply_masks, causal_allowed, causal_offset
+from ..exprs import CExpr, float_literal
+from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype
+from ..templates import render
+from ..views import View, contiguous
+
+# Head sizes the SIMT kernel takes (its K/V tile shrinks to fit 48 KiB of
+# static shared memory), and those the tensor-core kernel is generated for.
+MAX_HEAD_DIM = 256
+MMA_HEAD_DIMS = {64: 64, 128: 32}   # head size -> keys per tile (Q, K, V tiles within 48 KiB)
+SHARED_BYTES = 48 * 1024
+
+
+def _simt_key_tile(dk: int, dv: int) -> int:
+    for bk in (32, 16, 8):
+        if 4 * (16 * dk + bk * (dk + 1) + bk * dv + 4 * bk) <= SHARED_BYTES:
+            return bk
+    raise AssertionError("MAX_HEAD_DIM keeps the tiles in shared memory")
+
+
+def _score(attrs) -> str:
+    """The C expression of one masked score, from the one rule every target uses."""
+    loads = {"additive": "blockc_to_compute(mrow[key * m_col])", "bool": "mrow[key * m_col]"}
+    masks = [CExpr(loads[attrs["mask"]])] if attrs["mask"] in loads else []
+    # The scale is a run-time argument: layers that differ only in scale share a kernel.
+    return str(apply_masks(CExpr("s"), masks, attrs, mul=lambda x, _: CExpr(f"({x} * scale)"),
+                           add=lambda x, m: CExpr(f"({x} + {m})"), where=lambda c, x, f: CExpr(f"({c} ? {x} : {f})"),
+                           fill=CExpr("fill"),
+                           causal=lambda: causal_allowed(CExpr("row"), CExpr("key"), CExpr("q_len"), CExpr("k_len"))))
+
+
+def _batch_strides(view: View, value: Value, batch: int) -> list:
+    """Per batch dim of the output (padded to 4): the operand's stride, or 0 where it broadcasts."""
+    shape = (1,) * (batch - (len(value.shape) - 2)) + tuple(value.shape[:-2])
+    strides = (0,) * (batch - (len(view.strides) - 2)) + tuple(view.strides[:-2])
+    return [0] * (4 - batch) + [0 if d == 1 else s for d, s in zip(shape, strides)]
+
+
+def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
+    q, k, v = node.inputs[:3]
+    out = node.outputs[0]
+    dtype = out.dtype
+    if dtype not in (DType.float32, DType.float16, DType.bfloat16):
+        raise CudaCodegenError(f"attention: the CUDA backend generates float32, float16 and bfloat16, not {dtype.name}")
+    dk, dv = q.shape[-1], v.shape[-1]
+    if not (isinstance(dk, int) and isinstance(dv, int) and 0 < dk <= MAX_HEAD_DIM and 0 < dv <= MAX_HEAD_DIM):
+        raise CudaCodegenError(f"attention: head size {dk} (q, k) / {dv} (v): the CUDA attention kernel takes fixed "
+                               f"head sizes up to {MAX_HEAD_DIM}")
+    batch = len(out.shape) - 2
+    if batch > 4:
+        raise CudaCodegenError(f"attention: {batch} batch dims; the CUDA attention kernel takes at most 4")
+    views = {id(x): ctx.view(x) or contiguous(x) for x in (q, k, v, out)}
+    dims = ["1LL"] * (4 - batch) + [ctx.dim(d) for d in out.shape[:-2]]
+    fields = {"dims": dims}
+    for key, x in zip("qkvo", (q, k, v, out)):
+        fields[key] = [ctx.dim(s) for s in _batch_strides(views[id(x)], x, batch)]
+    rows = [ctx.dim(views[id(x)].strides[-2]) for x in (q, k, v, out)]
+    attrs = node.attrs
+    mask_kind = attrs["mask"]
+    mask_t, mask_args = "bool", []
+    if mask_kind != "none":
+        m = node.inputs[3]
+        mview = ctx.view(m) or contiguous(m)
+        mshape = (1,) * (len(out.shape) - len(m.shape)) + tuple(m.shape)
+        mstrides = (0,) * (len(out.shape) - len(m.shape)) + tuple(mview.strides)
+        fields["m"] = [ctx.dim(s) for s in _batch_strides(View(m, 0, mshape, mstrides), m, batch)]
+        rows += [ctx.dim(0 if d == 1 else s) for d, s in zip(mshape[-2:], mstrides[-2:])]
+        mask_t = ctype(m.dtype)
+        mask_args = [_pointer(ctx, mview)]
+    else:
+        fields["m"] = ["0LL"] * 4
+        rows += ["0LL", "0LL"]
+    mma = dtype != DType.float32 and dk == dv and dk in MMA_HEAD_DIMS
+    flavour = "".join(["_causal" if attrs["causal"] else "", "" if mask_kind == "none" else f"_{mask_kind}"])
+    name = f"attention{flavour}_{SHORT[dtype]}_{dk}" + ("" if dv == dk else f"_{dv}")
+    title = (f"attention, scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}"
+             f"{' + causal mask' if attrs['causal'] else ''}, head size {dk}")
+    source = render("attention.cu.j2", name=name, title=title, T=ctype(dtype), MT=mask_t,
+                    nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=attrs["causal"], dk=dk, dv=dv,
+                    nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
+                    score=_score(attrs),
+                    causal_end=CExpr("last") + causal_offset(CExpr("q_len"), CExpr("k_len")) + 1)
+    layout = (f"{name}_layout{{{{{', '.join(fields['dims'])}}}, "
+              + ", ".join("{" + ", ".join(fields[key]) + "}" for key in "qkvom")
+              + f", {', '.join(rows)}}}")
+    args = [_pointer(ctx, views[id(x)]) for x in (q, k, v)] + mask_args + [
+        _pointer(ctx, views[id(out)]), ctx.dim(q.shape[-2]), ctx.dim(k.shape[-2]),
+        float_literal(attrs["scale"]), float_literal(attrs["fill"]), layout]
+    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
+                      [f"{name}_simt"] + ([f"{name}_mma"] if mma else []))
+
+
+def _pointer(ctx: LowerContext, view: View) -> str:
+    base = ctx.ptr(view.base)
+    return base if view.offset == 0 else f"({base} + {ctx.dim(view.offset)})"
