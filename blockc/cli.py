@@ -108,9 +108,21 @@ def _dim_arg(p: argparse.ArgumentParser, *, defaults: dict[str, int] | None, pur
                    help=f"bind a symbolic dimension{purpose} (repeatable; default {said})")
 
 
-def _gemm_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gemm", choices=("tiled", "cublas"), default="tiled",
-                   help="the CUDA MatMul kernel: tiled (portable, what emulation runs; default) or cublas")
+def _gemm_arg(p: argparse.ArgumentParser, *, default: str = "the backend's") -> None:
+    """--gemm and --tf32; ``default``: what --gemm is when not given, in words."""
+    p.add_argument("--gemm", choices=("cublas", "tiled"),
+                   help="the CUDA MatMul: cublas (cuBLASLt, tensor cores; what a GPU runs by default) or tiled "
+                        f"(a portable SIMT kernel, what emulation runs); default: {default}")
+    p.add_argument("--tf32", action="store_true",
+                   help="with cublas, float32 GEMMs on TF32 tensor cores (about 10 mantissa bits; blockc check "
+                        "--backend cuda --tf32 shows the error); float16/bfloat16 are unchanged")
+
+
+def _gemm_applies(args, backends) -> None:
+    """--gemm and --tf32 change only the CUDA backends: refused elsewhere rather than ignored."""
+    if (args.gemm or args.tf32) and not any(b.startswith("cuda") for b in backends):
+        raise BlockcError("--gemm and --tf32 choose the generated CUDA's GEMM: use them with --backend cuda "
+                          "(or cuda-emu, which runs --gemm tiled only)")
 
 
 def _dtype_arg(p: argparse.ArgumentParser, *, choices: tuple[str, ...]) -> None:
@@ -361,8 +373,9 @@ def cmd_run(args) -> int:
     model, graph = _graph(args)
     weights = _weights(args, model)
     feeds, bindings = _feeds(args, model, graph)
+    _gemm_applies(args, [args.backend])
     backend = make_backend(args.backend, provider=args.provider, fused_as=args.fused_as, gemm=args.gemm,
-                           float64=args.float64)
+                           tf32=args.tf32, float64=args.float64)
     backend.require()
     t0 = time.perf_counter()
     outputs = backend.run(graph, weights, feeds)
@@ -467,11 +480,12 @@ def cmd_check(args) -> int:
     graph = to_form(traced, args.form)
     weights = dict(_weights(args, model))
     feeds = _feeds(args, model, graph)[0]
+    _gemm_applies(args, args.backend)
     ok, checked, variants = True, set(), None
     for name in args.backend:
         # --fused-as all: each ONNX encoding in turn, where it changes what runs (the label says so)
         for encoding in (ENCODINGS if args.fused_as == "all" else (args.fused_as,)):
-            backend = make_backend(name, provider=args.provider, fused_as=encoding)
+            backend = make_backend(name, provider=args.provider, fused_as=encoding, gemm=args.gemm, tf32=args.tf32)
             if backend.label in checked:
                 continue
             checked.add(backend.label)
@@ -489,6 +503,7 @@ def cmd_cuda(args) -> int:
     import os
     from .version import __version__
     from .codegen.cuda import build as cuda_build
+    from .codegen.cuda.kernels.gemm import GPU_GEMM
     from .codegen.cuda.lower import generate
     from .report.cuda_summary import compile_report, format_cuda_summary
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
@@ -497,10 +512,9 @@ def cmd_cuda(args) -> int:
     model, graph = _graph(args)
     weights = _weights(args, model)
     bindings = _bindings(args, graph)
-    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm)
-    meta = cuda_build.write_build(cuda, args.output, archs=archs, gemm=args.gemm, bindings=bindings)
-    summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs,
-                             compile=not args.no_compile, gemm=args.gemm)
+    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm or GPU_GEMM, tf32=args.tf32)
+    meta = cuda_build.write_build(cuda, args.output, archs=archs, bindings=bindings)
+    summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs, compile=not args.no_compile)
     _write_text(os.path.join(args.output, "summary.json"), json.dumps(summary, indent=2) + "\n")
     if args.json:
         _write_text(args.json, json.dumps(summary, indent=2) + "\n")
@@ -649,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backends to check on (repeatable; default: reference and ort)")
     _fused_as_arg(p, all_forms=True, picks_form=False)
     _provider_arg(p)
+    _gemm_arg(p, default="cublas on --backend cuda, tiled on cuda-emu")
     _dim_arg(p, defaults={"batch": 2, "seq": 16})
     _weights_args(p)
     p.set_defaults(fn=cmd_check)
@@ -685,7 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="sm_80,sm_90", type=_arch_list,
                    help="GPU architectures, comma-separated sm_XX (default sm_80,sm_90)")
     _dtype_arg(p, choices=("float32", "float16", "bfloat16"))
-    _gemm_arg(p)
+    _gemm_arg(p, default="cublas")
     _dim_arg(p, defaults={"batch": 1, "seq": 128}, purpose=" for the memory-plan figures")
     _weights_args(p, seeds="the weights")
     _json_arg(p, what="the summary")
@@ -702,7 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
                         "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
                         "CPU; torch-eager, torch-compile: the graph as a PyTorch module")
-    _gemm_arg(p)
+    _gemm_arg(p, default="cublas on --backend cuda, tiled on cuda-emu")
     _fused_as_arg(p)
     _provider_arg(p)
     p.add_argument("--inputs", metavar="FILE.npz",

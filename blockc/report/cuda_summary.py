@@ -13,10 +13,11 @@ from ..files import format_bytes
 FUSED_PREFIXES = tuple(sorted(ops_of("row_norm", "softmax", "attention"), key=len, reverse=True))
 
 
-def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], *, compile: bool = True,
-                   gemm: str = "tiled") -> dict:
+def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], *, compile: bool = True) -> dict:
     from ..codegen.cuda import toolchain
-    summary = {"schema": "blockc.cuda-summary/1", "model": meta["name"], "archs": archs, "gemm": gemm,
+    from ..codegen.cuda.build import library_flags
+    summary = {"schema": "blockc.cuda-summary/1", "model": meta["name"], "archs": archs, "gemm": model.gemm.kind,
+               "tf32": model.gemm.tf32,
                "launches": len(meta["launches"]), "kernels": [], "memory_plan": meta["memory_plan"],
                "elementwise_chains": meta["elementwise_chains"]}
     found = toolchain.find_nvcc()
@@ -29,8 +30,8 @@ def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], 
         summary["nvcc"] = found.reason
         return summary
     summary["nvcc"] = found.path
-    includes = [f"-I{os.path.dirname(os.path.abspath(source))}"]
     try:
+        includes = [f"-I{os.path.dirname(os.path.abspath(source))}"] + library_flags(model.gemm, link=False)
         result = toolchain.compile_nvcc(source, archs, werror=True, extra_flags=includes)
     except toolchain.ToolchainError as e:
         summary["compiled"] = False
@@ -49,7 +50,8 @@ def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], 
 
 
 def format_cuda_summary(summary: dict) -> str:
-    lines = [f"{summary['model']}: {summary['launches']} kernel launches, gemm={summary['gemm']}"]
+    lines = [f"{summary['model']}: {summary['launches']} kernel launches, gemm={summary['gemm']}"
+             + (" (TF32)" if summary.get("tf32") else "")]
     chains = summary.get("elementwise_chains", [])
     if chains:
         fused_ops = sum(len(c["ops"]) for c in chains)

@@ -82,6 +82,7 @@ def call_model(lib, spec: dict) -> dict:
     vp, size = ctypes.c_void_p, ctypes.c_size_t
     create = _function(lib, "blockc_create", vp, [ctypes.c_char_p])
     last_error = _function(lib, "blockc_last_error", ctypes.c_char_p, [])
+    model_error = _function(lib, "blockc_model_error", ctypes.c_char_p, [vp])
     alloc = _function(lib, "blockc_device_alloc", vp, [size])
     free = _function(lib, "blockc_device_free", None, [vp])
     to_device = _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size])
@@ -120,7 +121,9 @@ def call_model(lib, spec: dict) -> dict:
         out_arr = (vp * max(len(outs), 1))(*outs)
 
         def run_once() -> None:
-            check("blockc_run", run(model, in_arr, out_arr, dims, None))
+            rc = run(model, in_arr, out_arr, dims, None)
+            if rc != 0:  # the model keeps why its run failed
+                raise Failed("blockc_run", rc, model_error(model).decode(errors="replace"))
 
         def synchronize() -> None:
             check("blockc_synchronize", sync())

@@ -211,6 +211,9 @@ def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
     gxx = toolchain.find_gxx()
     if gxx is None:
         raise toolchain.ToolchainError("g++ not found on PATH: the CUDA emulator needs a host C++ compiler")
+    if model.gemm.kind != "tiled":
+        raise BlockcError(f"the emulator cannot run --gemm {model.gemm.kind} (it has no cuBLAS): generate with "
+                          "gemm='tiled' to emulate")
     tag = f"emu-{sanitize or 'fibers'}"
     out = _entry(model, tag, (), gxx)
 
@@ -221,16 +224,18 @@ def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
     return cached_file(out / f"libblockc_model_{tag}.so", make)
 
 
-def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS, gemm: str = "tiled") -> Path:
-    """The GPU build of ``model``, compiled with nvcc unless cached (as ``emulated_library``)."""
+def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS) -> Path:
+    """The GPU build of ``model``, compiled with nvcc unless cached (as
+    ``emulated_library``), linked with its GEMM library (``build.library_flags``)."""
     found = toolchain.find_nvcc()
     if found.path is None:
         raise BlockcError(f"no nvcc: {found.reason}")
-    out = _entry(model, "gpu", (gemm, *archs), found.path)
+    cmd = cuda_build.nvcc_command(found.path, archs, gemm=model.gemm)   # where cuBLASLt is: part of the key
+    out = _entry(model, "gpu", tuple(cmd), found.path)
 
     def make(tmp: Path) -> None:
-        cuda_build.write_build(model, str(out), archs=archs, gemm=gemm)
-        cmd = cuda_build.nvcc_command(found.path, archs, gemm=gemm, out=str(tmp))
+        cuda_build.write_build(model, str(out), archs=archs)
+        cmd = cuda_build.nvcc_command(found.path, archs, gemm=model.gemm, out=str(tmp))
         proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BlockcError(f"nvcc failed:\n{proc.stderr[-4000:]}")

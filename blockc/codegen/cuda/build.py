@@ -28,6 +28,8 @@ import numpy as np
 from ...errors import BlockcError
 from ...files import cache_root, replace_together, user_mode
 from ...ops import registry
+from . import toolchain
+from .kernels.gemm import GemmChoice
 from .lower import CudaModel
 from .templates import TEMPLATE_DIR
 
@@ -51,14 +53,23 @@ def weights_blob(params: list) -> bytes:
     return head + b"".join(chunks)
 
 
-def nvcc_command(nvcc: str, archs=ARCHS, *, gemm: str = "tiled", out: str = "libblockc_model.so") -> list[str]:
+def library_flags(gemm: GemmChoice, *, link: bool = True) -> list[str]:
+    """What nvcc needs beyond its own toolkit for a build's GEMMs: cuBLASLt's
+    include folder and, to link, the library by its soname with an rpath
+    (``toolchain.find_cublas``: the toolkit or NVIDIA's wheel). Only
+    cuBLASLt: no generated call needs the rest of cuBLAS."""
+    if gemm.kind != "cublas":
+        return []
+    found = toolchain.find_cublas()
+    return found.compile_flags() + (found.link_flags() if link else [])
+
+
+def nvcc_command(nvcc: str, archs=ARCHS, *, gemm: GemmChoice = GemmChoice(),
+                 out: str = "libblockc_model.so") -> list[str]:
     cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v", "-Werror", "all-warnings"]
     for arch in archs:
         cmd += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
-    cmd += ["-o", out, "model.cu"]
-    if gemm == "cublas":
-        cmd += ["-lcublas"]
-    return cmd
+    return cmd + ["-o", out, "model.cu"] + library_flags(gemm)
 
 
 def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dict:
@@ -69,6 +80,7 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
     meta = {
         "schema": "blockc.cuda-model/1",
         "name": model.graph.name,
+        "gemm": {"kind": model.gemm.kind, "tf32": model.gemm.tf32},
         "symbols": model.symbols,
         "inputs": [dict(name=n, **t(v)) for n, v in model.inputs],
         "outputs": [dict(name=n, **t(v)) for n, v in model.outputs],
@@ -86,26 +98,30 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
     return meta
 
 
-def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, gemm: str = "tiled",
-                bindings: Mapping[str, int] | None = None) -> dict:
+def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mapping[str, int] | None = None) -> dict:
     """Write the build directory: every file under a temporary name, then all
-    renamed into place together (``files.replace_together``)."""
+    renamed into place together (``files.replace_together``). ``build.sh``
+    links the model's GEMM library (``library_flags``) where this machine has it."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise BlockcError(f"cannot write {out_dir}: {e.strerror or e}") from None
     meta = describe(model, bindings)
-    nvcc = "nvcc"
+    try:
+        command = nvcc_command("nvcc", archs, gemm=model.gemm)
+        note = ""
+    except toolchain.ToolchainError as e:
+        # The source is still worth writing: build.sh then expects a toolkit with cuBLASLt on its paths.
+        command = nvcc_command("nvcc", archs) + ["-lcublasLt"]
+        note = "# " + str(e).splitlines()[0] + "\n"
     files = {
         "model.cu": model.source.encode(),
         "blockc_cuda.h": open(RUNTIME_HEADER, "rb").read(),
         "weights.bin": weights_blob(model.params),
         "model.json": (json.dumps(meta, indent=2) + "\n").encode(),
-        "build.sh": ("#!/bin/sh\n# Builds libblockc_model.so with nvcc (set NVCC to override).\nset -e\n"
-                     "cd \"$(dirname \"$0\")\"\n"
-                     + " ".join(["\"${NVCC:-nvcc}\""] + [shlex.quote(a) for a in nvcc_command(nvcc, archs,
-                                                                                             gemm=gemm)[1:]])
-                     + "\n").encode(),
+        "build.sh": ("#!/bin/sh\n# Builds libblockc_model.so with nvcc (set NVCC to override).\n" + note
+                     + "set -e\ncd \"$(dirname \"$0\")\"\n"
+                     + " ".join(["\"${NVCC:-nvcc}\""] + [shlex.quote(a) for a in command[1:]]) + "\n").encode(),
     }
     targets = [os.path.join(out_dir, name) for name in files]
     with replace_together(targets) as staged:

@@ -87,6 +87,12 @@ class LowerContext:
         self._id_flags: dict[int, str] = {}
         self._views: dict = {}                 # id(value) -> views.View: where a kernel finds it
         self.checked_ids: list[Value] = []     # slot k of the run function's id_errors is checked_ids[k]
+        self.gemm_sites = 0                    # library GEMM call sites, each with its own plan in the model
+
+    def gemm_site(self) -> int:
+        """A new index into the model's per-site GEMM state (``kernels/gemm.py``)."""
+        self.gemm_sites += 1
+        return self.gemm_sites - 1
 
     def check_ids(self, value: Value) -> None:
         """Kernels that index with ``value`` (an input with an id range,

@@ -8,8 +8,10 @@
    run once, now, and their results join the weights file;
 3. ``fold_attention_views`` -- the split, reshape and transpose nodes around
    an attention become strides its kernel reads and writes through (no copy
-   kernels), then ``fuse_elementwise``: chains of elementwise ops become one kernel step
-   (``describe`` lists each chain, and ``blockc cuda`` shows them);
+   kernels), then ``fuse_elementwise``: a GEMM absorbs the bias add,
+   activation or residual add after it (``kernels/gemm.epilogue_nodes``), and
+   chains of elementwise ops become one kernel step (``describe`` lists each
+   chain, and ``blockc cuda`` shows them);
 4. ``plan_buffers``       -- liveness, and the static memory plan of the arena;
 5. ``emit_kernels``       -- one kernel (or a few) per step, from its op's
    kernel family (the op's ``cuda`` in the registry);
@@ -38,7 +40,7 @@ from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment, c_str
 from .kernels.attention import emit_attention
 from .kernels.copy import emit_copy
 from .kernels.elementwise import emit_elementwise
-from .kernels.gemm import emit_gemm
+from .kernels.gemm import EMULATED_GEMM, GemmChoice, emit_gemm, epilogue_nodes, gemm_runtime
 from .kernels.rows import emit_row_norm, emit_softmax
 from .memory_plan import MemoryPlan, plan_memory
 from .templates import render
@@ -75,7 +77,7 @@ class CudaModel:
     inputs: list                 # (name, Value)
     outputs: list                # (name, Value)
     kernels: dict = field(default_factory=dict)   # kernel name -> KernelCode of its first use
-    gemm: str = "tiled"
+    gemm: GemmChoice = field(default_factory=GemmChoice)
 
 
 def _labels(n: Node, index: int) -> list[str]:
@@ -94,12 +96,13 @@ def check_supported(graph: Graph) -> None:
 
 
 def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fused", version: str = "",
-             gemm: str = "tiled") -> CudaModel:
-    """``graph`` as CUDA. ``gemm``: ``tiled`` (portable, emulatable) or
-    ``cublas`` (cuBLAS on a GPU; the tiled kernel where one strided batch
-    cannot express an operand's broadcasting)."""
-    if gemm not in ("tiled", "cublas"):
-        raise CudaCodegenError(f"unknown gemm {gemm!r}: use tiled or cublas")
+             gemm: str = EMULATED_GEMM, tf32: bool = False) -> CudaModel:
+    """``graph`` as CUDA. ``gemm``: ``tiled`` (portable, emulatable; the
+    default here, so that what is generated runs everywhere) or ``cublas``
+    (cuBLASLt on a GPU, what GPU builds default to; the tiled kernel where
+    one strided batch cannot express an operand's broadcasting). ``tf32``:
+    float32 GEMMs on TF32 tensor cores (cuBLAS only)."""
+    choice = GemmChoice(gemm, tf32)
     g = legalize_for_cuda(graph)
     stored, runtime = fold_load_time(g, weights)
     folded = fold_attention_views(g, runtime, lambda v: v.kind != "node" or id(v) in stored.index,
@@ -109,10 +112,10 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
     buffers = plan_buffers(g, steps_nodes, alias, stored)
     ctx = bind_values(g, steps_nodes, alias, stored, buffers)
     ctx.set_views(folded.views)
-    steps = emit_kernels(g, steps_nodes, ctx, gemm)
-    source, kernels = render_host(g, steps, ctx, stored, buffers.plan, form=form, version=version, gemm=gemm)
+    steps = emit_kernels(g, steps_nodes, ctx, choice)
+    source, kernels = render_host(g, steps, ctx, stored, buffers.plan, form=form, version=version, gemm=choice)
     return CudaModel(source, g, stored.params, steps, buffers.plan, g.symbols(), [(v.name, v) for v in g.inputs],
-                     list(g.outputs), kernels, gemm)
+                     list(g.outputs), kernels, choice)
 
 
 # ---- 1. legalize ----------------------------------------------------------------------
@@ -174,13 +177,23 @@ def fold_load_time(g: Graph, weights: Mapping[str, np.ndarray]) -> tuple[Stored,
 
 # ---- 3. elementwise chains ----------------------------------------------------------------
 def fuse_elementwise(g: Graph, runtime: list[Node]) -> tuple[list[list[Node]], dict]:
-    """The kernel steps, each a list of nodes (a chain of elementwise ops, or
-    one node), and the aliases (a reshape's result is its input's buffer)."""
+    """The kernel steps, each a list of nodes (a GEMM and what its epilogue
+    computes, a chain of elementwise ops, or one node), and the
+    aliases (a reshape's result is its input's buffer)."""
     alias: dict[int, Value] = {id(n.outputs[0]): n.inputs[0] for n in runtime if family(n.op) == "alias"}
     outputs = {id(v) for _, v in g.outputs}
+    running = {id(n) for n in runtime}
+    # A GEMM step runs where its last absorbed node was: every operand is ready by then.
+    gemm_at: dict[int, list[Node]] = {}
+    absorbed: set[int] = set()
+    for n in runtime:
+        if family(n.op) == "gemm":
+            tail = epilogue_nodes(n, running, outputs)
+            gemm_at[id((tail or [n])[-1])] = [n] + tail
+            absorbed |= {id(m) for m in [n] + tail}
     group_of: dict[int, list[Node]] = {}
     for n in runtime:
-        if family(n.op) != "elementwise":
+        if family(n.op) != "elementwise" or id(n) in absorbed:
             continue
         members: list[Node] = []
         for v in n.inputs:
@@ -192,7 +205,11 @@ def fuse_elementwise(g: Graph, runtime: list[Node]) -> tuple[list[list[Node]], d
         group_of[id(n)] = members + [n]
     steps: list[list[Node]] = []
     for n in runtime:
-        if family(n.op) == "elementwise":
+        if id(n) in gemm_at:
+            steps.append(gemm_at[id(n)])
+        elif id(n) in absorbed:
+            continue
+        elif family(n.op) == "elementwise":
             if id(n) in group_of:
                 steps.append(group_of[id(n)])
         elif family(n.op) != "alias":
@@ -221,8 +238,8 @@ def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: S
                 r = _root(v, alias)
                 if r.kind == "node" and id(r) not in stored.index and not is_inline(r):
                     last_use[id(r)] = step
-        chain = family(nodes[-1].op) == "elementwise"   # a chain's inner values stay in registers
-        for o in (nodes[-1].outputs if chain else [o for m in nodes for o in m.outputs]):
+        # A chain's (or a GEMM epilogue's) inner values stay in registers.
+        for o in (nodes[-1].outputs if len(nodes) > 1 else nodes[0].outputs):
             defined_at.setdefault(id(o), step)
     for _, v in g.outputs:
         last_use[id(_root(v, alias))] = len(steps_nodes)
@@ -265,29 +282,29 @@ def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buf
 
 
 # ---- 5. kernels ----------------------------------------------------------------------------
-# kernel family -> fn(nodes of the step, ctx, labels, gemm) -> [KernelCode]
+# kernel family of the step's first node -> fn(nodes of the step, ctx, labels, gemm) -> [KernelCode]
 EMITTERS = {
     "elementwise": lambda nodes, ctx, labels, gemm: [emit_elementwise(nodes, ctx, labels)],
     "row_norm": lambda nodes, ctx, labels, gemm: [emit_row_norm(nodes[-1], ctx, labels)],
     "softmax": lambda nodes, ctx, labels, gemm: [emit_softmax(nodes[-1], ctx, labels)],
-    "gemm": lambda nodes, ctx, labels, gemm: [emit_gemm(nodes[-1], ctx, labels, gemm)],
+    "gemm": lambda nodes, ctx, labels, gemm: [emit_gemm(nodes, ctx, labels, gemm)],
     "copy": lambda nodes, ctx, labels, gemm: emit_copy(nodes[-1], ctx, labels),
     "attention": lambda nodes, ctx, labels, gemm: [emit_attention(nodes[-1], ctx, labels)],
 }
 
 
-def emit_kernels(g: Graph, steps_nodes: list[list[Node]], ctx: LowerContext, gemm: str) -> list[KernelCode]:
+def emit_kernels(g: Graph, steps_nodes: list[list[Node]], ctx: LowerContext, gemm: GemmChoice) -> list[KernelCode]:
     index_of = {id(n): i for i, n in enumerate(g.nodes)}
     steps: list[KernelCode] = []
     for nodes in steps_nodes:
         labels = list(dict.fromkeys(lab for m in nodes for lab in _labels(m, index_of[id(m)])))
-        steps += EMITTERS[family(nodes[-1].op)](nodes, ctx, labels, gemm)
+        steps += EMITTERS[family(nodes[0].op)](nodes, ctx, labels, gemm)
     return steps
 
 
 # ---- 6. host code --------------------------------------------------------------------------
 def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: Stored, plan: MemoryPlan, *,
-                form: str, version: str, gemm: str) -> tuple[str, dict]:
+                form: str, version: str, gemm: GemmChoice) -> tuple[str, dict]:
     # One definition per distinct kernel: identical code used by many layers is
     # emitted once, its comment listing every IR node it computes.
     kernels: dict[str, KernelCode] = {}
@@ -307,7 +324,7 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                     sources=sources, steps=[{"comment": c_comment(f"{' '.join(c.nodes)}: {'+'.join(c.ops)}"),
                                              "call": c.call} for c in steps],
                     slots=slots, symbols=g.symbols(), dim_limits=_dim_limits(g, ctx), id_limits=_id_limits(g, ctx),
-                    cublas=gemm == "cublas", num_inputs=len(g.inputs),
+                    gemm_runtime=gemm_runtime(gemm, ctx.gemm_sites), num_inputs=len(g.inputs),
                     num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
     return source, kernels
 

@@ -16,6 +16,11 @@ Where things are found:
   ``nvidia/cuda_nvcc/bin/nvcc`` for the ``-cu12`` wheels).
 * headers (``cuda_fp16.h``, ``cuda_runtime.h``, cuBLAS): the toolkit beside
   that nvcc, ``/usr/local/cuda/include``, then the wheels' ``include`` folders.
+* cuBLASLt (``find_cublas``): a header and its library from one place -- the
+  toolkit beside nvcc, ``/usr/local/cuda``, then the ``nvidia-cublas`` wheel
+  -- linked by its versioned name (``-l:libcublasLt.so.13``: the wheel ships
+  no unversioned ``.so``) with an rpath to its folder, so the built library
+  finds it without ``LD_LIBRARY_PATH``.
 """
 from __future__ import annotations
 
@@ -49,7 +54,13 @@ _WHEEL_INCLUDES = ("cu13/include", "cu12/include", "cuda_runtime/include", "cuda
                    "cuda_cccl/include", "cublas/include")
 
 
-_HEADER_MARKERS = ("cuda_runtime.h", "cuda_fp16.h", "cublas_v2.h", "cuda/std")
+_HEADER_MARKERS = ("cuda_runtime.h", "cuda_fp16.h", "cublas_v2.h", "cublasLt.h", "cuda/std")
+# Where cuBLAS sits in each layout: (include folder, library folders), relative
+# to a toolkit or to the wheels' ``nvidia`` folder.
+_TOOLKIT_CUBLAS = ("include", ("lib64", "lib", "targets/x86_64-linux/lib"))
+_WHEEL_CUBLAS = (("cu13/include", ("cu13/lib",)), ("cu12/include", ("cu12/lib",)),
+                 ("cublas/include", ("cublas/lib",)))
+_CUBLASLT_SO = re.compile(r"^libcublasLt\.so\.(\d+)$")
 
 
 class ToolchainError(BlockcError):
@@ -125,6 +136,64 @@ def cuda_include_dirs() -> list[str]:
         if real not in seen and any(os.path.exists(os.path.join(real, h)) for h in _HEADER_MARKERS):
             seen.append(real)
     return seen
+
+
+@dataclass(frozen=True)
+class CublasLocation:
+    """One cuBLASLt: its header folder, its library folder, the library's
+    major version (the ``N`` of ``libcublasLt.so.N``) and where it was found."""
+
+    include: str
+    lib: str
+    major: int
+    where: str
+
+    def compile_flags(self) -> list[str]:
+        return [f"-I{self.include}"]
+
+    def link_flags(self) -> list[str]:
+        # By soname, not -lcublasLt: a wheel has no unversioned libcublasLt.so.
+        # The rpath lets the built library load it without LD_LIBRARY_PATH.
+        return [f"-L{self.lib}", f"-l:libcublasLt.so.{self.major}", "-Xlinker", f"-rpath,{self.lib}"]
+
+
+def _cublas_in(include: Path, libs: Sequence[Path], where: str) -> CublasLocation | None:
+    if not (include / "cublasLt.h").is_file():
+        return None
+    for lib in libs:
+        try:
+            majors = sorted((int(m.group(1)) for f in os.listdir(lib) if (m := _CUBLASLT_SO.match(f))), reverse=True)
+        except OSError:
+            continue
+        if majors:
+            return CublasLocation(os.path.realpath(include), os.path.realpath(lib), majors[0], where)
+    return None
+
+
+def find_cublas() -> CublasLocation:
+    """cuBLASLt's header and library, from one place: the toolkit beside nvcc,
+    ``/usr/local/cuda``, then NVIDIA's ``nvidia-cublas`` wheel. Raises
+    ToolchainError saying how to get one."""
+    candidates: list[tuple[Path, list[Path], str]] = []
+    toolkits = []
+    nvcc = find_nvcc().path
+    if nvcc:
+        toolkits.append(_toolkit_of(nvcc))
+    toolkits.append(STANDARD_CUDA)
+    for tk in toolkits:
+        inc, libs = _TOOLKIT_CUBLAS
+        for include in (tk / inc, tk / "targets" / "x86_64-linux" / inc):
+            candidates.append((include, [tk / lib for lib in libs], f"the CUDA toolkit in {tk}"))
+    for root in _nvidia_wheel_roots():
+        for inc, libs in _WHEEL_CUBLAS:
+            candidates.append((root / inc, [root / lib for lib in libs], f"NVIDIA's nvidia-cublas wheel in {root}"))
+    for include, libs, where in candidates:
+        found = _cublas_in(include, libs, where)
+        if found:
+            return found
+    raise ToolchainError("no cuBLASLt (cublasLt.h with libcublasLt.so.N): not in the CUDA toolkit, "
+                         "/usr/local/cuda or NVIDIA's wheels; pip install 'blockc[cuda]' (nvidia-cublas), "
+                         "or generate with --gemm tiled")
 
 
 def _emulation_include_dirs() -> list[str]:

@@ -58,14 +58,18 @@ class GeneratedCuda(Backend):
 
 
 class CudaBackend(GeneratedCuda):
-    """The generated CUDA built with nvcc and run on a GPU. Option ``gemm``:
-    ``cublas`` (the default here) or ``tiled``."""
+    """The generated CUDA built with nvcc and run on a GPU. Options: ``gemm``
+    (``cublas``, cuBLASLt, the default here; or ``tiled``), ``tf32`` (float32
+    GEMMs on TF32 tensor cores; its error is what ``blockc check --tf32``
+    shows)."""
 
     clock = "host clock around each run and a device synchronize, in the child process"
     on_gpu = True
 
-    def __init__(self, *, gemm: str = "cublas", **_options):
-        self.gemm = gemm
+    def __init__(self, *, gemm: str | None = None, tf32: bool = False, **_options):
+        from ...codegen.cuda.kernels.gemm import GPU_GEMM, GemmChoice
+        self.choice = GemmChoice(gemm or GPU_GEMM, tf32)
+        self.gemm = self.choice.kind
 
     def availability(self):
         from ...codegen.cuda import toolchain
@@ -88,15 +92,20 @@ class CudaBackend(GeneratedCuda):
     def title(self) -> str:
         return "generated CUDA, on the GPU"
 
+    @property
+    def label(self) -> str:
+        # The GEMM and TF32 change the numbers: blockc check reports each apart.
+        return f"{self.name}[{self.gemm}{', tf32' if self.choice.tf32 else ''}]"
+
     def detail(self, threads):
-        return f"blockc's generated CUDA, --gemm {self.gemm}, sm_80/sm_90, one stream; per-run times from the " \
-               "child process"
+        return f"blockc's generated CUDA, --gemm {self.gemm}{' --tf32' if self.choice.tf32 else ''}, sm_80/sm_90, " \
+               "one stream; per-run times from the child process"
 
     def compile(self, graph, weights, *, variant=None, threads=None):
         from ...codegen.cuda.lower import generate
         from ..cuda_runner import gpu_library
-        model = generate(graph, weights, gemm=self.gemm)
-        return CudaCompiled(model, gpu_library(model, gemm=self.gemm), emulated=False)
+        model = generate(graph, weights, gemm=self.choice.kind, tf32=self.choice.tf32)
+        return CudaCompiled(model, gpu_library(model), emulated=False)
 
 
 class CudaEmuBackend(GeneratedCuda):
@@ -106,8 +115,12 @@ class CudaEmuBackend(GeneratedCuda):
 
     clock = "host clock around each run, in the child process"
 
-    def __init__(self, *, gemm: str = "tiled", sanitize: str | None = None, **_options):
-        self.gemm, self.sanitize = gemm, sanitize
+    def __init__(self, *, gemm: str | None = None, tf32: bool = False, sanitize: str | None = None, **_options):
+        from ...codegen.cuda.kernels.gemm import EMULATED_GEMM
+        if tf32:
+            raise BlockcError("TF32 needs a GPU's tensor cores: cuda-emu runs the tiled float32 GEMM "
+                              "(use --backend cuda --tf32 on a GPU)")
+        self.gemm, self.sanitize = gemm or EMULATED_GEMM, sanitize
 
     def availability(self):
         from ...codegen.cuda import toolchain
@@ -125,7 +138,7 @@ class CudaEmuBackend(GeneratedCuda):
 
     def compile(self, graph, weights, *, variant=None, threads=None):
         if self.gemm != "tiled":
-            raise BlockcError("cuBLAS cannot be emulated: use gemm='tiled' for emulation")
+            raise BlockcError("cuBLAS cannot be emulated: use --gemm tiled (the default) for emulation")
         from ...codegen.cuda.lower import generate
         from ..cuda_runner import emulated_library
         model = generate(graph, weights, gemm=self.gemm)

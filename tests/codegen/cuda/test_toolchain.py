@@ -89,6 +89,51 @@ def test_wheel_headers_are_include_dirs(monkeypatch, tmp_path, no_system_cuda):
                                              os.path.realpath(root / "cublas" / "include")]
 
 
+# ---- where cuBLASLt comes from ---------------------------------------------------------------
+
+def _fake_cublas(include: Path, lib: Path, major: int, *, unversioned: bool) -> None:
+    include.mkdir(parents=True, exist_ok=True)
+    (include / "cublasLt.h").write_text("")
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib / f"libcublasLt.so.{major}").write_text("")
+    if unversioned:  # a toolkit has the development symlink, a wheel does not
+        (lib / "libcublasLt.so").symlink_to(f"libcublasLt.so.{major}")
+
+
+def test_cublas_from_the_toolkit_comes_first(monkeypatch, tmp_path, no_system_cuda):
+    _fake_cublas(tmp_path / "cuda" / "include", tmp_path / "cuda" / "lib64", 13, unversioned=True)
+    wheel = tmp_path / "nvidia"
+    _fake_cublas(wheel / "cu13" / "include", wheel / "cu13" / "lib", 13, unversioned=False)
+    monkeypatch.setattr(toolchain, "STANDARD_CUDA", tmp_path / "cuda")
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [wheel])
+    found = toolchain.find_cublas()
+    assert (found.include, found.lib, found.major) == (str(tmp_path / "cuda" / "include"),
+                                                       str(tmp_path / "cuda" / "lib64"), 13)
+    assert "toolkit" in found.where
+
+
+@pytest.mark.parametrize("inc, lib, major", [("cu13/include", "cu13/lib", 13), ("cublas/include", "cublas/lib", 12)])
+def test_cublas_from_nvidias_wheel_links_by_soname_with_an_rpath(monkeypatch, tmp_path, no_system_cuda, inc, lib,
+                                                                  major):
+    root = tmp_path / "nvidia"
+    _fake_cublas(root / inc, root / lib, major, unversioned=False)
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    found = toolchain.find_cublas()
+    assert found.compile_flags() == [f"-I{root / inc}"]
+    # -lcublasLt would find nothing: the wheel ships only the versioned file
+    assert found.link_flags() == [f"-L{root / lib}", f"-l:libcublasLt.so.{major}", "-Xlinker", f"-rpath,{root / lib}"]
+    assert "wheel" in found.where
+
+
+def test_a_header_without_its_library_is_not_cublas(monkeypatch, tmp_path, no_system_cuda):
+    root = tmp_path / "nvidia"
+    (root / "cu13" / "include").mkdir(parents=True)
+    (root / "cu13" / "include" / "cublasLt.h").write_text("")
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    with pytest.raises(ToolchainError, match=r"no cuBLASLt.*pip install 'blockc\[cuda\]'.*--gemm tiled"):
+        toolchain.find_cublas()
+
+
 # ---- ptxas reports ------------------------------------------------------------------------
 
 PTXAS_LOG = """\

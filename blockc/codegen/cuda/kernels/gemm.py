@@ -1,19 +1,147 @@
-"""MatMul (and MatMul + bias + activation) as a tiled shared-memory GEMM.
+"""MatMul (and MatMul + bias + activation + residual) as one GEMM launch.
 
-The portable tiled kernel is what emulation runs and is selectable
-everywhere (``--gemm tiled``). Operands whose batch dims are all 1 or
-absent are shared by every batch (stride 0); a right operand that is a plain
-matrix lets the left one's batch dims fold into M, one GEMM instead of many.
+Two implementations, chosen per build (``GemmChoice``):
+
+* ``cublas`` -- cuBLASLt (``cublasLtMatmul``), the default on a GPU: fp16 and
+  bf16 on tensor cores with float32 accumulation, float32 in plain float32
+  (TF32 tensor cores only with ``tf32=True``); bias, ReLU and tanh-GELU in
+  cuBLASLt's epilogue, a residual through ``beta = 1``, batches as strided
+  batches. Each call site keeps its own plan (layouts, algorithm) in the
+  model object, remade when the shape changes.
+* ``tiled`` -- a portable shared-memory SIMT kernel with the same epilogue;
+  what emulation runs, and the fallback where one strided batch cannot
+  express an operand's broadcasting.
+
+Operands whose batch dims are all 1 or absent are shared by every batch
+(stride 0); a right operand that is a plain matrix lets the left one's batch
+dims fold into M, one GEMM instead of many.
+
+``epilogue_nodes`` is the rule by which the lowering lets a GEMM absorb what
+follows it (a bias ``[N]`` and an activation, or a residual of the output's
+shape), so no separate bias kernel is launched.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ....ir.dtypes import DType
-from ....ir.graph import Node
+from ....ir.graph import Node, Value
 from ....ops.fused import ACTIVATIONS
-from ..exprs import expr
-from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, shape_class
+from ..exprs import expr, is_inline
+from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype, shape_class
 from ..templates import render
 
+GEMMS = ("cublas", "tiled")
+GPU_GEMM = "cublas"      # what a GPU build uses unless told otherwise
+EMULATED_GEMM = "tiled"  # the only one the emulator can run (it has no cuBLAS)
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    """How a build computes its GEMMs: ``kind`` (``GEMMS``) and, for cuBLAS,
+    whether float32 GEMMs may use TF32 tensor cores."""
+
+    kind: str = EMULATED_GEMM
+    tf32: bool = False
+
+    def __post_init__(self):
+        if self.kind not in GEMMS:
+            raise CudaCodegenError(f"unknown gemm {self.kind!r}: use {' or '.join(GEMMS)}")
+        if self.tf32 and self.kind != "cublas":
+            raise CudaCodegenError("tf32 needs --gemm cublas: the tiled kernel computes in float32")
+
+
+# cuBLASLt's GELU epilogue is the tanh approximation (XLA fuses only that form
+# into it: CublasLtGemmRewriteTest.ApproxGeluActivation), so erf-GELU keeps the
+# bias epilogue and one elementwise pass over the output.
+LT_EPILOGUES = {"none": "CUBLASLT_EPILOGUE_BIAS", "relu": "CUBLASLT_EPILOGUE_RELU_BIAS",
+                "gelu_tanh": "CUBLASLT_EPILOGUE_GELU_BIAS", "gelu": "CUBLASLT_EPILOGUE_BIAS"}
+CUDA_TYPES = {DType.float32: "CUDA_R_32F", DType.float16: "CUDA_R_16F", DType.bfloat16: "CUDA_R_16BF"}
+DESCRIPTIONS = {"none": "", "relu": "ReLU", "gelu": "GELU", "gelu_tanh": "tanh-GELU"}
+
+
+@dataclass
+class Epilogue:
+    """What a GEMM step computes after the product: ``act(A B + bias) + residual``."""
+
+    bias: Value | None = None
+    activation: str = "none"
+    residual: Value | None = None
+
+    def describe(self) -> str:
+        text = "A B" + (" + bias" if self.bias is not None else "")
+        if self.activation != "none":
+            text = f"{DESCRIPTIONS[self.activation]}({text})"
+        return text + (" + residual" if self.residual is not None else "")
+
+
+def _operand(v: Value, other: Value, gemm_out: Value) -> Value | None:
+    """The add's other operand when it can be read from memory by the GEMM."""
+    if v is other or other.dtype != gemm_out.dtype or is_inline(other):
+        return None
+    return other
+
+
+def _activation_of(node: Node) -> str | None:
+    """The ``ACTIVATIONS`` name ``node`` computes, or None."""
+    for name, (op, attrs) in ACTIVATIONS.items():
+        if node.op == op and all(node.attrs.get(k) == v for k, v in attrs.items()):
+            return name
+    return None
+
+
+def epilogue_nodes(gemm: Node, runtime: set[int], outputs: set[int]) -> list[Node]:
+    """The nodes after ``gemm`` that its launch can compute, in order: a bias
+    add (a ``[N]`` vector) where it has none, then an activation
+    (``ACTIVATIONS``) on the biased sum, or a residual add (a tensor of the
+    output's shape) where nothing is applied after the sum -- what both the
+    tiled kernel and cuBLASLt (``act(A B + C + bias)``) compute. Each absorbed
+    value must have the next node as its only use and be no graph output (it
+    is never written). ``runtime``: the ids of the nodes run at run time."""
+    out = gemm.outputs[0]
+    has_bias = gemm.op == "matmul_bias_act"
+    activation = gemm.attrs.get("activation", "none") if has_bias else "none"
+    has_residual, v, nodes = False, out, []
+    while len(v.uses) == 1 and id(v) not in outputs and activation == "none":
+        user = v.uses[0][0]
+        if id(user) not in runtime or user.outputs[0].shape != out.shape or user.outputs[0].dtype != out.dtype:
+            break
+        if user.op == "add":
+            other = _operand(v, user.inputs[1] if user.inputs[0] is v else user.inputs[0], out)
+            if other is None:
+                break
+            if not has_bias and tuple(other.shape) == (out.shape[-1],):
+                has_bias = True
+            elif not has_residual and other.shape == out.shape:
+                has_residual = True
+            else:
+                break
+        elif has_bias and not has_residual and _activation_of(user):
+            activation = _activation_of(user)
+        else:
+            break
+        nodes.append(user)
+        v = user.outputs[0]
+    return nodes
+
+
+def _epilogue(nodes: list[Node]) -> Epilogue:
+    gemm = nodes[0]
+    ep = Epilogue()
+    if gemm.op == "matmul_bias_act":
+        ep.bias, ep.activation = gemm.inputs[2], gemm.attrs.get("activation", "none")
+    v = gemm.outputs[0]
+    for m in nodes[1:]:
+        if m.op != "add":
+            ep.activation = _activation_of(m)
+        else:
+            other = m.inputs[1] if m.inputs[0] is v else m.inputs[0]
+            if ep.bias is None and tuple(other.shape) == (gemm.outputs[0].shape[-1],):
+                ep.bias = other
+            else:
+                ep.residual = other
+        v = m.outputs[0]
+    return ep
 
 
 def _activation(activation: str, dtype: DType) -> str:
@@ -24,11 +152,8 @@ def _activation(activation: str, dtype: DType) -> str:
     return f"v = {expr(op, attrs, ['v'], dtype)};"
 
 
-CUDA_TYPES = {DType.float32: "CUDA_R_32F", DType.float16: "CUDA_R_16F", DType.bfloat16: "CUDA_R_16BF"}
-
-
 def _cublas_batch(a, b, out, ctx):
-    """(batches, a_stride, b_stride) when one cuBLAS strided batch covers the
+    """(batches, a_stride, b_stride) when one strided batch covers the
     product, else None (a broadcast pattern one stride cannot express)."""
     ab, bb, ob = list(a.shape[:-2]), list(b.shape[:-2]), list(out.shape[:-2])
     if not bb:
@@ -41,15 +166,25 @@ def _cublas_batch(a, b, out, ctx):
     return batches, a_stride, b_stride
 
 
-def emit_gemm(node: Node, ctx: LowerContext, labels: list[str], gemm: str = "tiled") -> KernelCode:
+def gemm_runtime(choice: GemmChoice, sites: int) -> str:
+    """What the host code needs once for ``sites`` cuBLASLt call sites (the
+    per-model state and the one matmul helper), or nothing."""
+    if choice.kind != "cublas" or not sites:
+        return ""
+    return render("gemm_cublaslt_runtime.cu.j2", sites=sites)
+
+
+def emit_gemm(nodes: list[Node], ctx: LowerContext, labels: list[str], choice: GemmChoice) -> KernelCode:
+    """One GEMM step: ``nodes[0]`` a ``matmul``/``matmul_bias_act``, then the
+    adds ``epilogue_nodes`` let it absorb."""
+    node = nodes[0]
     a, b = node.inputs[0], node.inputs[1]
-    out = node.outputs[0]
+    out = nodes[-1].outputs[0]
     dtype = out.dtype
-    if dtype not in (DType.float32, DType.float16, DType.bfloat16):
+    if dtype not in CUDA_TYPES:
         raise CudaCodegenError(f"{node.op}: the CUDA backend generates float32, float16 and bfloat16, "
                                f"not {dtype.name}")
-    bias = node.op == "matmul_bias_act"
-    activation = node.attrs.get("activation", "none") if bias else "none"
+    ep = _epilogue(nodes)
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     out_batch = list(out.shape[:-2])
     if len(b.shape) == 2 and len(a.shape) > 2:
@@ -73,24 +208,31 @@ def emit_gemm(node: Node, ctx: LowerContext, labels: list[str], gemm: str = "til
 
         dims = ["1LL"] * (4 - len(out_batch)) + [ctx.dim(d) for d in out_batch]
         a_strides, b_strides = strides(a), strides(b)
-    name = f"{'gemm_bias_' + activation if bias else 'gemm'}_{SHORT[dtype]}_{shape_class(b.shape)}"
-    epilogue = {"none": "the product", "relu": "ReLU(+bias)", "gelu": "GELU(+bias)",
-                "gelu_tanh": "tanh-GELU(+bias)"}[activation] if bias else "the product"
-    if gemm == "cublas" and _cublas_batch(a, b, out, ctx) is not None:
-        batches, a_stride, b_stride = _cublas_batch(a, b, out, ctx)
-        name = name.replace("gemm", "cublas_gemm", 1)
-        source = render("gemm_cublas.cu.j2", name=name, T=ctype(dtype), nodes=c_comment(" ".join(labels)),
-                        bias=bias, activation=_activation(activation, dtype), epilogue_desc=epilogue,
-                        cuda_type=CUDA_TYPES[dtype])
-        args = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(node.inputs[2])] if bias else []) + \
-            [ctx.ptr(out), M_expr, ctx.dim(N), ctx.dim(K), batches, a_stride, b_stride]
+    parts = ["gemm"] + (["bias"] if ep.bias is not None else []) + \
+        ([ep.activation] if ep.activation != "none" else []) + (["res"] if ep.residual is not None else [])
+    name = f"{'_'.join(parts)}_{SHORT[dtype]}_{shape_class(b.shape)}"
+    T = ctype(dtype)
+    operands = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(ep.bias)] if ep.bias is not None else []) + \
+        ([ctx.ptr(ep.residual)] if ep.residual is not None else []) + [ctx.ptr(out)]
+    common = dict(T=T, nodes=c_comment(" ".join(labels)), bias=ep.bias is not None,
+                  residual=ep.residual is not None, epilogue_desc=ep.describe())
+    ops = [m.op for m in nodes]
+    batch = _cublas_batch(a, b, out, ctx) if choice.kind == "cublas" else None
+    if batch is not None:
+        batches, a_stride, b_stride = batch
+        name = "cublaslt_" + name + ("_tf32" if choice.tf32 and dtype == DType.float32 else "")
+        compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if choice.tf32 and dtype == DType.float32 else "CUBLAS_COMPUTE_32F"
+        # An activation cuBLASLt lacks (erf-GELU) runs as one pass over the output.
+        after = _activation(ep.activation, dtype) if ep.activation == "gelu" else ""
+        source = render("gemm_cublaslt.cu.j2", name=name, **common, cuda_type=CUDA_TYPES[dtype], compute=compute,
+                        epilogue=LT_EPILOGUES[ep.activation] if ep.bias is not None else "CUBLASLT_EPILOGUE_DEFAULT",
+                        after=after, label=c_string(name))
+        args = ["&m->gemm", str(ctx.gemm_site())] + operands + [M_expr, ctx.dim(N), ctx.dim(K), batches,
+                                                                 a_stride, b_stride]
         return KernelCode(name, source, f"if ({name}_launch({', '.join(args)}, stream)) return 1;", labels,
-                          [node.op], [f"{name}_epilogue"] if bias else [])
-    source = render("gemm_tiled.cu.j2", name=name, T=ctype(dtype), nodes=c_comment(" ".join(labels)),
-                    bias=bias, activation=_activation(activation, dtype), epilogue_desc=epilogue)
-    batch = (f"{name}_batch{{{{{', '.join(dims)}}}, {{{', '.join(a_strides)}}}, "
-             f"{{{', '.join(b_strides)}}}}}")
-    args = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(node.inputs[2])] if bias else []) + \
-        [ctx.ptr(out), M_expr, ctx.dim(N), ctx.dim(K), batch]
-    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
-                      [f"{name}_kernel"])
+                          ops, [f"{name}_after"] if after else [])
+    source = render("gemm_tiled.cu.j2", name=name, **common, activation=_activation(ep.activation, dtype))
+    batch_arg = (f"{name}_batch{{{{{', '.join(dims)}}}, {{{', '.join(a_strides)}}}, "
+                 f"{{{', '.join(b_strides)}}}}}")
+    args = operands + [M_expr, ctx.dim(N), ctx.dim(K), batch_arg]
+    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, ops, [f"{name}_kernel"])

@@ -1,0 +1,270 @@
+"""GEMMs: cuBLASLt by default on a GPU build, the bias/activation/residual in
+the GEMM's epilogue (no separate bias kernel), TF32 only when asked for, the
+tiled kernel's numbers on the emulator, and builds that link cuBLASLt from
+the toolkit or NVIDIA's wheel (checked with ldd)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import blockc
+from blockc.cli import main
+from blockc.codegen.cuda import build as cuda_build
+from blockc.codegen.cuda import toolchain
+from blockc.codegen.cuda.kernel import CudaCodegenError
+from blockc.codegen.cuda.lower import generate
+from blockc.errors import BlockcError
+
+NVCC = toolchain.find_nvcc()
+
+
+def _cublas():
+    try:
+        return toolchain.find_cublas()
+    except toolchain.ToolchainError:
+        return None
+
+
+def gpt2_block(d_model=768, heads=12, dtype=None):
+    settings = {"d_model": str(d_model), "heads": str(heads)} | ({"dtype": dtype} if dtype else {})
+    model = blockc.build_model("gpt2-block", settings)
+    return model, blockc.optimize(blockc.trace(model)).graph
+
+
+# ---- what a GPT-2 block launches -------------------------------------------------------------
+
+# Before: 20 launches per block, three of them bias adds after GEMMs (QKV,
+# attention output, and the FFN output's bias+residual chain).
+GPT2_BLOCK_GEMMS = [["matmul", "add"], ["matmul"], ["matmul"], ["matmul", "add"], ["matmul_bias_act"],
+                    ["matmul", "add", "add"]]
+
+
+@pytest.mark.parametrize("gemm", ["cublas", "tiled"])
+def test_gpt2_block_has_no_bias_kernel_after_a_gemm(gemm):
+    model, graph = gpt2_block()
+    cm = generate(graph, blockc.init_weights(model), gemm=gemm)
+    gemms = [s.ops for s in cm.steps if s.ops[0] in ("matmul", "matmul_bias_act")]
+    assert gemms == GPT2_BLOCK_GEMMS
+    assert not any(s.ops[0] == "add" for s in cm.steps)   # no bias add, no residual add: all in epilogues
+    assert len(cm.steps) == 17
+    if gemm == "cublas":
+        assert all(s.name.startswith("cublaslt_gemm") for s in cm.steps if s.ops[0].startswith("matmul"))
+        # GPT-2's tanh-GELU is cuBLASLt's own GELU epilogue: the FFN's first GEMM launches no kernel of ours
+        fc1 = next(s for s in cm.steps if s.ops == ["matmul_bias_act"])
+        assert "CUBLASLT_EPILOGUE_GELU_BIAS" in fc1.source and fc1.kernels == []
+        assert cm.source.count("cublasLtMatmul(") == 1   # one helper; the sites call it
+    else:
+        assert "cublas" not in cm.source.lower()
+
+
+def test_erf_gelu_keeps_the_bias_epilogue_and_one_pass():
+    # cuBLASLt's GELU is the tanh form: BERT's erf-GELU is applied by a pass over the output
+    model = blockc.build_model("bert-base", {"layers": "1", "d_model": "64", "heads": "2", "vocab": "30"})
+    cm = generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model), gemm="cublas")
+    fc1 = [s for s in cm.steps if s.ops == ["matmul_bias_act"]]
+    assert fc1 and all("CUBLASLT_EPILOGUE_BIAS" in s.source and "blockc_gelu_erf" in s.source for s in fc1)
+    assert all(s.kernels == [f"{s.name}_after"] for s in fc1)
+    assert "CUBLASLT_EPILOGUE_GELU" not in cm.source
+
+
+def test_fp16_gemms_run_on_tensor_cores_with_fp32_accumulation():
+    model, graph = gpt2_block(d_model=64, heads=2, dtype="float16")
+    cm = generate(graph, blockc.init_weights(model), gemm="cublas")
+    specs = re.findall(r"static const blockc_gemm_spec spec = \{ \"\w+\", (\w+), sizeof\(\w+\), (\w+), ", cm.source)
+    assert specs and set(specs) == {("CUDA_R_16F", "CUBLAS_COMPUTE_32F")}
+
+
+# ---- TF32 ------------------------------------------------------------------------------------
+
+def test_tf32_only_changes_the_compute_type():
+    model, graph = gpt2_block(d_model=64, heads=2)
+    weights = blockc.init_weights(model)
+    plain, tf32 = generate(graph, weights, gemm="cublas"), generate(graph, weights, gemm="cublas", tf32=True)
+    assert "CUBLAS_COMPUTE_32F_FAST_TF32" not in plain.source
+    sites = [s for s in tf32.steps if "cublaslt" in s.name]
+    assert len(re.findall(r"CUBLAS_COMPUTE_32F_FAST_TF32, CUBLASLT_EPILOGUE", tf32.source)) == len(sites) == 6
+    undone = tf32.source.replace("CUBLAS_COMPUTE_32F_FAST_TF32", "CUBLAS_COMPUTE_32F").replace("_tf32", "")
+    assert undone == plain.source
+    # float16 already runs on tensor cores: TF32 changes nothing there
+    model16, graph16 = gpt2_block(d_model=64, heads=2, dtype="float16")
+    w16 = blockc.init_weights(model16)
+    assert generate(graph16, w16, gemm="cublas", tf32=True).source == generate(graph16, w16, gemm="cublas").source
+
+
+def test_tf32_needs_cublas():
+    model, graph = gpt2_block(d_model=64, heads=2)
+    weights = blockc.init_weights(model)
+    with pytest.raises(CudaCodegenError, match="tf32 needs --gemm cublas"):
+        generate(graph, weights, gemm="tiled", tf32=True)
+    with pytest.raises(CudaCodegenError, match="unknown gemm 'cutlass'"):
+        generate(graph, weights, gemm="cutlass")
+
+
+def test_tf32_and_gemm_are_refused_where_they_change_nothing(capsys):
+    assert main(["run", "tiny", "--tf32"]) == 2
+    assert "--backend cuda" in capsys.readouterr().err
+    assert main(["run", "tiny", "--backend", "cuda-emu", "--tf32"]) == 2
+    assert "TF32 needs a GPU" in capsys.readouterr().err
+    assert main(["check", "tiny", "--backend", "cuda-emu", "--gemm", "cublas"]) == 2
+    assert "cuBLAS cannot be emulated" in capsys.readouterr().err
+
+
+def test_check_with_tf32_says_it_needs_a_gpu(capsys):
+    from blockc.runtime.cuda_runner import cuda_available
+    if cuda_available()[0]:
+        pytest.skip("a GPU is here: tests/runtime's GPU tests run TF32 for real")
+    assert main(["check", "tiny", "--backend", "cuda", "--tf32"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
+
+
+# ---- per-model state, checked errors ---------------------------------------------------------
+
+def test_cublas_state_is_per_model_and_every_call_is_checked():
+    model, graph = gpt2_block(d_model=64, heads=2)
+    src = generate(graph, blockc.init_weights(model), gemm="cublas").source
+    assert "blockc_gemm_state gemm;" in src.split("struct blockc_model {")[1].split("};")[0]
+    assert not re.search(r"static\s+cublasLtHandle_t", src)            # no process-global handle
+    assert "static thread_local char blockc_error_text" in src          # the last error is per thread...
+    assert "memcpy(m->error, blockc_error_text" in src                  # ...and a run's failure per model
+    assert "blockc_model_error" in src
+    calls = re.findall(r"^.*\bcublasLt(?!\w*Destroy)\w+\(.*$", src, re.M)
+    unchecked = [c for c in calls if "BLOCKC_LT_CHECK" not in c and "status =" not in c
+                 and not c.strip().startswith(("//", "#", "const char*"))
+                 and "cublasLtGetStatusString" not in c and "cublasLtMatmulPreferenceAttributes_t" not in c]
+    assert not unchecked, unchecked
+    # a failure names the GEMM it happened in
+    assert 'blockc_set_error("GEMM %s: %s failed: %s", (name)' in src
+
+
+# ---- the tiled kernel's epilogue, emulated -----------------------------------------------------
+
+GRAPH = """graph g(%x: f32[batch,5,24], %r: f32[batch,5,16]) {
+  param @w: f32[24,16]
+  param @b: f32[16]
+  %0:f32[batch,5,16] = matmul %x, @w
+  %1:f32[batch,5,16] = add @b, %0
+  %2:f32[batch,5,16] = add %r, %1
+  return y=%2
+}
+"""
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+@pytest.mark.parametrize("keep_sum", [False, True])
+def test_bias_and_residual_in_the_tiled_epilogue_match_the_reference(keep_sum):
+    from blockc.runtime.cuda_runner import emulated_library, run_model
+    text = GRAPH.replace("return y=%2", "return y=%2, s=%1") if keep_sum else GRAPH
+    g = blockc.parse_graph(text)
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((24, 16)).astype(np.float32), "b": rng.standard_normal(16).astype(np.float32)}
+    cm = generate(g, weights)
+    # a value that is a graph output is written, so its add stays outside the GEMM
+    assert [s.ops for s in cm.steps] == ([["matmul", "add"], ["add"]] if keep_sum else [["matmul", "add", "add"]])
+    feeds = {"x": rng.standard_normal((3, 5, 24)).astype(np.float32),
+             "r": rng.standard_normal((3, 5, 16)).astype(np.float32)}
+    out, _ = run_model(cm, emulated_library(cm), feeds, emulated=True)
+    ref = blockc.run_reference(g, weights, feeds, float64=True)
+    for k in ref:
+        np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+@pytest.mark.parametrize("act", ["relu %1", "gelu %1 {approximate=\"none\"}", "gelu %1 {approximate=\"tanh\"}"])
+def test_an_activation_after_the_bias_is_the_epilogue(act):
+    from blockc.runtime.cuda_runner import emulated_library, run_model
+    g = blockc.parse_graph(GRAPH.replace("add %r, %1", act).replace(", %r: f32[batch,5,16]", ""))
+    rng = np.random.default_rng(1)
+    weights = {"w": rng.standard_normal((24, 16)).astype(np.float32), "b": rng.standard_normal(16).astype(np.float32)}
+    cm = generate(g, weights)
+    assert [s.ops for s in cm.steps] == [["matmul", "add", act.split()[0]]]
+    cublas = generate(g, weights, gemm="cublas").source
+    # cuBLASLt's GELU is the tanh form: erf-GELU keeps the bias epilogue and a pass of its own
+    lt = "GELU_BIAS" if "tanh" in act else ("RELU_BIAS" if "relu" in act else "BIAS")
+    assert f"CUBLASLT_EPILOGUE_{lt} }};" in cublas
+    feeds = {"x": rng.standard_normal((2, 5, 24)).astype(np.float32)}
+    out, _ = run_model(cm, emulated_library(cm), feeds, emulated=True)
+    ref = blockc.run_reference(g, weights, feeds, float64=True)
+    np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_emulator_refuses_a_cublas_build():
+    from blockc.runtime.cuda_runner import emulated_library
+    model, graph = gpt2_block(d_model=64, heads=2)
+    with pytest.raises(BlockcError, match="cannot run --gemm cublas"):
+        emulated_library(generate(graph, blockc.init_weights(model), gemm="cublas"))
+
+
+# ---- compiled and linked: toolkit or wheel, checked with ldd ----------------------------------
+
+def _toolkit_from(found, root):
+    """A CUDA-toolkit layout (include/, lib64/ with the unversioned link) holding ``found``'s cuBLASLt."""
+    (root / "include").mkdir(parents=True)
+    (root / "lib64").mkdir()
+    for name in os.listdir(found.include):
+        (root / "include" / name).symlink_to(os.path.join(found.include, name))
+    so = f"libcublasLt.so.{found.major}"
+    (root / "lib64" / so).symlink_to(os.path.join(found.lib, so))
+    (root / "lib64" / "libcublasLt.so").symlink_to(so)
+    return root
+
+
+@pytest.mark.skipif(NVCC.path is None, reason=NVCC.reason)
+@pytest.mark.parametrize("where", ["wheel", "toolkit"])
+def test_cublas_build_compiles_links_and_resolves(where, tmp_path, monkeypatch):
+    found = _cublas()
+    if found is None:
+        pytest.skip("no cuBLASLt: pip install 'blockc[cuda]' (nvidia-cublas)")
+    if where == "toolkit":
+        # the toolkit layout, made from what is installed, found before any wheel
+        toolkit = _toolkit_from(found, tmp_path / "cuda")
+        monkeypatch.setattr(toolchain, "STANDARD_CUDA", toolkit)
+        monkeypatch.setattr(toolchain, "_toolkit_of", lambda nvcc: toolkit)
+        assert toolchain.find_cublas().lib == os.path.realpath(toolkit / "lib64")
+    model, graph = gpt2_block(d_model=64, heads=2, dtype="float16")
+    cm = generate(graph, blockc.init_weights(model), gemm="cublas")
+    out = tmp_path / "build"
+    cuda_build.write_build(cm, str(out))
+    cmd = cuda_build.nvcc_command(NVCC.path, ("sm_80", "sm_90"), gemm=cm.gemm)   # warnings are errors
+    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ldd = subprocess.run(["ldd", str(out / "libblockc_model.so")], capture_output=True, text=True).stdout
+    line = next(l for l in ldd.splitlines() if "libcublasLt.so" in l)
+    assert "not found" not in line and f"libcublasLt.so.{found.major} => " in line
+    if where == "toolkit":
+        assert str(tmp_path / "cuda" / "lib64") in line     # the rpath points at the toolkit's folder
+    assert "libcublas.so" not in ldd.replace("libcublasLt.so", "")   # only cuBLASLt is needed
+    # build.sh carries the same command
+    assert f"-l:libcublasLt.so.{found.major}" in (out / "build.sh").read_text()
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+def test_a_failed_run_is_kept_by_its_model_not_the_process(tmp_path):
+    import sys
+    from blockc.runtime.cuda_runner import emulated_library, write_weights
+    model = blockc.build_model("gpt2", {"layers": "1", "d_model": "32", "heads": "2", "vocab": "30"})
+    cm = generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model))
+    weights = write_weights(cm, str(tmp_path))
+    dims = [10 ** 6 if s == "seq" else 1 for s in cm.symbols]   # seq past the position table
+    script = f"""
+import ctypes
+lib = ctypes.CDLL({str(emulated_library(cm))!r})
+vp = ctypes.c_void_p
+lib.blockc_create.restype, lib.blockc_create.argtypes = vp, [ctypes.c_char_p]
+lib.blockc_model_error.restype, lib.blockc_model_error.argtypes = ctypes.c_char_p, [vp]
+lib.blockc_run.argtypes = [vp, vp, vp, ctypes.POINTER(ctypes.c_longlong), vp]
+lib.blockc_destroy.argtypes = [vp]
+a, b = lib.blockc_create({weights.encode()!r}), lib.blockc_create({weights.encode()!r})
+dims = (ctypes.c_longlong * {len(dims)})(*{dims!r})
+print(lib.blockc_run(a, None, None, dims, None))
+print(lib.blockc_model_error(a).decode())
+print(repr(lib.blockc_model_error(b).decode()))
+lib.blockc_destroy(a), lib.blockc_destroy(b)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rc, error_a, error_b = proc.stdout.splitlines()
+    assert rc == "1" and "over the model's maximum" in error_a and error_b == "''"
