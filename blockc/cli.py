@@ -108,11 +108,12 @@ def _dim_arg(p: argparse.ArgumentParser, *, defaults: dict[str, int] | None, pur
                    help=f"bind a symbolic dimension{purpose} (repeatable; default {said})")
 
 
-def _gemm_arg(p: argparse.ArgumentParser, *, default: str = "the backend's") -> None:
-    """--gemm and --tf32; ``default``: what --gemm is when not given, in words."""
+def _gemm_arg(p: argparse.ArgumentParser) -> None:
+    """--gemm and --tf32, said the same way on every command."""
     p.add_argument("--gemm", choices=("cublas", "tiled"),
                    help="the CUDA MatMul: cublas (cuBLASLt, tensor cores; what a GPU runs by default) or tiled "
-                        f"(a portable SIMT kernel, what emulation runs); default: {default}")
+                        "(a portable SIMT kernel, what emulation runs); default: cublas for a GPU (blockc cuda, --backend "
+                        "cuda), tiled on cuda-emu")
     p.add_argument("--tf32", action="store_true",
                    help="with cublas, float32 GEMMs on TF32 tensor cores (about 10 mantissa bits; blockc check "
                         "--backend cuda --tf32 shows the error); float16/bfloat16 are unchanged")
@@ -663,7 +664,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backends to check on (repeatable; default: reference and ort)")
     _fused_as_arg(p, all_forms=True, picks_form=False)
     _provider_arg(p)
-    _gemm_arg(p, default="cublas on --backend cuda, tiled on cuda-emu")
+    _gemm_arg(p)
     _dim_arg(p, defaults={"batch": 2, "seq": 16})
     _weights_args(p)
     p.set_defaults(fn=cmd_check)
@@ -700,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="sm_80,sm_90", type=_arch_list,
                    help="GPU architectures, comma-separated sm_XX (default sm_80,sm_90)")
     _dtype_arg(p, choices=("float32", "float16", "bfloat16"))
-    _gemm_arg(p, default="cublas")
+    _gemm_arg(p)
     _dim_arg(p, defaults={"batch": 1, "seq": 128}, purpose=" for the memory-plan figures")
     _weights_args(p, seeds="the weights")
     _json_arg(p, what="the summary")
@@ -717,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
                         "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
                         "CPU; torch-eager, torch-compile: the graph as a PyTorch module")
-    _gemm_arg(p, default="cublas on --backend cuda, tiled on cuda-emu")
+    _gemm_arg(p)
     _fused_as_arg(p)
     _provider_arg(p)
     p.add_argument("--inputs", metavar="FILE.npz",

@@ -17,8 +17,10 @@ class TorchBackend(Backend):
 
     def __init__(self, *, compile: bool = False, **_options):
         self.compile_module = compile
-        # eager shares the caller's arrays (torch.from_numpy); inductor may keep its own constants
-        self.weight_copies = 1.0 if compile else 0.0
+        # lower_to_torch copies the weights into the module's parameters, and folds weight-only
+        # nodes (GPT-2's transposed head) into buffers of their own: measured resident after one
+        # run, gpt2 with 2 layers, 1.13x the footprint's weights eager, 0.94x under inductor
+        self.weight_copies = 1.0 if compile else 1.15
         self.arena_copies = 1.0 if compile else 0.0   # eager frees each intermediate; inductor plans its buffers
 
     def availability(self):
