@@ -298,6 +298,44 @@ def test_gather_nd_max_min_of_tensors(tmp_path):
     assert graph.outputs[0][1].shape == (2, 3)
 
 
+def _index_file(tmp_path, op, data_shape, idx_shape, **attrs):
+    """``op`` (GatherND or GatherElements) of a float input ``x`` at an int64 input ``idx``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, data_shape)
+    i = helper.make_tensor_value_info("idx", TensorProto.INT64, idx_shape)
+    return _file_with([helper.make_node(op, ["x", "idx"], ["y"], **attrs)], tmp_path, inputs=[x, i])
+
+
+# (op, data shape, index shape, attrs, indices read, indices past their own axis)
+INDEXED = [("GatherND", [2, 4, 3], [1, 2], {}, [[1, -4]], [[[0, 4]], [[2, 0]], [[0, -5]]]),
+           ("GatherElements", [2, 3], [2, 3], {"axis": 1}, [[0, 2, -1], [1, 1, 0]], [[[0, 3, 0], [0, 0, 0]]])]
+
+
+@pytest.mark.parametrize("backend", ["reference", "ort-cpu", "torch-eager"])
+@pytest.mark.parametrize("op, data_shape, idx_shape, attrs, good, bad", INDEXED, ids=[c[0] for c in INDEXED])
+def test_an_index_past_its_own_axis_is_refused(op, data_shape, idx_shape, attrs, good, bad, backend, tmp_path):
+    """ONNX Runtime refuses an index outside its axis. The import reads
+    through one offset into the flattened leading axes, where such an index
+    would land on another row: it must be refused there too, on every backend,
+    not read the neighbour."""
+    b = make_backend(backend)
+    ok, why = b.availability()
+    if not ok:
+        pytest.skip(why)
+    path = _index_file(tmp_path, op, data_shape, idx_shape, **attrs)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.arange(np.prod(data_shape), dtype=np.float32).reshape(data_shape)
+    graph = optimize(trace(OnnxModel(path))).graph
+    with b.compile(graph, {}) as compiled:
+        feeds = {"x": x, "idx": np.array(good, np.int64)}
+        np.testing.assert_array_equal(compiled.run(feeds)["y"], session.run(None, feeds)[0])
+        for idx in bad:
+            feeds = {"x": x, "idx": np.array(idx, np.int64)}
+            with pytest.raises(Exception):
+                session.run(None, feeds)   # the outside oracle refuses it...
+            with pytest.raises(BlockcError, match="out of (range|bounds|data bounds)"):
+                compiled.run(feeds)   # ...and so does blockc (in ONNX Runtime's and torch's words there)
+
+
 def test_unsupported_ops_listed_at_once(tmp_path):
     path = _file_with([helper.make_node("Loop", ["x"], ["a"]),
                        helper.make_node("FusedMatMul", ["a", "a"], ["b"], domain="com.microsoft"),

@@ -252,7 +252,8 @@ def _gather_elements(node, ins, ctx):
     if idx.dtype != DType.int64:
         idx = idx.cast(DType.int64)
     coords = [idx if d == axis else _iota(n, d, rank) for d, n in enumerate(idx.shape)]
-    return [_gather_at(data, coords, wraps=[d == axis for d in range(rank)])]
+    # idx's own coordinates lie inside data's (checked above): only the axis's can fall outside
+    return [_gather_at(data, coords, wraps=[d == axis for d in range(rank)], checked=[d == axis for d in range(rank)])]
 
 
 def _iota(n, axis: int, rank: int) -> Tensor:
@@ -261,18 +262,23 @@ def _iota(n, axis: int, rank: int) -> Tensor:
     return values.reshape([1] * axis + [n] + [1] * (rank - axis - 1)) if rank > 1 else values
 
 
-def _gather_at(data: Tensor, coords: list[Tensor], wraps: list[bool]) -> Tensor:
+def _gather_at(data: Tensor, coords: list[Tensor], wraps: list[bool], checked: list[bool]) -> Tensor:
     """``data[coords[0], ..., coords[k-1]]``, the index tensors broadcast
     together over data's first k axes: one row-major offset into those axes,
     then a gather along them flattened. A ``wraps`` coordinate may be negative,
-    counted from the end as ONNX's indices are. An index past its own axis
-    (which ONNX Runtime refuses) is not caught here: it reads another row of
-    the flattened axes, or past them, where the gather's own check refuses it."""
-    lead, offset = data.shape[:len(coords)], None
+    counted from the end as ONNX's indices are. A ``checked`` coordinate may
+    lie outside its own axis: ONNX Runtime refuses that, and a flattened
+    offset would read another row instead, so such an offset is made one past
+    the flattened rows, where every backend's gather refuses it (``ops/tensor``)."""
+    lead, offset, outside = data.shape[:len(coords)], None, None
     for i, (col, n) in enumerate(zip(coords, lead)):
         if wraps[i]:
             negative = apply("less", col, tensor(np.array(0, col.dtype.numpy)))
             col = apply("where", negative, col + tensor(_dim_array(n), col), col)
+        if checked[i]:
+            bad = apply("logical_or", apply("less", col, tensor(np.array(0, col.dtype.numpy))),
+                        apply("greater_equal", col, tensor(_dim_array(n), col)))
+            outside = bad if outside is None else apply("logical_or", outside, bad)
         stride = 1
         for d in lead[i + 1:]:
             stride = d * stride
@@ -281,6 +287,8 @@ def _gather_at(data: Tensor, coords: list[Tensor], wraps: list[bool]) -> Tensor:
     rows = 1
     for d in lead:
         rows = d * rows
+    if outside is not None:
+        offset = apply("where", outside, tensor(_dim_array(rows), offset), offset)
     return apply("gather", data.reshape([rows, *data.shape[len(coords):]]), offset, axis=0)
 
 
@@ -297,7 +305,7 @@ def _gather_nd(node, ins, ctx):
     if not isinstance(k, int) or k > data.ndim:
         raise Unsupported(f"GatherND with index tuples of length {k} into a rank-{data.ndim} tensor")
     cols = [idx.slice(idx.ndim - 1, i, i + 1).reshape(list(idx.shape[:-1])) for i in range(k)]
-    return [_gather_at(data, cols, wraps=[True] * k)]
+    return [_gather_at(data, cols, wraps=[True] * k, checked=[True] * k)]
 
 
 def _dim_array(d) -> np.ndarray:
