@@ -8,18 +8,23 @@ shape, with the backend's own host copies of the weights
 timed in groups whose estimates add up to at most the budget -- by default
 half the memory available when compare starts, ``--max-memory`` to change
 -- beside what compare itself holds (the weights and the float64 oracle's
-outputs). A contestant that alone would exceed the budget is not run; its
-row says why.
+outputs), with room beside them for the last one's preparation, which
+holds more than the session keeps (``Backend.build_copies`` of the weights:
+an ONNX Runtime session is made from a serialized copy of the model). A
+contestant that alone would exceed the budget is not run; its row says why.
 
 Estimates are checked as the run goes: before each session after a
 group's first, the process's resident memory (``resident_bytes``) is
 measured, and where its growth since compare started, with that session's
-estimate and one run's need, would pass the budget, the group is cut there:
-what is ready is timed and closed first. A run's need is the larger of its
-estimate (activations and outputs) and the most any run of the shape has
-been measured to take beyond what stays resident after it (the first
-block's check run of each session, its peak read from the kernel's
-high-water mark: an interpreter's temporaries are not in the model). The
+estimate and the larger of one run's need and one preparation's, would pass
+the budget, the group is cut there: what is ready is timed and closed
+first. A run's need is the larger of its estimate (activations and outputs)
+and the most any run of the shape has been measured to take beyond what
+stays resident after it (the first block's check run of each session, its
+peak read from the kernel's high-water mark: an interpreter's temporaries
+are not in the model); a preparation's, likewise, the larger of its
+estimate and the most one was measured to take beyond what it kept. The
+stretch of the run where the process peaked is named in the report. The
 measure is the process's whole, so memory a closed session's runtime kept
 counts against the next group; ``release_freed`` collects what closed
 sessions left in reference cycles and hands what it can back after each
@@ -93,28 +98,31 @@ def peak_resident() -> int | None:
 
 class Watch:
     """This process's memory as compare runs: its growth since the watch
-    began, and its peak over stretches of the run (``stretch``: the peak
-    since the last stretch began, where Linux can reset the high-water mark)
-    folded into the whole run's (``peak_growth``)."""
+    began, and its peak over named stretches of the run (``stretch``: the
+    peak since the last stretch began, where Linux can reset the high-water
+    mark) folded into the whole run's (``peak_growth``, reached in the
+    stretch ``peak_at`` names)."""
 
     def __init__(self):
-        self.start, self._peak = resident_bytes(), 0
+        self.start, self._peak, self._name, self.peak_at = resident_bytes(), 0, "start", None
         reset_peak()
 
     def growth(self) -> int | None:
         now = resident_bytes()
         return None if now is None or self.start is None else now - self.start
 
-    def stretch(self) -> int | None:
-        """The peak resident memory since the last call (or the start); the next stretch starts now."""
+    def stretch(self, name: str) -> int | None:
+        """End the stretch running now and begin one called ``name``; returns
+        the peak resident memory of the one that ended."""
         peak = peak_resident()
-        if peak is not None:
-            self._peak = max(self._peak, peak)
+        if peak is not None and peak > self._peak:
+            self._peak, self.peak_at = peak, self._name
+        self._name = name
         reset_peak()
         return peak
 
     def peak_growth(self) -> int | None:
-        self.stretch()
+        self.stretch("end")
         return None if self.start is None or not self._peak else max(0, self._peak - self.start)
 
 
@@ -149,6 +157,12 @@ def session_bytes(backend, graph, shape: dict[str, int]) -> int:
     return int(backend.weight_copies * fp.weights + arena)
 
 
+def build_bytes(backend, graph, shape: dict[str, int]) -> int:
+    """What preparing a session of ``graph`` on ``backend`` holds for a while
+    beyond what the session keeps (``Backend.build_copies`` of the weights)."""
+    return int(backend.build_copies * footprint(graph, shape).weights)
+
+
 def run_bytes(graph, shape: dict[str, int]) -> int:
     """What one run adds while it runs: its activations (the outputs among
     them, which the caller receives) and its inputs."""
@@ -173,16 +187,20 @@ class Group:
     estimate: int
 
 
-def plan_groups(estimates: dict[str, int], budget: int | None) -> tuple[list[Group], dict[str, int]]:
+def plan_groups(estimates: dict[str, int], budget: int | None,
+                builds: dict[str, int] | None = None) -> tuple[list[Group], dict[str, int]]:
     """Split contestants (in their order) into groups whose estimates
     (``session_bytes``) add up to at most ``budget`` (what is left beside
-    ``holding_bytes``); returns the groups and those that alone exceed it."""
+    ``holding_bytes``), with room for the last one's preparation
+    (``builds``, ``build_bytes``) beside the rest; returns the groups and
+    those that alone exceed it."""
     groups: list[Group] = []
     too_big: dict[str, int] = {}
     for key, need in estimates.items():
-        if budget is not None and need > budget:
-            too_big[key] = need
-        elif groups and (budget is None or groups[-1].estimate + need <= budget):
+        build = (builds or {}).get(key, 0)
+        if budget is not None and need + build > budget:
+            too_big[key] = need + build
+        elif groups and (budget is None or groups[-1].estimate + need + build <= budget):
             groups[-1].keys.append(key)
             groups[-1].estimate += need
         else:

@@ -99,6 +99,7 @@ class Contestant:
     variant: str
     graph: Graph
     estimate: int                        # host bytes it holds (compare/memory.py)
+    build: int = 0                       # and more it holds while it is prepared (memory.build_bytes)
     params: dict = field(repr=False, default_factory=dict)
 
     def prepare(self, threads: int) -> Compiled:
@@ -218,15 +219,16 @@ def _contestants(plan: Plan, shape: dict[str, int]) -> list[Contestant]:
                     g = plan.graphs[form]
                     row = _row(b.name, variant, form, False, shape)
                     row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
-                    need = memory.session_bytes(b, g, shape)
-                    out.append(Contestant(row_key(row), row, b, variant, g, need))
+                    need, build = memory.session_bytes(b, g, shape), memory.build_bytes(b, g, shape)
+                    out.append(Contestant(row_key(row), row, b, variant, g, need, build))
                     if form == "standard":
-                        out.append(Contestant(row_key(row) + AA, dict(row), b, variant, g, need))
+                        out.append(Contestant(row_key(row) + AA, dict(row), b, variant, g, need, build))
     for p, ok, _ in plan.peers:
         for variant in (p.variants if ok else ()):
             row = _row(p.row_backend, variant, p.name, True, shape)
-            out.append(Contestant(row_key(row), row, p, variant, plan.graphs["standard"],
-                                  memory.session_bytes(p, plan.graphs["standard"], shape)))
+            g = plan.graphs["standard"]
+            out.append(Contestant(row_key(row), row, p, variant, g, memory.session_bytes(p, g, shape),
+                                  memory.build_bytes(p, g, shape)))
     return out
 
 
@@ -275,8 +277,8 @@ def describe_plan(plan: Plan) -> list[str]:
     o = plan.options
     per_shape = _contestants(plan, plan.shapes[0])
     aa = sum(c.key.endswith(AA) for c in per_shape)
-    groups = [memory.plan_groups({c.key: c.estimate for c in _contestants(plan, s)}, plan.budget)
-              for s in plan.shapes]
+    groups = [memory.plan_groups({c.key: c.estimate for c in cs}, plan.budget, {c.key: c.build for c in cs})
+              for cs in (_contestants(plan, s) for s in plan.shapes)]
     largest = max((g.estimate for gs, _ in groups for g in gs), default=0)
     too_big = list(dict.fromkeys(k for _, big in groups for k in big))
     shapes = "; ".join(_shape_text(s) for s in plan.shapes)
@@ -325,7 +327,8 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
                    "clock": "; ".join(sorted({b.clock for b, ok, _ in plan.backends if ok} | {HOST_CLOCK})),
                    "planned_s": planned_seconds(plan), "elapsed_s": 0.0},
         "memory": {"budget_bytes": None if plan.budget is None else plan.budget + plan.holding,
-                   "holding_bytes": plan.holding, "largest_group_bytes": 0, "peak_growth_bytes": None},
+                   "holding_bytes": plan.holding, "largest_group_bytes": 0, "peak_growth_bytes": None,
+                   "peak_at": None},
         "shapes": plan.shapes,
         "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
         "backends": [_listing(b, ok, why, o.threads) for b, ok, why in plan.backends],
@@ -359,6 +362,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
     steps.end()
     report["timing"]["elapsed_s"] = time.perf_counter() - started
     report["memory"]["peak_growth_bytes"] = watch.peak_growth()
+    report["memory"]["peak_at"] = watch.peak_at
     return report
 
 
@@ -386,18 +390,24 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     (``watch``), and cuts the group there where that, with the session's
     estimate and a run's need (``one_run``, a run's activations and outputs
     by ``memory.run_bytes``, or the most a check run was measured to take),
-    would pass the budget. Later blocks keep its groups.
+    would pass the budget. A session's preparation needs more than it keeps
+    (an ONNX Runtime session is made from a serialized copy of the model, and
+    its initializers are copied in while it is): the check counts the larger
+    of a run's need and a preparation's, that too the larger of its estimate
+    (``memory.build_bytes``) and the most one was measured to take beyond
+    what it kept. Later blocks keep its groups.
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
     ``.group``, unique across blocks) and the largest group's estimate."""
     o = plan.options
     by_key = {c.key: c for c in contestants}
-    queue, too_big = memory.plan_groups({c.key: c.estimate for c in contestants}, plan.budget)
+    queue, too_big = memory.plan_groups({c.key: c.estimate for c in contestants}, plan.budget,
+                                        {c.key: c.build for c in contestants})
     for key, need in too_big.items():
         by_key[key].row.update(status="skipped", error=memory.over_budget_reason(need, plan.budget,
                                                                                   plan.budget + plan.holding))
     times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
     order = np.random.default_rng(o.seed + 1)
-    largest, groups, serial = 0, [], 0
+    largest, groups, serial, one_build = 0, [], 0, 0
     for block in range(o.blocks):
         pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
         for key in too_big:
@@ -409,7 +419,8 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             ready = {}
             for i, key in enumerate(keys):
                 c = by_key[key]
-                if i and block == 0 and _would_pass_budget(plan, watch, c.estimate + one_run):
+                transient = max(one_run, one_build, c.build)
+                if i and block == 0 and _would_pass_budget(plan, watch, c.estimate + transient):
                     # what is ready already holds more than estimated: time it, the rest form the next group
                     pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
                     keys = keys[:i]
@@ -419,15 +430,14 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                     continue
                 compiled = None
                 try:
+                    watch.stretch(f"preparing {key} {where}")
                     compiled = c.prepare(o.threads)
                     if block == 0:
+                        one_build = max(one_build, _beyond_kept(watch, f"checking {key} {where}"))
                         c.row["kernels"] = compiled.kernels
-                        watch.stretch()
                         c.row["max_abs_error"] = _max_error(compiled.run(feeds), oracle)
                         # what the run took beyond what stays (an arena made on the first run stays)
-                        peak, after = watch.stretch(), watch.growth()
-                        if None not in (peak, after, watch.start):
-                            one_run = max(one_run, peak - watch.start - after)
+                        one_run = max(one_run, _beyond_kept(watch, f"holding {key} {where}"))
                     ready[key] = compiled
                 except (BlockcError, MemoryError) as e:
                     c.row.update(status="error", error=(f"block {block + 1}: " if block else "")
@@ -438,6 +448,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             if block == 0:
                 groups.append(memory.Group(keys, sum(by_key[k].estimate for k in keys)))
                 largest = max(largest, groups[-1].estimate)
+            watch.stretch(f"timing {', '.join(ready)} {where}")
             for key, t in _time_group(ready, by_key, feeds, o, progress,
                                       f"block {block + 1}/{o.blocks} {where}").items():
                 t.group = serial
@@ -446,6 +457,13 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             ready = None
             memory.release_freed()
     return times, largest
+
+
+def _beyond_kept(watch: memory.Watch, next_stretch: str) -> int:
+    """How far the stretch that ends now peaked above what the process holds
+    after it (0 where either is unknown); ``next_stretch`` begins."""
+    peak, after = watch.stretch(next_stretch), watch.growth()
+    return 0 if None in (peak, after, watch.start) else max(0, peak - watch.start - after)
 
 
 def _would_pass_budget(plan: Plan, watch: memory.Watch, more: int) -> bool:
@@ -626,7 +644,7 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: 
         for c in contestants:
             c.params = params
             c.row.update(shape=dict(shape), bytes_modelled=nbytes)
-            c.estimate = memory.session_bytes(c.backend, g, shape)
+            c.estimate, c.build = memory.session_bytes(c.backend, g, shape), memory.build_bytes(c.backend, g, shape)
         times, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
                             f"kernel {_shape_text(shape)}", watch, memory.run_bytes(g, shape))
         _latencies(contestants, times, peak)

@@ -187,7 +187,12 @@ def print_report(report: dict, console: Console | None = None) -> None:
     console.print(f"\nmachine: {machine['cpu']}, {machine['cores']} cores"
                   + (f", {machine['gpu']}" if machine["gpu"] else "")
                   + f"; peak bandwidth: {_num(machine['peak_gbps'], '.0f')} GB/s ({machine['peak_source']})")
-    growth = "" if mem["peak_growth_bytes"] is None else f", this process grew by {format_bytes(mem['peak_growth_bytes'])} at its peak"
+    growth = ""
+    if mem["peak_growth_bytes"] is not None:
+        growth = f", this process grew by {format_bytes(mem['peak_growth_bytes'])} at its peak"
+        growth += f" ({mem['peak_at']})" if mem.get("peak_at") else ""
+        if mem["budget_bytes"] is not None and mem["peak_growth_bytes"] > mem["budget_bytes"]:
+            growth += ": OVER the budget"
     budget = "" if mem["budget_bytes"] is None else f" (budget {format_bytes(mem['budget_bytes'])})"
     console.print(f"took {timing['elapsed_s']:.0f} s (planned about {timing['planned_s']:.0f} s); memory: largest "
                   f"group about {format_bytes(mem['largest_group_bytes'] + mem['holding_bytes'])} with the "

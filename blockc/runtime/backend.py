@@ -189,9 +189,12 @@ class Backend:
     # seq 512 (resident memory after compiling, then after one run), 1 and 1 where unmeasured: the
     # host copies of the weights a compiled graph keeps beside the caller's, and how many times its
     # peak live activations it keeps between runs (0: each intermediate is freed; an arena that rounds
-    # its regions up keeps more than 1). A GPU backend keeps its activations on the device.
+    # its regions up keeps more than 1). A GPU backend keeps its activations on the device. And the
+    # copies of the weights compiling holds for a while beyond those it keeps (the peak while it
+    # compiles, less what stays after).
     weight_copies: float = 1.0
     arena_copies: float = 1.0
+    build_copies: float = 1.0
 
     def __init__(self, **options):
         """``options`` this backend does not use are ignored (see the module docstring)."""

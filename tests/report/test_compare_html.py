@@ -82,7 +82,7 @@ def make_report(*, peak_gbps: float | None = 40.0) -> dict:
         "timing": {"blocks": 5, "rounds": 2, "warmup": 2, "min_repeats": 4, "min_time_s": 0.2, "threads": 2,
                    "clock": "time.perf_counter", "planned_s": 50.0, "elapsed_s": 47.0},
         "memory": {"budget_bytes": 12 << 30, "holding_bytes": 1 << 20, "largest_group_bytes": 5 << 20,
-                   "peak_growth_bytes": 9 << 20},
+                   "peak_growth_bytes": 9 << 20, "peak_at": "checking ort-cpu/all/fused batch=1 seq=128"},
         "verdicts": [{"shape": dict(SHAPE1), "backend": "ort-cpu", "variant": "basic",
                       "fusion": _iv(1.08, 1.05, 1.11, "faster"), "aa": _iv(1.0, 0.98, 1.02, "no difference resolved"),
                       "resolved": True, "max_abs_error": {"fused": 1.9e-6, "standard": 2.0e-6}}],

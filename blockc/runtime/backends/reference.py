@@ -14,6 +14,7 @@ class ReferenceBackend(Backend):
         # it reads the caller's arrays as they are; in float64 it widens each (float32 -> twice the bytes)
         self.weight_copies = 2.0 if float64 else 0.0
         self.arena_copies = 0.0   # each intermediate is freed after its last use
+        self.build_copies = 0.0   # nothing to build
 
     @property
     def title(self) -> str:
