@@ -310,7 +310,7 @@ INDEXED = [("GatherND", [2, 4, 3], [1, 2], {}, [[1, -4]], [[[0, 4]], [[2, 0]], [
            ("GatherElements", [2, 3], [2, 3], {"axis": 1}, [[0, 2, -1], [1, 1, 0]], [[[0, 3, 0], [0, 0, 0]]])]
 
 
-@pytest.mark.parametrize("backend", ["reference", "ort-cpu", "torch-eager"])
+@pytest.mark.parametrize("backend", ["reference", "ort-cpu", "torch-eager", "cuda-emu"])
 @pytest.mark.parametrize("op, data_shape, idx_shape, attrs, good, bad", INDEXED, ids=[c[0] for c in INDEXED])
 def test_an_index_past_its_own_axis_is_refused(op, data_shape, idx_shape, attrs, good, bad, backend, tmp_path):
     """ONNX Runtime refuses an index outside its axis. The import reads

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ...errors import BlockcError
 from ...ir.dims import Dim, Sym
 from ...ir.dtypes import DType
-from ...ir.graph import Value
+from ...ir.graph import Node, Value
 
 # C++ and CUDA words a sanitised identifier must never be.
 _RESERVED = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t char32_t
@@ -86,7 +86,7 @@ class LowerContext:
         self._ptrs: dict[int, str] = {}
         self._id_flags: dict[int, str] = {}
         self._views: dict = {}                 # id(value) -> views.View: where a kernel finds it
-        self.checked_ids: list[Value] = []     # slot k of the run function's id_errors is checked_ids[k]
+        self.checked_ids: list = []            # slot k of the run function's id_errors: an input or a gather
         self.gemm_sites = 0                    # library GEMM call sites, each with its own plan in the model
 
     def gemm_site(self) -> int:
@@ -94,17 +94,20 @@ class LowerContext:
         self.gemm_sites += 1
         return self.gemm_sites - 1
 
-    def check_ids(self, value: Value) -> None:
-        """Kernels that index with ``value`` (an input with an id range,
-        ``ops/limits.py``) record the first position of an id outside their
-        table in its own slot of ``id_errors``, which ``blockc_run`` reads."""
-        self._id_flags[id(value)] = f"(id_errors + {len(self.checked_ids)})"
-        self.checked_ids.append(value)
+    def check_ids(self, key: Value | Node) -> None:
+        """Kernels that index with ``key`` (an input with an id range,
+        ``ops/limits.py``), or the gather ``key`` (indices the model computes,
+        ``kernels/copy.own_indices``), record the first position of an id
+        outside their table in its own slot of ``id_errors``, which
+        ``blockc_run`` reads."""
+        self._id_flags[id(key)] = f"(id_errors + {len(self.checked_ids)})"
+        self.checked_ids.append(key)
 
-    def id_flag(self, value: Value) -> str | None:
-        """Where a kernel indexing with ``value`` records a bad id (an
-        ``unsigned long long*``), or None when nobody reads it."""
-        return self._id_flags.get(id(value))
+    def id_flag(self, key: Value | Node) -> str | None:
+        """Where a kernel indexing with the input ``key``, or the gather
+        ``key``, records a bad id (an ``unsigned long long*``), or None when
+        nobody reads it."""
+        return self._id_flags.get(id(key))
 
     def set_views(self, views: dict) -> None:
         """Operands a kernel reads or writes through strides in another

@@ -38,7 +38,7 @@ from ...passes.manager import label_origins
 from .exprs import is_inline
 from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype
 from .kernels.attention import emit_attention
-from .kernels.copy import emit_copy
+from .kernels.copy import emit_copy, own_indices
 from .kernels.elementwise import emit_elementwise
 from .kernels.gemm import EMULATED_GEMM, GemmChoice, emit_gemm, epilogue_nodes, gemm_runtime
 from .kernels.rows import emit_row_norm, emit_softmax
@@ -243,6 +243,13 @@ def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: S
             defined_at.setdefault(id(o), step)
     for _, v in g.outputs:
         last_use[id(_root(v, alias))] = len(steps_nodes)
+    # blockc_run reads a bad computed index back after the launches (_id_limits):
+    # its buffer is not reused before then.
+    for nodes in steps_nodes:
+        for m in nodes:
+            ids = own_indices(m)
+            if ids is not None and id(_root(ids, alias)) in last_use:
+                last_use[id(_root(ids, alias))] = len(steps_nodes)
     out_root: dict[int, int] = {}
     for k, (name, v) in enumerate(g.outputs):
         r = _root(v, alias)
@@ -278,6 +285,10 @@ def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buf
     for n in g.nodes:
         if id(n.outputs[0]) in alias:
             ctx.alias(n.outputs[0], _root(n.outputs[0], alias))
+    for nodes in steps_nodes:
+        for m in nodes:
+            if own_indices(m) is not None:
+                ctx.check_ids(m)   # computed indices: each gather reports its own to blockc_run
     return ctx
 
 
@@ -337,11 +348,21 @@ def _dim_limits(g: Graph, ctx: LowerContext) -> list[dict]:
 
 
 def _id_limits(g: Graph, ctx: LowerContext) -> list[dict]:
-    # ...and ids outside the table they index, which the gathers flag (kernels/copy.py).
+    # ...and ids outside the table they index, which the gathers flag
+    # (kernels/copy.py): an id input's, or a gather's computed indices. The
+    # error names the first bad one, read back from the buffer the gather read.
     ids = graph_limits(g).ids
-    index = {id(v): k for k, v in enumerate(g.inputs)}
-    return [{"input": index[id(v)], "ctype": ctype(v.dtype), "name": c_string(v.name), "high": str(ids[v.name][0]),
-             "why": c_string(ids[v.name][1])} for v in ctx.checked_ids]
+    index_of = {id(n): i for i, n in enumerate(g.nodes)}
+    limits = []
+    for key in ctx.checked_ids:
+        if isinstance(key, Node):
+            table, v = key.inputs
+            limits.append({"ids": ctx.ptr(v), "ctype": ctype(v.dtype), "rows": ctx.dim(table.shape[0]),
+                           "node": c_string(f"{key.op} {' '.join(_labels(key, index_of[id(key)]))}")})
+        else:
+            limits.append({"ids": ctx.ptr(key), "ctype": ctype(key.dtype), "input": c_string(key.name),
+                           "high": str(ids[key.name][0]), "why": c_string(ids[key.name][1])})
+    return limits
 
 
 _NODES_LINE = re.compile(r"^// IR nodes:.*\n", re.M)

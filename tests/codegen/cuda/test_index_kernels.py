@@ -3,11 +3,13 @@ hold (Hugging Face's exports build their causal and padding masks from
 ranges, sizes as data, comparisons, logic, casts, expands and gathers of
 int64, int32 and bool tensors): generated CUDA, emulated, against the
 float64 reference at two sizes of one build (the sizes are symbolic, read
-when the kernels run); and the same source compiled by nvcc for sm_80 and
-sm_90 with warnings as errors."""
+when the kernels run); a gather at computed indices outside its table
+failing the run, as on the reference; and the same source compiled by nvcc
+for sm_80 and sm_90 with warnings as errors."""
 import numpy as np
 import pytest
 
+from blockc import BlockcError
 from blockc.codegen.cuda import toolchain
 from blockc.codegen.cuda.build import write_build
 from blockc.codegen.cuda.lower import generate
@@ -133,6 +135,52 @@ def test_index_kernels_match_the_reference(case):
                     np.testing.assert_allclose(out[k], want, rtol=1e-6, atol=0, err_msg=f"{k} at {sizes}")
                 else:
                     np.testing.assert_array_equal(out[k], want, err_msg=f"{k} at {sizes}")
+
+
+def computed_index_graph():
+    """Gathers from a float, an int64 and a bool table, all at indices the
+    model computes (k + 1); then an int64 value as large, made after them in
+    a buffer of its own (two kernels read it), which a memory plan free to
+    reuse the indices' slot would put there."""
+    g, (k, x, m, b) = _graph("computed", [("k", "i64", ["seq"]), ("x", "f32", ["rows", 3]), ("m", "i64", ["rows"]),
+                                          ("b", "bool", ["rows"])])
+    at = g.op("add", k, g.op("constant", value=np.array(1, np.int64)))
+    out = {"x": g.op("gather", x, at, axis=0), "m": g.op("gather", m, at, axis=0), "b": g.op("gather", b, at, axis=0)}
+    later = g.op("mul", k, k)
+    return g, {**out, "later": g.op("neg", later), "later_k": g.op("add", later, k)}
+
+
+@pytest.mark.parametrize("backend", ["cuda-emu", "cuda"])
+@pytest.mark.parametrize("k, first", [([0, 1, 7, 2], "at position 2, is 8"), ([-9, 6, -10, 6], "at position 2, is -9")])
+def test_a_computed_index_out_of_range_fails_the_run(backend, k, first):
+    """An index the model computes (no check of the feeds sees it) outside
+    [-rows, rows) is an error, as the reference's, not a NaN row or a 0:
+    blockc_run returns 1, naming the gather and the first bad index, read
+    back after every launch from the buffer the gather read."""
+    b = make_backend(backend)
+    ok, why = b.availability()
+    if not ok:
+        pytest.skip(why)
+    g, out = computed_index_graph()
+    g.set_outputs(list(out.items()))
+    verify(g)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((8, 3)).astype(np.float32), "m": np.arange(8) * 10,
+             "b": np.arange(8) % 3 == 0}
+    gathers = [s for s in generate(g, {}).steps if s.ops == ["gather"]]
+    assert len(gathers) == 3 and all("first_bad" in s.source for s in gathers)
+    with b.compile(g, {}) as compiled:
+        bad = {**feeds, "k": np.array(k, np.int64)}
+        with pytest.raises(BlockcError, match="gather: index .* is out of range for a dimension of 8"):
+            run_reference(g, {}, bad)
+        # the float table's gather (%2) is the first to report
+        with pytest.raises(BlockcError, match=r"blockc_run in .* returned 1 \(gather %2: computed indices out of "
+                                              rf"range \[-8, 8\) \(the first, {first}\)\)"):
+            compiled.run(bad)
+        good = {**feeds, "k": np.array([-9, 6, 0, -1], np.int64)}   # -8 and 7: the first and last rows
+        got, want = compiled.run(good), run_reference(g, {}, good)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name].astype(got[name].dtype), err_msg=name)
 
 
 NVCC = toolchain.find_nvcc()

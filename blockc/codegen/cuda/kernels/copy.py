@@ -3,7 +3,7 @@ lookup) as index-mapped copies. (``reshape`` needs no kernel: the output
 aliases its input's buffer.)"""
 from __future__ import annotations
 
-from ....ir.graph import Node
+from ....ir.graph import Node, Value
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines, shape_class
 from ..templates import render
 
@@ -16,6 +16,12 @@ def _strides(shape, ctx: LowerContext) -> list[str]:
     return list(reversed(out))
 
 
+def own_indices(node: Node) -> Value | None:
+    """The indices ``node`` checks in its own slot of ``id_errors``: a
+    gather's that are not a graph input. An input's ids have a range of their
+    own (``ops/limits.py``), which Python checks before a run and every gather
+    of it flags in the input's slot; computed ones nobody checks beforehand."""
+    return node.inputs[1] if node.op == "gather" and node.inputs[1].kind != "input" else None
 
 
 def _copy(name, title, labels, ctx, in_v, out_v, iter_shape, in_off, out_off, op, value=None, index=None,
@@ -91,16 +97,18 @@ def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCo
         missing = f"blockc_from_compute<{T}>(NAN)" if out.dtype.is_float else f"({T})0"
         value = f"{ok} ? in[{at} * {width} + {inner}] : {missing}"
         name = f"gather_rows_{dt}_{shape_class(out.shape)}"
-        # Ids that blockc_run answers for (an input with an id range, [0, rows)):
-        # the first position of a bad one goes to first_bad (once per id, from
-        # its entry's first element) and blockc_run refuses the run. Every gather
-        # of the input checks its own table; the smallest (the range the error names) flags first.
-        flag = ctx.id_flag(ids)
+        # Every gather reports a bad id to blockc_run, which refuses the run:
+        # its first position goes to first_bad (once per id, from its entry's
+        # first element). An input's ids lie in [0, rows) (ops/limits.py);
+        # every gather of it checks its own table, and the smallest (the range
+        # the error names) flags first. Computed indices (own_indices) keep
+        # the op's meaning, [-rows, rows), each gather in a slot of its own.
+        flag, in_range = ctx.id_flag(ids), f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows})"
+        if flag is None:
+            flag, in_range = ctx.id_flag(node), ok
         first = f"({inner}) == 0 && " if rank > lead else ""
-        in_range = f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows})"
-        check = flag and f"if ({first}!{in_range}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
-        title = f"lookup along axis 0 (an out-of-range id gives {'NaN' if out.dtype.is_float else 0}" \
-                f"{' and is reported' if flag else ''})"
+        check = f"if ({first}!{in_range}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
+        title = f"lookup along axis 0 (an out-of-range id gives {'NaN' if out.dtype.is_float else 0} and is reported)"
         return [_copy(name, title, labels, ctx, table, out, out.shape, "", "i", node.op, value=value, index=ids,
                       check=check, flag=flag)]
     raise CudaCodegenError(f"no copy kernel for {node.op}")
