@@ -26,12 +26,12 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..ir.graph import Graph
+from ..ir.opdef import get
 from ..runtime.backend import Backend, Compiled
 from ..runtime.backends.ort import OrtBackend, count_onnx_nodes
 from ..runtime.backends.pytorch import TorchBackend
 
 PEERS = ("ort-optimizer", "ort-original", "torch-eager", "torch-compile")
-_ATTENTION_OPS = ("qkv_attention", "attention", "masked_softmax")
 
 
 def attention_shape(fused: Graph) -> tuple[str, int, int]:
@@ -50,7 +50,7 @@ def attention_shape(fused: Graph) -> tuple[str, int, int]:
     such files onnxruntime 1.31's optimizer fuses the same under either type
     (FastGelu, LayerNorm, SkipLayerNorm; measured on the test exports)."""
     for n in fused.nodes:
-        if n.op not in _ATTENTION_OPS:
+        if "causal" not in get(n.op).attrs:   # the fused softmax and attention ops all carry the mask rule
             continue
         model_type = "gpt2" if n.attrs["causal"] else "bert"
         if n.op == "qkv_attention":
