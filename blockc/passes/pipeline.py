@@ -19,13 +19,14 @@ from .fuse_qkv_attention import fuse_qkv_attention
 from .fuse_rotary import fuse_rotary
 from .recompose_gelu import recompose_gelu
 from .recompose_norms import recompose_norms
+from .recompose_silu import recompose_silu
 from .recompose_softmax import recompose_softmax
 from .simplify_reshapes import simplify_reshapes
 
 STAGES = {
     "canonicalise": (dce, cse, constant_fold, simplify_reshapes),
     # raise decomposed math (ours, or an exporter's) back to standard ops
-    "recompose": (recompose_softmax, recompose_norms, recompose_gelu),
+    "recompose": (recompose_softmax, recompose_norms, recompose_gelu, recompose_silu),
     "fuse": (fuse_qkv, fuse_rotary, fuse_masked_softmax, fuse_attention, fuse_cache_attention, fuse_qkv_attention,
              fuse_add_layernorm, fuse_bias_activation),
     # tidy up what the fusions left
