@@ -203,7 +203,8 @@ def group_heads(q, k, v, mask, kv_heads: int, reshape):
     as it is). ``reshape(x, dims)`` is the caller's (a traced tensor's, a
     builder's), dims by ONNX rules; ``ungroup_heads`` joins the output back.
 
-    The DSL's ``grouped_attention`` builds it here.
+    The DSL's ``grouped_attention`` and ``passes/fuse_repeat_kv.py`` (a
+    repeat written out by an exporter) both build it here.
     """
     heads = q.shape[1]
     group = heads // kv_heads
