@@ -16,6 +16,7 @@ from ..errors import ModelError, ShapeError, at_user_line
 from ..ir.dims import Dim
 from ..ir.dtypes import DType
 from ..ops._rules import broadcast_shapes, fmt
+from ..ops.fused import group_heads, ungroup_heads
 from .module import Module, Parameter
 from .rotary import Rotary
 from .tensor import Tensor, cache_write, causal_mask, concat, constant, gather, layer_norm, rms_norm, where
@@ -185,9 +186,9 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
 
     ``kv_heads`` below ``heads`` is grouped-query attention: query head ``h``
     reads key/value head ``h // (heads // kv_heads)`` (``kv_heads=1`` is
-    multi-query). The heads are grouped, not copied: queries are viewed as
-    ``[b, kv_heads, group, s, d_k]`` and keys as ``[b, kv_heads, 1, t, d_k]``,
-    and the batched product broadcasts.
+    multi-query). The heads are grouped, not copied (``ops.fused.group_heads``):
+    queries are viewed as ``[b, kv_heads, group, s, d_k]`` and keys as
+    ``[b, kv_heads, 1, t, d_k]``, and the batched product broadcasts.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     if kv_heads == heads:
@@ -198,25 +199,15 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
     problem = heads_problem(heads, kv_heads)
     if problem:
         raise ModelError(at_user_line(problem))
-    group = heads // kv_heads
-    q = q.reshape(0, kv_heads, group, -1, q.shape[-1])
-    k, v = k.reshape(0, kv_heads, 1, -1, k.shape[-1]), v.reshape(0, kv_heads, 1, -1, v.shape[-1])
-    o = scaled_dot_product_attention(q, k, v, _grouped_mask(mask, heads, kv_heads), causal, scale)
-    return o.reshape(0, heads, -1, v.shape[-1])
+    try:
+        q, k, v, mask = group_heads(q, k, v, mask, kv_heads, _reshape)
+    except ShapeError as e:   # a mask whose heads are neither 1 nor the attention's
+        raise ModelError(at_user_line(str(e))) from None
+    return ungroup_heads(scaled_dot_product_attention(q, k, v, mask, causal, scale), _reshape)
 
 
-def _grouped_mask(mask: Tensor | None, heads: int, kv_heads: int) -> Tensor | None:
-    """A mask over ``[..., heads, q, k]`` as one over the grouped scores
-    ``[..., kv_heads, group, q, k]``; masks without a heads axis broadcast as they are."""
-    if mask is None or mask.ndim < 3:
-        return mask
-    *lead, h, rows, cols = mask.shape
-    if h == 1:
-        return mask.reshape(*lead, 1, 1, rows, cols)
-    if h == heads:
-        return mask.reshape(*lead, kv_heads, heads // kv_heads, rows, cols)
-    raise ModelError(at_user_line(f"attention mask of shape {fmt(mask.shape)} has {h} heads, "
-                                  f"the attention {heads}"))
+def _reshape(x: Tensor, dims) -> Tensor:
+    return x.reshape(*dims)
 
 
 class KVCache:

@@ -191,6 +191,38 @@ def _sdpa(b, node, q, k, v, masks, rows, cols):
                   scale=attrs["scale"])
 
 
+# ---- grouped-query attention: attention's broadcast over shared K/V heads ------------------
+def group_heads(q, k, v, mask, kv_heads: int, reshape):
+    """Grouped-query attention as ``attention`` computes it: by broadcasting,
+    without copying K and V per query head. ``q`` ``[b, heads, s, d]`` is
+    viewed as ``[b, kv_heads, group, s, d]``, so query head ``h`` is
+    ``(h // group, h % group)`` and reads key/value head ``h // group``; ``k``
+    and ``v`` ``[b, kv_heads, t, d]`` as ``[b, kv_heads, 1, t, d]`` (taken as
+    they are when already 5-D); a ``mask`` over ``[..., heads, s, t]`` as one
+    over ``[..., kv_heads, group, s, t]`` (one without a heads axis broadcasts
+    as it is). ``reshape(x, dims)`` is the caller's (a traced tensor's, a
+    builder's), dims by ONNX rules; ``ungroup_heads`` joins the output back.
+
+    The DSL's ``grouped_attention`` and ``passes/fuse_repeat_kv.py`` (a
+    repeat written out by an exporter) both build it here.
+    """
+    heads = q.shape[1]
+    group = heads // kv_heads
+    q = reshape(q, [0, kv_heads, group, -1, q.shape[-1]])
+    k, v = (x if len(x.shape) == 5 else reshape(x, [0, kv_heads, 1, -1, x.shape[-1]]) for x in (k, v))
+    if mask is not None and len(mask.shape) >= 3:
+        *lead, h, rows, cols = mask.shape
+        if h not in (1, heads):
+            raise ShapeError(f"attention mask of shape {fmt(mask.shape)} has {h} heads, the attention {heads}")
+        mask = reshape(mask, [*lead, 1, 1, rows, cols] if h == 1 else [*lead, kv_heads, group, rows, cols])
+    return q, k, v, mask
+
+
+def ungroup_heads(o, reshape):
+    """``[b, kv_heads, group, s, d]`` -> ``[b, heads, s, d]``: ``group_heads`` undone on attention's output."""
+    return reshape(o, [0, o.shape[1] * o.shape[2], -1, o.shape[-1]])
+
+
 # ---- qkv_attention --------------------------------------------------------------------
 def _qkv_attention_flops(node, bindings) -> int:
     # the packed projection and its bias, then the core per head

@@ -16,7 +16,9 @@ After::
 Also matched when masked-softmax fusion is off: ``softmax`` over any
 scale/mask form that ``fuse_masked_softmax`` accepts. Kᵀ may be any
 transpose (e.g. the head split and the swap merged into ``perm=[0,2,3,1]``);
-the fused op then reads K through the remaining transpose.
+the fused op then reads K through the remaining transpose. A constant
+factor on q, K or Kᵀ joins the scale: torch's SDPA splits its scale as
+√scale on q and on Kᵀ, and the dynamo exporter writes both.
 
 The probabilities may pass a NaN guard first, ``where(isnan(p), 0, p)``
 (imported as ``where(not(equal(p, p)), 0, p)``), which torch's
@@ -32,16 +34,28 @@ import numpy as np
 from ..ir.graph import Graph, Value
 from .base import PassResult
 from .fuse_masked_softmax import check_masks, mask_attrs, masked_scores
-from .rewrite import Const, Op, Or, Rule, Var, apply_rules
+from .rewrite import Const, Op, Or, Rule, Var, apply_rules, optional
 
-KT = Or(Op("transpose", Var("k_in"), name="kt"), Var("kt_value"))
-QK = Op("matmul", Var("q"), KT, name="qk")
+
+def _scaled(p, name: str) -> Or:
+    """``p``, maybe times a constant ``{name}_scale``."""
+    return optional(lambda x: Op("mul", x, Const(f"{name}_scale"), commutative=True, name=f"{name}_scaled"), p)
+
+
+# torch's SDPA splits its scale as √scale on q and on Kᵀ (the dynamo exporter writes both).
+KT = _scaled(Or(Op("transpose", _scaled(Var("k_in"), "k"), name="kt"), Var("kt_value")), "kt")
+QK = Op("matmul", _scaled(Var("q"), "q"), KT, name="qk")
 PROBS = Or(Op("masked_softmax", QK, name="fused_softmax"), Op("softmax", masked_scores(QK), name="softmax"))
 NAN_GUARDED = Op("where", Op("logical_not", Op("equal", PROBS, PROBS)), Const("nan_fill"), PROBS, name="nan_guard")
 PATTERN = Op("matmul", Or(NAN_GUARDED, PROBS), Var("v"), name="root")
 
 
 def _check(m):
+    unscaled = {"q": m["q"], "k": m.get("k_in"), "kt": m["kt"].outputs[0] if "kt" in m else m.get("kt_value")}
+    for name, x in unscaled.items():
+        scaled = m.get(f"{name}_scaled")
+        if scaled is not None and scaled.outputs[0].type != x.type:
+            return f"the scale on {name} broadcasts it from {x.type} to {scaled.outputs[0].type}"
     if "softmax" in m:
         sm = m["softmax"]
         if sm.attrs["axis"] % sm.inputs[0].type.rank != sm.inputs[0].type.rank - 1:
@@ -102,6 +116,9 @@ def _key(b, m):
 
 def _rewrite(b, m):
     attrs, masks = _attrs_and_masks(m)
+    for name in ("q_scale", "k_scale", "kt_scale"):
+        if name in m:
+            attrs["scale"] *= float(m[name].reshape(-1)[0])
     return {"root": b.op("attention", m["q"], _key(b, m), m["v"], *masks, **attrs)}
 
 

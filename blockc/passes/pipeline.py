@@ -16,18 +16,20 @@ from .fuse_cache_attention import fuse_cache_attention
 from .fuse_masked_softmax import fuse_masked_softmax
 from .fuse_qkv import fuse_qkv
 from .fuse_qkv_attention import fuse_qkv_attention
+from .fuse_repeat_kv import fuse_repeat_kv
 from .fuse_rotary import fuse_rotary
 from .recompose_gelu import recompose_gelu
 from .recompose_norms import recompose_norms
+from .recompose_silu import recompose_silu
 from .recompose_softmax import recompose_softmax
 from .simplify_reshapes import simplify_reshapes
 
 STAGES = {
     "canonicalise": (dce, cse, constant_fold, simplify_reshapes),
     # raise decomposed math (ours, or an exporter's) back to standard ops
-    "recompose": (recompose_softmax, recompose_norms, recompose_gelu),
-    "fuse": (fuse_qkv, fuse_rotary, fuse_masked_softmax, fuse_attention, fuse_cache_attention, fuse_qkv_attention,
-             fuse_add_layernorm, fuse_bias_activation),
+    "recompose": (recompose_softmax, recompose_norms, recompose_gelu, recompose_silu),
+    "fuse": (fuse_qkv, fuse_rotary, fuse_masked_softmax, fuse_attention, fuse_repeat_kv, fuse_cache_attention,
+             fuse_qkv_attention, fuse_add_layernorm, fuse_bias_activation),
     # tidy up what the fusions left
     "tidy": (cse, dce),
 }

@@ -136,6 +136,15 @@ def test_a_mask_per_query_head_reaches_its_head():
     np.testing.assert_allclose(got, attention_numpy(x, w, HEADS, 2, keep=mask), rtol=1e-10, atol=1e-12)
 
 
+def test_a_mask_over_other_heads_is_refused():
+    class ThreeHeads(Attn):
+        def inputs(self):
+            return [InputSpec("x", self.dtype, (batch, seq, D)), InputSpec("mask", DType.bool, (batch, 3, seq, seq))]
+
+    with pytest.raises(ModelError, match=r"attention mask of shape \[batch,3,seq,seq\] has 3 heads, the attention 4"):
+        trace(ThreeHeads(kv_heads=2))
+
+
 def test_swiglu_matches_its_equation():
     class FFN(Model):
         dtype = DType.float64

@@ -104,10 +104,13 @@ EXPORTS = [("torchscript", kind, 17, "eager") for kind in ("gpt2", "gpt2-lm", "b
 
 # What each model kind's import fuses (the issue's targets): add+norm after every
 # sublayer and at the end, one masked softmax and attention per layer; Llama's
-# norms are written out (Pow, ReduceMean, Sqrt...) and recomposed first, and its
-# queries and keys each rotate once per layer.
+# norms are written out (Pow, ReduceMean, Sqrt...) and recomposed first, its
+# queries and keys each rotate once per layer, its K/V repeated per query head
+# (repeat_kv) are grouped back once per layer, and SwiGLU's x * sigmoid(x) is
+# a silu once per layer.
 _GPT = {"add_layernorm": 2 * L + 1, "masked_softmax": L, "attention": L}
-_LLAMA = {"rmsnorm": 2 * L + 1, "add_rmsnorm": 2 * L, "masked_softmax": L, "attention": L, "rotary": 2 * L}
+_LLAMA = {"rmsnorm": 2 * L + 1, "add_rmsnorm": 2 * L, "masked_softmax": L, "attention": L, "rotary": 2 * L,
+          "grouped_attention": L, "silu": L}
 FUSED = {"gpt2": _GPT, "gpt2-lm": _GPT, "bert": _GPT, "bert-notype": _GPT, "llama": _LLAMA, "llama-pos": _LLAMA}
 
 
@@ -183,13 +186,24 @@ def test_hf_export_fuses(hf_file):
     (causal+padding for GPT-2 and Llama, padding for BERT), which then become
     attention; every GELU is recomposed; Llama's rotations fuse."""
     kind, path = hf_file
-    result = optimize(trace(OnnxModel(path)))
+    graph = trace(OnnxModel(path))
+    result = optimize(graph)
     fused = {}
     for s in result.sites:
         if s.fused:
             fused[s.kind] = fused.get(s.kind, 0) + 1
     assert {k: fused.get(k) for k in FUSED[kind]} == FUSED[kind]
-    assert "erf" not in result.graph.op_counts() and "tanh" not in result.graph.op_counts()
+    ops = result.graph.op_counts()
+    assert "erf" not in ops and "tanh" not in ops
+    if kind.startswith("llama"):
+        # as the DSL's llama-tiny: K and V no longer copied per query head (the
+        # import expands each per layer; the expands left build the masks),
+        # attention over [batch, kv_heads, group, seq, d], SwiGLU's gate through silu
+        def kv_copies(g):
+            return [n for n in g.nodes if n.op == "expand" and n.outputs[0].dtype.is_float]
+        assert len(kv_copies(graph)) == 2 * L and kv_copies(result.graph) == []
+        assert [n.inputs[0].type.rank for n in result.graph.nodes if n.op == "attention"] == [5] * L
+        assert ops["silu"] == L and "sigmoid" not in ops
 
 
 def test_hf_bert_without_token_type_ids(tmp_path):

@@ -80,6 +80,69 @@ def test_golden_kt_given_as_a_value():
     """)
 
 
+def test_golden_scale_split_on_q_and_kt():
+    # torch's SDPA through the dynamo exporter: √scale on q and on Kᵀ, no
+    # scale on the scores; both join the fused op's scale (0.5 * 0.5).
+    check_golden(fuse_attention, """
+        graph g(%q: f64[2,3,5,4], %k: f64[2,3,5,4], %v: f64[2,3,5,4], %m: f64[2,1,5,5]) {
+          %0:f64[2,3,4,5] = transpose %k {perm=[0,1,3,2]}
+          %1:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %2:f64[2,3,5,4] = mul %q, %1
+          %3:f64[2,3,4,5] = mul %0, %1
+          %4:f64[2,3,5,5] = matmul %2, %3
+          %5:f64[2,3,5,5] = add %4, %m
+          %6:f64[2,3,5,5] = softmax %5 {axis=-1}
+          %7:f64[2,3,5,4] = matmul %6, %v
+          return y=%7
+        }
+    """, """
+        graph g(%q: f64[2,3,5,4], %k: f64[2,3,5,4], %v: f64[2,3,5,4], %m: f64[2,1,5,5]) {
+          %0:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %1:f64[2,3,5,4] = attention %q, %k, %v, %m {scale=0.25, mask="additive", causal=false, fill=-3.4028234663852886e+38}
+          return y=%1
+        }
+    """)
+
+
+def test_golden_scale_on_k_before_its_transpose():
+    check_golden(fuse_attention, """
+        graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4]) {
+          %0:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %1:f64[2,5,4] = mul %0, %k
+          %2:f64[2,4,5] = transpose %1 {perm=[0,2,1]}
+          %3:f64[2,5,5] = matmul %q, %2
+          %4:f64[2,5,5] = masked_softmax %3 {scale=0.25, mask="none", causal=true, fill=-1000000000.0}
+          %5:f64[2,5,4] = matmul %4, %v
+          return y=%5
+        }
+    """, """
+        graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4]) {
+          %0:f64[] = constant {value=dense<f64[]: [0.5]>}
+          %1:f64[2,5,4] = attention %q, %k, %v {scale=0.125, mask="none", causal=true, fill=-1000000000.0}
+          return y=%1
+        }
+    """)
+
+
+def test_a_scale_that_broadcasts_q_stays():
+    # A [1,1,1,1] factor on a 3-D q makes it 4-D: folding it in would change the shapes.
+    g, r, sites = _sites("""
+        graph g(%q: f64[2,5,4], %k: f64[1,2,5,4], %v: f64[1,2,5,4]) {
+          %0:f64[1,1,1,1] = constant {value=dense<f64[1,1,1,1]: [0.5]>}
+          %1:f64[1,2,5,4] = mul %q, %0
+          %2:f64[1,2,4,5] = transpose %k {perm=[0,1,3,2]}
+          %3:f64[1,2,5,5] = matmul %1, %2
+          %4:f64[1,2,5,5] = softmax %3 {axis=-1}
+          %5:f64[1,2,5,4] = matmul %4, %v
+          return y=%5
+        }
+    """)
+    # the scale stays on q, outside the fused op
+    (node,) = nodes_of(r.graph, "attention")
+    assert node.inputs[0].producer.op == "mul" and node.attrs["scale"] == 1.0
+    assert_same_numbers(g, r.graph)
+
+
 def _block(**cfg):
     model = BlockModel(BlockConfig(d_model=16, heads=2, dtype="float64", **cfg))
     return model, trace(model)

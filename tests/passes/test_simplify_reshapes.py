@@ -96,3 +96,46 @@ def test_rejection_reasons():
     assert ("identity reshape", "the reshape changes the shape") in reasons
     assert ("identity transpose", "not an identity permutation") in reasons
     assert ("transpose∘transpose", "expected transpose, found a reshape result") in reasons
+
+
+def test_golden_transpose_through_merged_axes():
+    # a: the docstring's k.transpose(-2, -1) through [4*batch, seq, 16] (torch's
+    # SDPA through the dynamo exporter); b: the same on a repeat_kv expand
+    # [batch,2,2,seq,16], split back as [batch,4]: x is reshaped first.
+    check_golden(simplify_reshapes, """
+        graph g(%k: f64[batch,4,seq,16], %r: f64[batch,2,2,seq,16]) {
+          %0:f64[4*batch,seq,16] = reshape %k {shape=[-1,seq,16]}
+          %1:f64[4*batch,16,seq] = transpose %0 {perm=[0,2,1]}
+          %2:f64[batch,4,16,seq] = reshape %1 {shape=[batch,4,16,seq]}
+          %3:f64[4*batch,seq,16] = reshape %r {shape=[4*batch,seq,16]}
+          %4:f64[4*batch,16,seq] = transpose %3 {perm=[0,2,1]}
+          %5:f64[batch,4,16,seq] = reshape %4 {shape=[batch,4,16,seq]}
+          return a=%2, b=%5
+        }
+    """, """
+        graph g(%k: f64[batch,4,seq,16], %r: f64[batch,2,2,seq,16]) {
+          %0:f64[batch,4,16,seq] = transpose %k {perm=[0,1,3,2]}
+          %1:f64[batch,4,seq,16] = reshape %r {shape=[0,4,seq,16]}
+          %2:f64[batch,4,16,seq] = transpose %1 {perm=[0,1,3,2]}
+          return a=%0, b=%2
+        }
+    """)
+
+
+def test_a_transpose_across_the_merged_axes_stays():
+    # %2: the transpose moves the merged axis; %4: the last reshape is not the merge undone.
+    g = label_origins(parse_graph(ir("""
+        graph g(%k: f64[2,4,5,6]) {
+          %0:f64[8,5,6] = reshape %k {shape=[8,5,6]}
+          %1:f64[5,8,6] = transpose %0 {perm=[1,0,2]}
+          %2:f64[5,2,4,6] = reshape %1 {shape=[5,2,4,6]}
+          %3:f64[8,6,5] = transpose %0 {perm=[0,2,1]}
+          %4:f64[2,4,30] = reshape %3 {shape=[2,4,30]}
+          return c=%2, d=%4
+        }
+    """)))
+    r = run_pass(simplify_reshapes, g)
+    assert not r.changed
+    reasons = {s.anchor: s.reason for s in r.sites if s.rule == "transpose through merged axes"}
+    assert {a: reasons[a] for a in ("%2", "%4")} == {"%2": "the transpose moves the merged axis",
+                       "%4": "the reshape of [8,6,5] to [2,4,30] does not split its leading axis"}
