@@ -547,11 +547,18 @@ def _softmax(node, ins, ctx):
 
 def _layernorm(node, ins, ctx):
     x, gamma = ins[0], ins[1]
-    beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
     eps = float(_attr(node, "epsilon", 1e-5))
     axis = axis_of(node, x.ndim)
+    beta = ins[2] if len(ins) > 2 and ins[2] is not None else _zeros(list(x.shape[axis:]), x.dtype)
     stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
     return [normalize_from(axis, "layernorm", x, [gamma, beta], eps=eps), *stats]
+
+
+def _zeros(shape: list, dtype: DType):
+    """Zeros of ``shape`` (an omitted bias: blockc's norms take one of the normalized shape)."""
+    if all(isinstance(d, int) for d in shape):
+        return np.zeros(shape, dtype.numpy)
+    return apply("expand", tensor(np.zeros((), dtype.numpy)), shape=shape)
 
 
 def axis_of(node, rank: int, default: int = -1) -> int:
