@@ -298,3 +298,16 @@ def test_calls_nested_thousands_deep(tmp_path):
         "reference-outside-a-function"])
 def test_malformed_function(nodes, functions, words, tmp_path, capsys):
     refused(_calls_file(tmp_path, nodes, functions), capsys, words)
+
+
+def test_tensor_in_a_function_body_is_checked(tmp_path, capsys):
+    """A body's tensor attribute is read as the graph's are: a shape its
+    data does not back is refused, not allocated (once, however many calls)."""
+    constant = helper.make_node("Constant", [], ["c"], value=_tensor([4, 10**12], raw=b""))
+    body = _fn("F", [constant, helper.make_node("Add", ["X", "c"], ["Y"])])
+    path = _calls_file(tmp_path, [_call("F", "x", "h"), _call("F", "h", "y")], [body])
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "attribute value: shape [4, 1000000000000] of float32 needs 16,000,000,000,000 bytes, but the file holds 0" \
+        in err
