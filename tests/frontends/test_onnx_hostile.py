@@ -311,3 +311,11 @@ def test_tensor_in_a_function_body_is_checked(tmp_path, capsys):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "attribute value: shape [4, 1000000000000] of float32 needs 16,000,000,000,000 bytes, but the file holds 0" \
         in err
+
+
+def test_a_long_recursive_cycle_is_named_by_its_ends(tmp_path, capsys):
+    functions = [_fn(f"F{i}", [_call(f"F{(i + 1) % 1000}")]) for i in range(1000)]
+    err = refused(_calls_file(tmp_path, [_call("F0", "x", "y")], functions), capsys,
+                  "function 'local::F0' calls itself ('local::F0' -> 'local::F1' -> 'local::F2' -> 'local::F3' -> "
+                  "... 994 more ... -> 'local::F998' -> 'local::F999' -> 'local::F0')")
+    assert len(err) < 400

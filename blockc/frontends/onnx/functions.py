@@ -36,7 +36,7 @@ import onnx
 
 from ...files import format_bytes
 from ..module import GRAPH_BYTES_PER_PARAMETER, available_memory
-from .safe_load import OnnxFile, label, order_nodes
+from .safe_load import OnnxFile, label, node_label, order_nodes
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -114,7 +114,7 @@ def inline_functions(loaded: OnnxFile) -> list[GraphNode]:
     for n in loaded.nodes:
         for a in n.attribute:
             if a.ref_attr_name:
-                raise loaded.error(f"node {label(n.name or (list(n.output) or [n.op_type])[0])} ({label(n.op_type)}): "
+                raise loaded.error(f"node {node_label(n)} ({label(n.op_type)}): "
                                    f"its attribute {label(a.name)} refers to {label(a.ref_attr_name)}, but only a "
                                    f"function's nodes can refer to its attributes")
     top = [GraphNode(n.op_type, n.domain, n.name, tuple(n.input), tuple(n.output), {a.name: a for a in n.attribute},
@@ -183,9 +183,11 @@ def _callees_first(loaded: OnnxFile, functions: dict, roots: list) -> list[tuple
                 done.add(path[-1])
                 order.append(path.pop())
             elif callee in on_path:
-                cycle = " -> ".join(_function_label(k) for k in path[path.index(callee):] + [callee])
-                raise loaded.error(f"function {_function_label(callee)} calls itself ({cycle}): a recursive "
-                                   f"function cannot be inlined")
+                cycle = [_function_label(k) for k in path[path.index(callee):] + [callee]]
+                if len(cycle) > 8:   # a message is one line: a cycle through 10,000 functions is named by its ends
+                    cycle = cycle[:4] + [f"... {len(cycle) - 7:,} more ..."] + cycle[-3:]
+                raise loaded.error(f"function {_function_label(callee)} calls itself ({' -> '.join(cycle)}): a "
+                                   f"recursive function cannot be inlined")
             elif callee not in done:
                 path.append(callee)
                 on_path.add(callee)
@@ -239,7 +241,7 @@ class _Call:
     references read in the caller's scope."""
 
     def __init__(self, loaded: OnnxFile, body: _Body, call: GraphNode, names: _Names):
-        what = f"node {label(call.name or (list(call.output) or [call.op_type])[0])} (function {body.name})"
+        what = f"node {node_label(call)} (function {body.name})"
         if len(call.input) > len(body.inputs) or len(call.output) > len(body.outputs):
             raise loaded.error(f"{what}: gives {len(call.input)} inputs and {len(call.output)} outputs; the "
                                f"function takes {len(body.inputs)} and {len(body.outputs)}")

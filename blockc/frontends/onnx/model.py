@@ -32,7 +32,7 @@ from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
 from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
-from .safe_load import OnnxFile, element_type_name, label, read_onnx, tensor_array
+from .safe_load import OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
 _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
@@ -144,14 +144,13 @@ class OnnxModel(Model):
             try:
                 outs = TABLE[node.op_type].fn(node, ins, self)
             except (Unsupported, ModelError, ShapeError) as e:
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
-                                    f"({node.op_type}): {e}") from None
+                raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): {e}") from None
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
+                raise OnnxFileError(f"{self.file.path}: node {node_label(node)} "
                                     f"({node.op_type}) cannot be imported: {type(e).__name__}: {e}") from None
             unmade = [name for name in node.output[len(outs):] if name and self.used(name)]
             if unmade:   # an optional output the rule does not compute, which the graph reads
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or node.output[0])} ({node.op_type}): "
+                raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): "
                                     f"its output {label(unmade[0])} is not supported by blockc's ONNX import")
             for name, v in zip(node.output, outs):
                 if name:

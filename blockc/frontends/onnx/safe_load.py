@@ -53,6 +53,11 @@ def label(name: str) -> str:
     return f"'{text}'"
 
 
+def node_label(node) -> str:
+    """How a message names a node: its name, else its first output, else its op type."""
+    return label(node.name or (list(node.output) or [node.op_type])[0])
+
+
 def element_type_name(code: int) -> str:
     """An ONNX element type code as its name (``FLOAT8E4M3FN``), or the code where unknown."""
     return TensorProto.DataType.Name(code) if code in TensorProto.DataType.values() else str(code)
