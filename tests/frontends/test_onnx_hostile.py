@@ -208,3 +208,114 @@ def test_enormous_file_refused_before_parsing(tmp_path, capsys, monkeypatch):
     path = _model(numpy_helper.from_array(np.ones((4, 2), np.float32), "w"), tmp_path)
     monkeypatch.setattr(safe_load, "MAX_PROTO_BYTES", 100)
     refused(path, capsys, "more than an ONNX protobuf can hold (2 GiB)")
+
+
+# ---- local functions ----------------------------------------------------------------
+def _calls_file(tmp_path, nodes, functions, name="calls.onnx"):
+    """y = ``nodes`` of x (float [2]), calling ``functions`` (domain 'local')."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    path = tmp_path / name
+    path.write_bytes(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), functions=functions,
+                                       opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+                     .SerializeToString())
+    return path
+
+
+def _fn(name, nodes, inputs=("X",), outputs=("Y",), **kw):
+    return helper.make_function("local", name, list(inputs), list(outputs), nodes,
+                                [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)], **kw)
+
+
+def _call(op, x="X", y="Y", **kw):
+    return helper.make_node(op, [x], [y], domain="local", **kw)
+
+
+def _constant_of(attribute: str):
+    """c = Constant(value_float = the function's ``attribute``)."""
+    node = helper.make_node("Constant", [], ["c"])
+    a = node.attribute.add()
+    a.name, a.type, a.ref_attr_name = "value_float", onnx.AttributeProto.FLOAT, attribute
+    return node
+
+
+@pytest.mark.parametrize("functions, words", [
+    ([_fn("F", [_call("F")])], "function 'local::F' calls itself ('local::F' -> 'local::F')"),
+    ([_fn("A", [_call("B")]), _fn("B", [helper.make_node("Relu", ["X"], ["r"]), _call("C", "r")]),
+      _fn("C", [_call("A")])],
+     "function 'local::A' calls itself ('local::A' -> 'local::B' -> 'local::C' -> 'local::A')"),
+], ids=["itself", "through-others"])
+def test_recursive_function(functions, words, tmp_path, capsys):
+    """A function that calls itself would be inlined forever: refused naming the cycle."""
+    path = _calls_file(tmp_path, [_call("A" if len(functions) > 1 else "F", "x", "y")], functions)
+    refused(path, capsys, "calls.onnx", words, "a recursive function cannot be inlined")
+
+
+def test_calls_that_multiply(tmp_path, capsys):
+    """64 functions, each calling the next twice: a file of a few kilobytes
+    naming 2**64 nodes, refused at once, before any is made."""
+    functions = [_fn(f"F{i}", [_call(f"F{i + 1}", "X", "h"), _call(f"F{i + 1}", "h", "Y")]) for i in range(64)]
+    functions.append(_fn("F64", [helper.make_node("Relu", ["X"], ["Y"])]))
+    path = _calls_file(tmp_path, [_call("F0", "x", "y")], functions)
+    assert path.stat().st_size < 20_000
+    refused(path, capsys, "inlining its functions would make 18,446,744,073,709,551,616 nodes",
+            "more than the", "memory available")
+
+
+def test_calls_nested_thousands_deep(tmp_path):
+    """3,000 functions, each calling the next under a name 1,000 characters
+    long: inlined without Python recursion, and the names inlining makes stay
+    short (they are labels, unique apart from their text)."""
+    from blockc.frontends import trace
+    from blockc.frontends.onnx.functions import NAME_CHARS
+    from blockc.runtime.reference import run_reference
+    depth = 3000
+    functions = [_fn(f"F{i}", [_call(f"F{i + 1}", "X", "h", name="n" * 1000), helper.make_node("Neg", ["h"], ["Y"])])
+                 for i in range(depth)]
+    functions.append(_fn(f"F{depth}", [helper.make_node("Relu", ["X"], ["Y"])]))
+    model = OnnxModel(_calls_file(tmp_path, [_call("F0", "x", "y")], functions))
+    assert len(model.nodes) == depth + 1
+    assert max(len(name) for n in model.nodes for name in (n.name, *n.output)) <= NAME_CHARS + 10
+    x = np.array([-1.5, 2.0], np.float32)
+    np.testing.assert_array_equal(run_reference(trace(model), {}, {"x": x})["y"], np.maximum(x, 0))   # an even depth
+
+
+@pytest.mark.parametrize("nodes, functions, words", [
+    ([_call("F", "x", "y")], [_fn("F", [helper.make_node("Add", ["X", "nowhere"], ["Y"])])],
+     "function 'local::F': node 0 ('Add') reads 'nowhere', which none of its inputs or nodes defines"),
+    ([_call("F", "x", "y")], [_fn("F", [helper.make_node("Relu", ["X"], ["h"])])],
+     "function 'local::F': its output 'Y' is not defined by any of its nodes or inputs"),
+    ([_call("F", "x", "y")], [_fn("F", [helper.make_node("Relu", ["X"], ["Y"])])] * 2,
+     "function 'local::F' is defined twice"),
+    ([helper.make_node("F", ["x", "x"], ["y"], domain="local")], [_fn("F", [helper.make_node("Relu", ["X"], ["Y"])])],
+     "node 'y' (function 'local::F'): gives 2 inputs and 1 outputs; the function takes 1 and 1"),
+    ([_call("F", "x", "y", alpha=2)], [_fn("F", [_constant_of("alpha"), helper.make_node("Mul", ["X", "c"], ["Y"])],
+                                          attributes=["alpha"])],
+     "node 'y' (function 'local::F'): attribute 'alpha' is INT, but its body's node 'Constant' reads it as FLOAT"),
+    ([helper.make_node("Relu", ["x"], ["h"]), _constant_of("alpha"), helper.make_node("Mul", ["h", "c"], ["y"])], [],
+     "node 'c' ('Constant'): its attribute 'value_float' refers to 'alpha', but only a function's nodes can"),
+], ids=["undefined-name", "undefined-output", "defined-twice", "too-many-inputs", "attribute-type",
+        "reference-outside-a-function"])
+def test_malformed_function(nodes, functions, words, tmp_path, capsys):
+    refused(_calls_file(tmp_path, nodes, functions), capsys, words)
+
+
+def test_tensor_in_a_function_body_is_checked(tmp_path, capsys):
+    """A body's tensor attribute is read as the graph's are: a shape its
+    data does not back is refused, not allocated (once, however many calls)."""
+    constant = helper.make_node("Constant", [], ["c"], value=_tensor([4, 10**12], raw=b""))
+    body = _fn("F", [constant, helper.make_node("Add", ["X", "c"], ["Y"])])
+    path = _calls_file(tmp_path, [_call("F", "x", "h"), _call("F", "h", "y")], [body])
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "attribute value: shape [4, 1000000000000] of float32 needs 16,000,000,000,000 bytes, but the file holds 0" \
+        in err
+
+
+def test_a_long_recursive_cycle_is_named_by_its_ends(tmp_path, capsys):
+    functions = [_fn(f"F{i}", [_call(f"F{(i + 1) % 1000}")]) for i in range(1000)]
+    err = refused(_calls_file(tmp_path, [_call("F0", "x", "y")], functions), capsys,
+                  "function 'local::F0' calls itself ('local::F0' -> 'local::F1' -> 'local::F2' -> 'local::F3' -> "
+                  "... 994 more ... -> 'local::F998' -> 'local::F999' -> 'local::F0')")
+    assert len(err) < 400

@@ -312,6 +312,18 @@ def test_gather_nd_max_min_of_tensors(tmp_path):
     assert graph.outputs[0][1].shape == (2, 3)
 
 
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layernorm_without_bias(axis, tmp_path):
+    """LayerNormalization's bias is optional: without it, zeros over the
+    normalized axes (blockc's layernorm takes one). ONNX Runtime is given
+    two inputs, not a "" third: its graph optimizer crashes on that."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 4])
+    scale = np.linspace(0.5, 1.5, 4 if axis == -1 else 12, dtype=np.float32).reshape([4] if axis == -1 else [3, 4])
+    path = _file_with([helper.make_node("Constant", [], ["g"], value=onnx.numpy_helper.from_array(scale)),
+                       helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=axis)], tmp_path, inputs=[x])
+    check_against_ort(path)
+
+
 def _index_file(tmp_path, op, data_shape, idx_shape, **attrs):
     """``op`` (GatherND or GatherElements) of a float input ``x`` at an int64 input ``idx``."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, data_shape)

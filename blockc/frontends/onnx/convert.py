@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 import scipy.special
+from onnx import helper
 
 from ...errors import BlockcError
 from ...ir.dims import Sym
@@ -118,12 +119,11 @@ def _operands(ins):
 
 
 def _attr(node, name, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            from onnx import helper
-            v = helper.get_attribute_value(a)
-            return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-    return default
+    a = node.attrs.get(name)
+    if a is None:
+        return default
+    v = helper.get_attribute_value(a)
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def _dropout(node, ins, ctx):
     x = ins[0]
     ratio = _scalar(ins[1]) if len(ins) > 1 and ins[1] is not None else _attr(node, "ratio", 0.5)
     # opset 12 takes the mode as an input; before opset 7 an is_test attribute said it (training by default)
-    training = ins[2] if len(ins) > 2 and ins[2] is not None else ctx.opset < 7 and not _attr(node, "is_test", 0)
+    training = ins[2] if len(ins) > 2 and ins[2] is not None else node.opset < 7 and not _attr(node, "is_test", 0)
     if is_tensor(training) or is_tensor(ratio):
         raise Unsupported("Dropout whose ratio or training mode is computed at run time")
     if bool(_scalar(training)) and float(ratio) != 0.0:
@@ -534,7 +534,7 @@ def _last_axis(node, x, default):
 
 def _softmax(node, ins, ctx):
     (x,) = ins
-    if ctx.opset < 13:   # before 13 Softmax ran over the axes from `axis` on, flattened: one axis only when last
+    if node.opset < 13:   # before 13 Softmax ran over the axes from `axis` on, flattened: one axis only when last
         _last_axis(node, x, 1)
         return [x.softmax(-1)]
     axis = _attr(node, "axis", -1) % x.ndim
@@ -547,11 +547,18 @@ def _softmax(node, ins, ctx):
 
 def _layernorm(node, ins, ctx):
     x, gamma = ins[0], ins[1]
-    beta = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, x.dtype.numpy)
     eps = float(_attr(node, "epsilon", 1e-5))
     axis = axis_of(node, x.ndim)
+    beta = ins[2] if len(ins) > 2 and ins[2] is not None else _zeros(list(x.shape[axis:]), x.dtype)
     stats = _layernorm_stats(node, x, axis, eps) if any(o and ctx.used(o) for o in node.output[1:]) else []
     return [normalize_from(axis, "layernorm", x, [gamma, beta], eps=eps), *stats]
+
+
+def _zeros(shape: list, dtype: DType):
+    """Zeros of ``shape`` (an omitted bias: blockc's norms take one of the normalized shape)."""
+    if all(isinstance(d, int) for d in shape):
+        return np.zeros(shape, dtype.numpy)
+    return apply("expand", tensor(np.zeros((), dtype.numpy)), shape=shape)
 
 
 def axis_of(node, rank: int, default: int = -1) -> int:
@@ -598,7 +605,7 @@ def _layernorm_stats(node, x, axis, eps):
 def _reduce(ir_op: str, fold, axes_input_since: int):
     def run(node, ins, ctx):
         x = ins[0]
-        axes = _axes(node, ins, 1) if ctx.opset >= axes_input_since else _attr(node, "axes")
+        axes = _axes(node, ins, 1) if node.opset >= axes_input_since else _attr(node, "axes")
         if not axes and _attr(node, "noop_with_empty_axes", 0):
             return [x]   # no axes given and told so: the input unchanged, not a full reduction
         rank = x.ndim if is_tensor(x) else np.ndim(x)

@@ -10,7 +10,8 @@ weights, limits, passes, exports and ``compare`` see nothing new.
   initializers are constants (a softmax scale, a reshape's shape): folded
   at import, where the fusion patterns expect them.
 * ``forward``: the nodes in dependency order, each replayed by its entry in
-  ``convert.TABLE``.
+  ``convert.TABLE``; a call of one of the file's local functions is its body
+  (``functions.py``).
 * ``own_proto``: the file's own graph again (what ``blockc compare``'s ONNX
   Runtime peers run), with other weights where ``--weights`` gives them.
 """
@@ -30,9 +31,9 @@ from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
 from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
-from .safe_load import OnnxFile, element_type_name, label, read_onnx, tensor_array
+from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
+from .safe_load import OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -57,8 +58,9 @@ class OnnxModel(Model):
         object.__setattr__(self, "file", loaded)
         object.__setattr__(self, "name", os.path.basename(os.fspath(path)))
         g = loaded.model.graph
-        self.opset = default_opset(loaded.model.opset_import)
-        _refuse_unsupported(loaded)
+        self.nodes = inline_functions(loaded)
+        _refuse_unsupported(loaded, self.nodes)
+        self._attr_arrays: dict[int, np.ndarray] = {}
         self.constants: dict[str, np.ndarray] = {}
         counts: dict[DType, int] = {}
         for name, value in loaded.initializers.items():
@@ -69,8 +71,8 @@ class OnnxModel(Model):
                 self._params[name] = Parameter(value.shape, init=lambda shape, rng, v=value: v, dtype=dtype)
                 counts[dtype] = counts.get(dtype, 0) + value.size
         self.dtype = max(counts, key=counts.get) if counts else DType.float32
-        self.uses = {x for n in loaded.nodes for x in n.input} | {o.name for o in g.output}
-        self._specs = _input_specs(loaded, self.constants)
+        self.uses = {x for n in self.nodes for x in n.input} | {o.name for o in g.output}
+        self._specs = _input_specs(loaded, self.nodes)
 
     def inputs(self) -> list[InputSpec]:
         return list(self._specs)
@@ -84,11 +86,11 @@ class OnnxModel(Model):
         embeddings) or of a ``Slice`` along axis 0 alone (blockc's own learned
         positions): what a module tree would call embeddings."""
         tables = set()
-        for node in self.file.nodes:
+        for node in self.nodes:
             if not node.input or node.input[0] not in self._params:
                 continue
             if node.op_type == "Gather":
-                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                axis = node.attrs["axis"].i if "axis" in node.attrs else 0
                 if axis in (0, -len(self._params[node.input[0]].shape)):
                     tables.add(node.input[0])
             elif node.op_type == "Slice" and len(node.input) > 3 and node.input[3] in self.constants:
@@ -96,12 +98,15 @@ class OnnxModel(Model):
                     tables.add(node.input[0])
         return tables
 
-    def attr_tensor(self, node, name: str):
-        for a in node.attribute:
-            if a.name == name and a.type == a.TENSOR:
-                where = f"node {label(node.name or node.op_type)}, attribute {name}"
-                return tensor_array(self.file, a.t, os.path.dirname(os.path.abspath(self.file.path)), where)
-        return None
+    def attr_tensor(self, node: GraphNode, name: str):
+        a = node.attrs.get(name)
+        if a is None or a.type != a.TENSOR:
+            return None
+        if id(a) not in self._attr_arrays:   # once: a function's constant is one attribute for all its calls
+            where = f"node {label(node.name or node.op_type)}, attribute {name}"
+            folder = os.path.dirname(os.path.abspath(self.file.path))
+            self._attr_arrays[id(a)] = tensor_array(self.file, a.t, folder, where)
+        return self._attr_arrays[id(a)]
 
     def own_proto(self, weights: Mapping[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, int]:
         """The file's own model, self-contained, and how many initializers
@@ -134,19 +139,18 @@ class OnnxModel(Model):
         values.update({s.name: t for s, t in zip(self._specs, inputs)})
         for name, p in self._params.items():
             values[name] = _param_tensor(p)   # not getattr: a weight may be named 'forward'
-        for node in self.file.nodes:
+        for node in self.nodes:
             ins = [values[x] if x else None for x in node.input]
             try:
                 outs = TABLE[node.op_type].fn(node, ins, self)
             except (Unsupported, ModelError, ShapeError) as e:
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
-                                    f"({node.op_type}): {e}") from None
+                raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): {e}") from None
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or (list(node.output) or [node.op_type])[0])} "
+                raise OnnxFileError(f"{self.file.path}: node {node_label(node)} "
                                     f"({node.op_type}) cannot be imported: {type(e).__name__}: {e}") from None
             unmade = [name for name in node.output[len(outs):] if name and self.used(name)]
             if unmade:   # an optional output the rule does not compute, which the graph reads
-                raise OnnxFileError(f"{self.file.path}: node {label(node.name or node.output[0])} ({node.op_type}): "
+                raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): "
                                     f"its output {label(unmade[0])} is not supported by blockc's ONNX import")
             for name, v in zip(node.output, outs):
                 if name:
@@ -166,38 +170,32 @@ def _float_dtype(value: np.ndarray) -> DType | None:
     return dtype if dtype.is_float else None
 
 
-def default_opset(opset_import) -> int:
-    """The model's ai.onnx opset: the one TABLE's ranges are read against."""
-    return next((o.version for o in opset_import if o.domain in DEFAULT_DOMAINS), 1)
-
-
-def missing_operators(nodes, opset_import) -> list[str]:
-    """Every operator among ``nodes`` that the importer lacks at the model's
-    opsets (``opset_import``), as ``domain::Op (opset N)``, sorted."""
-    versions = {o.domain: o.version for o in opset_import}
-    opset = default_opset(opset_import)
+def missing_operators(nodes: list[GraphNode]) -> list[str]:
+    """Every operator among ``nodes`` that the importer lacks at the opsets
+    each is read at, as ``domain::Op (opset N)``, sorted. A call of a
+    function the file does not define is one of them."""
     missing = set()
     for n in nodes:
         rule = TABLE.get(n.op_type) if n.domain in DEFAULT_DOMAINS else None
-        if rule is None or not rule.since <= opset <= rule.until:
+        if rule is None or not rule.since <= n.opset <= rule.until:
             domain = n.domain or "ai.onnx"
-            missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {versions.get(n.domain, '?')})")
+            missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {n.opsets.get(n.domain, '?')})")
     return sorted(missing)
 
 
-def _refuse_unsupported(loaded: OnnxFile) -> None:
+def _refuse_unsupported(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
     """One error listing every operator the importer lacks, with its domain and opset."""
-    missing = missing_operators(loaded.nodes, loaded.model.opset_import)
+    missing = missing_operators(nodes)
     if missing:
         raise OnnxFileError(f"{loaded.path}: {len(missing)} operator type{'s' if len(missing) > 1 else ''} "
                             f"not supported by blockc's ONNX import: {', '.join(missing)}")
 
 
-def _input_specs(loaded: OnnxFile, constants) -> list[InputSpec]:
+def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
     g = loaded.model.graph
     taken: set[str] = set()
     symbols: dict[str, str] = {}
-    rows = _id_tables(loaded)
+    rows = _id_tables(loaded, nodes)
     specs = []
     for v in g.input:
         if v.name in loaded.initializers:
@@ -239,16 +237,16 @@ def _input_specs(loaded: OnnxFile, constants) -> list[InputSpec]:
 _PASS_THROUGH = ("Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Flatten")
 
 
-def _id_tables(loaded: OnnxFile) -> dict[str, int]:
+def _id_tables(loaded: OnnxFile, nodes: list[GraphNode]) -> dict[str, int]:
     """For each graph input used as the indices of a Gather from a weight
     table: the table's rows (what sampled ids may be)."""
     source = {}
-    for n in loaded.nodes:
+    for n in nodes:
         if n.op_type in _PASS_THROUGH and n.input:
             for o in n.output:
                 source[o] = source.get(n.input[0], n.input[0])
     rows: dict[str, int] = {}
-    for n in loaded.nodes:
+    for n in nodes:
         if n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in loaded.initializers:
             table = loaded.initializers[n.input[0]]
             origin = source.get(n.input[1], n.input[1])

@@ -11,9 +11,9 @@ from __future__ import annotations
 import onnx.defs
 
 from .convert import TABLE
-from .model import DEFAULT_DOMAINS
+from .functions import DEFAULT_DOMAINS
 
-# Every rule is for the default domain (model.DEFAULT_DOMAINS), shown by its name.
+# Every rule is for the default domain (functions.DEFAULT_DOMAINS), shown by its name.
 DOMAIN = "ai.onnx"
 assert "" in DEFAULT_DOMAINS and DOMAIN in DEFAULT_DOMAINS
 
@@ -42,6 +42,9 @@ def supported_ops_markdown() -> str:
         f"{len(rows)} operators, all in the default domain. A model's `ai.onnx` opset must lie in the",
         "range of every operator it uses; a model that uses an operator not listed, or one outside its",
         "range, is refused with one error that lists every such operator, with its domain and opset.",
+        "A call of one of the model's local functions (`ModelProto.functions`) is inlined first: its",
+        "body's operators must be listed here, each in range at the opset its function imports, and a",
+        "call of a function the model does not define is listed in that error as an operator it lacks.",
         "Within a range, an attribute or input a rule cannot express (a strided `Slice`, a `Range` whose",
         "bounds are only known at run time) is refused by name when the model is imported.",
         "",

@@ -7,7 +7,8 @@ shape against the bytes it really holds before anything is allocated, every
 external-data ``location`` against the model's folder (absolute paths,
 ``..`` and symlinks leading out are refused) and its offset and length
 against the data file, and the graph's structure (an input no one defines, a
-cycle) before it is walked. ``onnx.load`` is never called: it would follow
+cycle) before it is walked (a local function's body is checked alike when it
+is inlined: ``functions.py``). ``onnx.load`` is never called: it would follow
 any location it is given.
 
 Every refusal is an ``OnnxFileError`` of one line naming the file and the
@@ -50,6 +51,11 @@ def label(name: str) -> str:
     if len(text) > LABEL_CHARS:
         text = text[:LABEL_CHARS] + f"... ({len(name):,} characters)"
     return f"'{text}'"
+
+
+def node_label(node) -> str:
+    """How a message names a node: its name, else its first output, else its op type."""
+    return label(node.name or (list(node.output) or [node.op_type])[0])
 
 
 def element_type_name(code: int) -> str:
@@ -207,31 +213,42 @@ def _ordered_nodes(loaded: OnnxFile) -> list:
     """The graph's nodes, each after the nodes defining its inputs; refuses an
     input that nothing defines, a value defined twice, and a cycle."""
     g = loaded.model.graph
-    defined: dict[str, int | None] = {v.name: None for v in g.input}
-    defined.update({t.name: None for t in g.initializer})
-    for i, n in enumerate(g.node):
+    order = order_nodes(loaded, list(g.node), [v.name for v in g.input] + [t.name for t in g.initializer])
+    defined = set(loaded.initializers) | {v.name for v in g.input} | {o for n in g.node for o in n.output}
+    for o in g.output:
+        if o.name not in defined:
+            raise loaded.error(f"graph output {label(o.name)} is not defined by any node or input")
+    return order
+
+
+def order_nodes(loaded: OnnxFile, nodes: list, given, function: str | None = None) -> list:
+    """``nodes``, each after the nodes defining its inputs, where the names
+    ``given`` are defined before any node: the graph's (its inputs and
+    initializers), or with ``function`` (its name, as a label) a local
+    function's body (its inputs). Refuses an input that nothing defines, a
+    value defined twice, and a cycle, naming the function where there is one."""
+    where = f"function {function}: " if function else ""
+    sources = "none of its inputs or nodes defines" if function else "no input, initializer or node defines"
+    defined: dict[str, int | None] = {name: None for name in given}
+    for i, n in enumerate(nodes):
         for o in n.output:
             if not o:
                 continue
             if o in defined:
-                raise loaded.error(f"value {label(o)} is defined twice (node {i}, {label(n.op_type)})")
+                raise loaded.error(f"{where}value {label(o)} is defined twice (node {i}, {label(n.op_type)})")
             defined[o] = i
-    waiting = [0] * len(g.node)
+    waiting = [0] * len(nodes)
     users: dict[int, list[int]] = {}
-    for i, n in enumerate(g.node):
+    for i, n in enumerate(nodes):
         for name in n.input:
             if not name:
                 continue  # an omitted optional input
             if name not in defined:
-                raise loaded.error(f"node {i} ({label(n.op_type)}) reads {label(name)}, which no input, "
-                                   f"initializer or node defines")
+                raise loaded.error(f"{where}node {i} ({label(n.op_type)}) reads {label(name)}, which {sources}")
             src = defined[name]
             if src is not None:
                 waiting[i] += 1
                 users.setdefault(src, []).append(i)
-    for o in g.output:
-        if o.name not in defined:
-            raise loaded.error(f"graph output {label(o.name)} is not defined by any node or input")
     # Kahn's algorithm, taking the lowest index first: the file's own order
     # wherever it is already topological.
     ready = [i for i, w in enumerate(waiting) if w == 0]
@@ -244,8 +261,9 @@ def _ordered_nodes(loaded: OnnxFile) -> list:
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, u)
-    if len(order) != len(g.node):
-        stuck = next(i for i, w in enumerate(waiting) if w > 0)
-        raise loaded.error(f"the graph has a cycle (through node {stuck}, {label(g.node[stuck].op_type)} "
-                           f"{label(g.node[stuck].name or (list(g.node[stuck].output) or [''])[0])})")
-    return [g.node[i] for i in order]
+    if len(order) != len(nodes):
+        i = next(i for i, w in enumerate(waiting) if w > 0)
+        stuck = nodes[i]
+        raise loaded.error(f"{where}{'its body' if function else 'the graph'} has a cycle (through node {i}, "
+                           f"{label(stuck.op_type)} {label(stuck.name or (list(stuck.output) or [''])[0])})")
+    return [nodes[i] for i in order]
