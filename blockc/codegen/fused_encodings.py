@@ -11,7 +11,7 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
   portable to any ONNX runtime;
 * ``contrib``  -- ONNX Runtime's ``com.microsoft`` op where one exists
   (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
-  FastGelu, MultiHeadAttention, RotaryEmbedding);
+  FastGelu, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding);
 * ``onnx23``   -- opset-23 ``Attention``, ``RMSNormalization`` and
   ``RotaryEmbedding`` where they fit;
 * ``auto``     -- per execution provider and fused-op kind, the encoding measured
@@ -59,9 +59,12 @@ FUNCTION_DOMAIN = "blockc.fused"
 ENCODING_MIN_OPSET = {"onnx23": 23}
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_encodings_table.json")
 
-# Table entries are per op, and per activation for matmul_bias_act: its
-# runtime op differs by activation (BiasGelu, FastGelu, none for relu).
-_TABLE_VARIANT = {"matmul_bias_act": "activation"}
+# Table entries are per op, and per variant where the runtime ops differ:
+# matmul_bias_act's by activation (BiasGelu, FastGelu, none for relu);
+# grouped attention (rank 5, ops.fused.group_heads) apart from attention, as
+# GroupQueryAttention and Attention with fewer K/V heads, whose cost is their own.
+_TABLE_VARIANT = {"matmul_bias_act": lambda node: node.attrs["activation"],
+                  "attention": lambda node: "grouped" if node.inputs[0].type.rank == 5 else None}
 
 # Function names; other ops get their name in CamelCase.
 _FUNCTION_NAMES = {"masked_softmax": "MaskedSoftmax", "attention": "Attention", "add_layernorm": "AddLayerNorm",
@@ -70,9 +73,9 @@ _FUNCTION_NAMES = {"masked_softmax": "MaskedSoftmax", "attention": "Attention", 
 
 # ---- the measured table ---------------------------------------------------------
 def table_key(node: Node) -> str:
-    """The table's name for ``node``'s kind: ``add_layernorm``, ``matmul_bias_act/gelu``."""
-    attr = _TABLE_VARIANT.get(node.op)
-    return f"{node.op}/{node.attrs[attr]}" if attr else node.op
+    """The table's name for ``node``'s kind: ``add_layernorm``, ``matmul_bias_act/gelu``, ``attention/grouped``."""
+    variant = _TABLE_VARIANT[node.op](node) if node.op in _TABLE_VARIANT else None
+    return f"{node.op}/{variant}" if variant else node.op
 
 
 @functools.lru_cache(maxsize=4)
