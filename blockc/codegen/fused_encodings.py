@@ -8,7 +8,9 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
 * ``function`` -- an ONNX local function per op kind and attribute set
   (domain ``blockc.fused``, e.g. ``AddLayerNorm_with_sum``), whose body is
   the op's ``decompose`` rule lowered with the ordinary per-op lowerings:
-  portable to any ONNX runtime;
+  portable to any ONNX runtime (a node whose attributes hold a symbol of the
+  graph, as ``cache_attention``'s start does, has the same ops written
+  inline: a function's attributes are constants);
 * ``contrib``  -- ONNX Runtime's ``com.microsoft`` op where one exists
   (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
   FastGelu, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding);
@@ -162,7 +164,12 @@ class FusedLowering:
                 form, reason = "function", f"{requested} declined: {why}; written as a function"
                 if self.fused_as == "auto":
                     reason = f"{reason} (auto picked {requested} for {table_key(node)} on {self.provider})"
-        if outs is None:
+        if outs is None and registry.attr_symbols(node.attrs):
+            # A function's attributes are constants: one that holds a symbol of the graph (cache_attention's
+            # start=past) is written as its decomposition in place, the same ops a function would hold.
+            outs = _inline(e, node, ins)
+            reason = f"{reason}; inline, not a function: its attributes hold symbols"
+        elif outs is None:
             outs = self.functions.call(e, node, ins)
         self.decisions.append({"nodes": list(node.origin), "node": index, "op": node.op, "kind": table_key(node),
                                "requested": requested, "form": form, "reason": reason})
@@ -240,6 +247,19 @@ class FunctionLibrary:
             opset_imports=[helper.make_opsetid("", self.opset)]
             + [helper.make_opsetid(d, v) for d, v in sorted(e.domains.items())],
             doc_string=doc)
+
+
+def _inline(e: OnnxEmitter, node: Node, ins: list[str]) -> list[str]:
+    """``node``'s decomposition, lowered straight into ``e``: its dims read
+    from the graph's inputs, as any other node's are."""
+    opdef = registry.get(node.op)
+    body = Graph(node.op)
+    values = [body.add_input(f"x{i}", v.type) for i, v in enumerate(node.inputs)]
+    body.set_outputs([(f"y{i}", r) for i, r in enumerate(opdef.decompose_fn(Builder(body), node, values))])
+    body = lower_composites(body)
+    names = {id(v): name for v, name in zip(body.inputs, ins)}
+    lower_nodes(e, body, names)
+    return [names[id(v)] for _, v in body.outputs]
 
 
 def _plain_types(node: Node) -> list[TensorType]:
