@@ -19,7 +19,9 @@ node is recorded with its reason. The kind's form is the one with the lowest geo
 of medians over its shapes, except that ``function`` -- portable, and what
 ONNX Runtime inlines into plain ops -- is kept unless another form beats it
 by more than ``--margin`` (5%): a fusion is worth emitting only where the
-target runs it faster.
+target runs it faster. The other forms that beat ``function`` by the margin
+are kept too, fastest first, as the entry's ``then``: what ``auto`` writes
+where the chosen form declines a node.
 
 The table (``blockc/codegen/fused_encodings_table.json``) is rewritten for the
 measured provider only; entries for other providers are kept. With
@@ -177,9 +179,24 @@ def measure_case(graph: Graph, sizes: dict, provider: str, threads: int, min_tim
             "declined": declined}
 
 
-def choose(cases: list[dict], margin: float) -> tuple[str, str]:
+def _geomeans(cases: list[dict]) -> dict:
+    """{form: geometric mean of its medians} for the forms every case ran."""
     forms = [f for f in FORMS if all(f in c["ms"] for c in cases)]
-    geo = {f: math.exp(sum(math.log(c["ms"][f]) for c in cases) / len(cases)) for f in forms}
+    return {f: math.exp(sum(math.log(c["ms"][f]) for c in cases) / len(cases)) for f in forms}
+
+
+def fallbacks(cases: list[dict], form: str, margin: float) -> list[str]:
+    """The forms after ``form`` that also beat ``function`` by more than
+    ``margin``, fastest first: what ``auto`` tries where ``form`` declines
+    a node (a grouped attention with a boolean mask, say)."""
+    geo = _geomeans(cases)
+    return sorted((f for f in geo if f not in (form, "function") and geo["function"] > geo[f] * (1 + margin)),
+                  key=geo.get)
+
+
+def choose(cases: list[dict], margin: float) -> tuple[str, str]:
+    geo = _geomeans(cases)
+    forms = list(geo)
     best = min(geo, key=geo.get)
     if best != "function" and geo["function"] <= geo[best] * (1 + margin):
         best = "function"  # within the noise: keep the portable form
@@ -236,8 +253,9 @@ def main(argv=None) -> int:
         print(f"{key:<26} {shape:<28} " + "  ".join(f"{f} {t:.3f} ms" for f, t in result["ms"].items()), flush=True)
     for key, entry in kinds.items():
         entry["form"], entry["why"] = choose(entry["cases"], args.margin)
+        entry["then"] = fallbacks(entry["cases"], entry["form"], args.margin)
         entry.update({k: entry.pop(k) for k in ("cases",)})  # keep form and why first
-        print(f"{key:<26} -> {entry['form']}: {entry['why']}")
+        print(f"{key:<26} -> {entry['form']} (then {', '.join(entry['then']) or 'function'}): {entry['why']}")
 
     try:
         with open(args.out) as f:

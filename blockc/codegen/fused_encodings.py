@@ -18,8 +18,9 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
   ``RotaryEmbedding`` where they fit;
 * ``auto``     -- per execution provider and fused-op kind, the encoding measured
   fastest: ``fused_encodings_table.json`` beside this file, which
-  ``bench/fused_encodings.py`` regenerates. A provider not in the table gets
-  ``function``.
+  ``bench/fused_encodings.py`` regenerates; where that one declines a node,
+  the next fastest of those measured faster than ``function`` (the entry's
+  ``then``). A provider not in the table gets ``function``.
 
 A runtime-op encoding may decline a node it cannot express exactly (a
 lowering registered with ``OpDef.onnx_encoding`` raises ``NotApplicable``,
@@ -92,27 +93,28 @@ def load_table(path: str = TABLE_PATH) -> dict:
         raise BlockcError(f"cannot read the fused-op encodings table {path}: {err}") from err
 
 
-def auto_encoding(table: dict, provider: str, node: Node) -> tuple[str, str]:
-    """The form ``auto`` picks for ``node`` on ``provider``, and why."""
+def auto_encodings(table: dict, provider: str, node: Node) -> tuple[list[str], str]:
+    """The forms ``auto`` tries for ``node`` on ``provider``, in order (the
+    function form after them), and why."""
     measured = table.get("providers", {}).get(provider)
     if not measured:
-        return "function", (f"auto: {provider} was not measured (bench/fused_encodings.py); "
-                            "the portable function form")
+        return ["function"], (f"auto: {provider} was not measured (bench/fused_encodings.py); "
+                              "the portable function form")
     entry = measured["kinds"].get(table_key(node)) or measured["kinds"].get(node.op)
     if not entry:
-        return "function", f"auto: {table_key(node)} was not measured on {provider}; the portable function form"
+        return ["function"], f"auto: {table_key(node)} was not measured on {provider}; the portable function form"
     # An entry measured on its own (bench/fused_encodings.py --kinds) names its own machine.
     machine, version = (entry.get(k, measured[k]) for k in ("machine", "onnxruntime"))
-    return entry["form"], (f"auto: {entry['form']} for {table_key(node)} on {provider} "
-                           f"({machine}, onnxruntime {version}): {entry['why']}")
+    return [entry["form"], *entry.get("then", [])], (f"auto: {entry['form']} for {table_key(node)} on {provider} "
+                                                     f"({machine}, onnxruntime {version}): {entry['why']}")
 
 
 def pick_opset(graph: Graph, fused_as: str, provider: str, default: int, table: dict | None = None) -> int:
-    """The opset a form needs: 23 for ``onnx23`` and for an ``auto`` that picks
-    it for some node of ``graph``; else ``default``."""
+    """The opset a form needs: 23 for ``onnx23`` and for an ``auto`` that may
+    pick it for some node of ``graph``; else ``default``."""
     if fused_as == "auto":
         table = load_table() if table is None else table
-        forms = {auto_encoding(table, provider, n)[0] for n in graph.nodes if n.op in fused_ops()}
+        forms = {f for n in graph.nodes if n.op in fused_ops() for f in auto_encodings(table, provider, n)[0]}
     else:
         forms = {fused_as}
     return max([default] + [ENCODING_MIN_OPSET.get(f, 0) for f in forms])
@@ -147,23 +149,29 @@ class FusedLowering:
         if node.op not in fused_ops():
             raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering")
         if self.fused_as == "auto":
-            requested, reason = auto_encoding(self.table, self.provider, node)
+            candidates, reason = auto_encodings(self.table, self.provider, node)
         else:
-            requested, reason = self.fused_as, "requested"
-        form, outs = requested, None
-        if requested != "function":
-            lower = registry.get(node.op).onnx_encodings.get(requested)
+            candidates, reason = [self.fused_as], "requested"
+        requested, form, outs, declined = candidates[0], "function", None, []
+        for candidate in candidates:
+            if candidate == "function":
+                break
+            lower = registry.get(node.op).onnx_encodings.get(candidate)
             emitted = (len(e.nodes), len(e.initializers))
             try:
                 if lower is None:
-                    raise NotApplicable(f"{node.op} has no {requested} lowering")
-                outs = lower(e, node, ins)
+                    raise NotApplicable(f"{node.op} has no {candidate} lowering")
+                outs, form = lower(e, node, ins), candidate
+                break
             except NotApplicable as why:
                 if (len(e.nodes), len(e.initializers)) != emitted:
-                    raise AssertionError(f"the {requested} lowering of {node.op} emitted nodes, then declined")
-                form, reason = "function", f"{requested} declined: {why}; written as a function"
-                if self.fused_as == "auto":
-                    reason = f"{reason} (auto picked {requested} for {table_key(node)} on {self.provider})"
+                    raise AssertionError(f"the {candidate} lowering of {node.op} emitted nodes, then declined")
+                declined.append(f"{candidate} declined: {why}")
+        if declined:
+            written = "a function" if form == "function" else f"{form}, measured next fastest"
+            reason = f"{'; '.join(declined)}; written as {written}"
+            if self.fused_as == "auto":
+                reason = f"{reason} (auto picked {requested} for {table_key(node)} on {self.provider})"
         if outs is None and registry.attr_symbols(node.attrs):
             # A function's attributes are constants: one that holds a symbol of the graph (cache_attention's
             # start=past) is written as its decomposition in place, the same ops a function would hold.

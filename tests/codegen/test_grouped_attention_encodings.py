@@ -16,6 +16,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from blockc.codegen import fused_encodings
+from blockc.codegen.fused_encodings import TABLE_PATH
 from blockc.codegen.onnx_export import export_onnx
 from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
@@ -158,3 +160,24 @@ def test_the_oracle_tells_the_head_orders_apart():
     p = np.exp(s - s.max(-1, keepdims=True))
     tiled = (p / p.sum(-1, keepdims=True)) @ v
     assert np.abs(tiled - oracle(feeds, "none", 8, 2)).max() > 0.1
+
+
+def test_auto_writes_the_next_fastest_form_where_the_fastest_declines(monkeypatch):
+    # GroupQueryAttention declines a boolean mask; opset-23 Attention, measured next, takes it.
+    table = {"providers": {"cpu": {"machine": "test machine", "onnxruntime": "0", "kinds": {
+        "attention/grouped": {"form": "contrib", "then": ["onnx23"], "why": "pretend"}}}}}
+    monkeypatch.setattr(fused_encodings, "load_table", lambda path=TABLE_PATH: table)
+    g = grouped_graph(4, 2, "seq")
+    decisions: list = []
+    model = export_onnx(g, {}, decisions=decisions)
+    assert model.opset_import[0].version == 23   # onnx23 may be written: its opset
+    by_mask = {name: d for name, d in zip(MASKS, decisions)}
+    assert by_mask["causal"]["form"] == "contrib"
+    assert by_mask["none"]["form"] == by_mask["padding_causal"]["form"] == "onnx23"
+    reason = by_mask["padding_causal"]["reason"]
+    assert reason.startswith("contrib declined: GroupQueryAttention masks causally apart from its bias")
+    assert "written as onnx23, measured next fastest (auto picked contrib" in reason
+    feeds = feeds_for(g, {"batch": 2, "seq": 5}, seed=0)
+    got = ort_run(model, feeds)
+    for name in MASKS:
+        np.testing.assert_allclose(got[name], oracle(feeds, name, 4, 2), rtol=1e-4, atol=2e-5, err_msg=name)
