@@ -24,7 +24,8 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
 
 A runtime-op encoding may decline a node it cannot express exactly (a
 lowering registered with ``OpDef.onnx_encoding`` raises ``NotApplicable``,
-see ``blockc/ops/fused_onnx.py``); that node is then written as a function.
+see ``blockc/ops/fused_onnx.py``); that node is then written as a function
+(or, under ``auto``, in the entry's next form).
 Every node's encoding and the reason for it are recorded as a decision (its
 keys keep the name ``form``: they are part of the fusion report's schema)::
 
