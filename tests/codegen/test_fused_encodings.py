@@ -390,8 +390,11 @@ def test_shipped_table_covers_every_fused_kind_on_cpu():
     cpu = table["providers"]["cpu"]
     assert cpu["machine"] and cpu["onnxruntime"] and cpu["intra_op_threads"] == 2 and cpu["optimization"] == "basic"
     assert {k.split("/")[0] for k in cpu["kinds"]} == set(fused_ops())
+    # every kind the bench measures, the variants it keys apart included (attention/grouped)
+    assert {case.key for case in _bench().cases()} <= set(cpu["kinds"])
     for key, entry in cpu["kinds"].items():
         assert entry["form"] in ("function", "contrib", "onnx23") and entry["why"], key
+        assert set(entry.get("then", [])) <= {"contrib", "onnx23"} - {entry["form"]}, key
         for case in entry["cases"]:
             assert case["shape"] and entry["form"] in case["ms"] and "function" in case["ms"], key
             assert set(case["ms"]) | set(case["declined"]) == {"function", "contrib", "onnx23"}, key
