@@ -8,20 +8,24 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
 * ``function`` -- an ONNX local function per op kind and attribute set
   (domain ``blockc.fused``, e.g. ``AddLayerNorm_with_sum``), whose body is
   the op's ``decompose`` rule lowered with the ordinary per-op lowerings:
-  portable to any ONNX runtime;
+  portable to any ONNX runtime (a node whose attributes hold a symbol of the
+  graph, as ``cache_attention``'s start does, has the same ops written
+  inline: a function's attributes are constants);
 * ``contrib``  -- ONNX Runtime's ``com.microsoft`` op where one exists
   (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
-  FastGelu, MultiHeadAttention, RotaryEmbedding);
+  FastGelu, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding);
 * ``onnx23``   -- opset-23 ``Attention``, ``RMSNormalization`` and
   ``RotaryEmbedding`` where they fit;
 * ``auto``     -- per execution provider and fused-op kind, the encoding measured
   fastest: ``fused_encodings_table.json`` beside this file, which
-  ``bench/fused_encodings.py`` regenerates. A provider not in the table gets
-  ``function``.
+  ``bench/fused_encodings.py`` regenerates; where that one declines a node,
+  the next fastest of those measured faster than ``function`` (the entry's
+  ``then``). A provider not in the table gets ``function``.
 
 A runtime-op encoding may decline a node it cannot express exactly (a
 lowering registered with ``OpDef.onnx_encoding`` raises ``NotApplicable``,
-see ``blockc/ops/fused_onnx.py``); that node is then written as a function.
+see ``blockc/ops/fused_onnx.py``); that node is then written as a function
+(or, under ``auto``, in the entry's next form).
 Every node's encoding and the reason for it are recorded as a decision (its
 keys keep the name ``form``: they are part of the fusion report's schema)::
 
@@ -59,9 +63,12 @@ FUNCTION_DOMAIN = "blockc.fused"
 ENCODING_MIN_OPSET = {"onnx23": 23}
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_encodings_table.json")
 
-# Table entries are per op, and per activation for matmul_bias_act: its
-# runtime op differs by activation (BiasGelu, FastGelu, none for relu).
-_TABLE_VARIANT = {"matmul_bias_act": "activation"}
+# Table entries are per op, and per variant where the runtime ops differ:
+# matmul_bias_act's by activation (BiasGelu, FastGelu, none for relu);
+# grouped attention (rank 5, ops.fused.group_heads) apart from attention, as
+# GroupQueryAttention and Attention with fewer K/V heads, whose cost is their own.
+_TABLE_VARIANT = {"matmul_bias_act": lambda node: node.attrs["activation"],
+                  "attention": lambda node: "grouped" if node.inputs[0].type.rank == 5 else None}
 
 # Function names; other ops get their name in CamelCase.
 _FUNCTION_NAMES = {"masked_softmax": "MaskedSoftmax", "attention": "Attention", "add_layernorm": "AddLayerNorm",
@@ -70,9 +77,9 @@ _FUNCTION_NAMES = {"masked_softmax": "MaskedSoftmax", "attention": "Attention", 
 
 # ---- the measured table ---------------------------------------------------------
 def table_key(node: Node) -> str:
-    """The table's name for ``node``'s kind: ``add_layernorm``, ``matmul_bias_act/gelu``."""
-    attr = _TABLE_VARIANT.get(node.op)
-    return f"{node.op}/{node.attrs[attr]}" if attr else node.op
+    """The table's name for ``node``'s kind: ``add_layernorm``, ``matmul_bias_act/gelu``, ``attention/grouped``."""
+    variant = _TABLE_VARIANT[node.op](node) if node.op in _TABLE_VARIANT else None
+    return f"{node.op}/{variant}" if variant else node.op
 
 
 @functools.lru_cache(maxsize=4)
@@ -87,27 +94,28 @@ def load_table(path: str = TABLE_PATH) -> dict:
         raise BlockcError(f"cannot read the fused-op encodings table {path}: {err}") from err
 
 
-def auto_encoding(table: dict, provider: str, node: Node) -> tuple[str, str]:
-    """The form ``auto`` picks for ``node`` on ``provider``, and why."""
+def auto_encodings(table: dict, provider: str, node: Node) -> tuple[list[str], str]:
+    """The forms ``auto`` tries for ``node`` on ``provider``, in order (the
+    function form after them), and why."""
     measured = table.get("providers", {}).get(provider)
     if not measured:
-        return "function", (f"auto: {provider} was not measured (bench/fused_encodings.py); "
-                            "the portable function form")
+        return ["function"], (f"auto: {provider} was not measured (bench/fused_encodings.py); "
+                              "the portable function form")
     entry = measured["kinds"].get(table_key(node)) or measured["kinds"].get(node.op)
     if not entry:
-        return "function", f"auto: {table_key(node)} was not measured on {provider}; the portable function form"
+        return ["function"], f"auto: {table_key(node)} was not measured on {provider}; the portable function form"
     # An entry measured on its own (bench/fused_encodings.py --kinds) names its own machine.
     machine, version = (entry.get(k, measured[k]) for k in ("machine", "onnxruntime"))
-    return entry["form"], (f"auto: {entry['form']} for {table_key(node)} on {provider} "
-                           f"({machine}, onnxruntime {version}): {entry['why']}")
+    return [entry["form"], *entry.get("then", [])], (f"auto: {entry['form']} for {table_key(node)} on {provider} "
+                                                     f"({machine}, onnxruntime {version}): {entry['why']}")
 
 
 def pick_opset(graph: Graph, fused_as: str, provider: str, default: int, table: dict | None = None) -> int:
-    """The opset a form needs: 23 for ``onnx23`` and for an ``auto`` that picks
-    it for some node of ``graph``; else ``default``."""
+    """The opset a form needs: 23 for ``onnx23`` and for an ``auto`` that may
+    pick it for some node of ``graph``; else ``default``."""
     if fused_as == "auto":
         table = load_table() if table is None else table
-        forms = {auto_encoding(table, provider, n)[0] for n in graph.nodes if n.op in fused_ops()}
+        forms = {f for n in graph.nodes if n.op in fused_ops() for f in auto_encodings(table, provider, n)[0]}
     else:
         forms = {fused_as}
     return max([default] + [ENCODING_MIN_OPSET.get(f, 0) for f in forms])
@@ -142,24 +150,35 @@ class FusedLowering:
         if node.op not in fused_ops():
             raise BlockcError(f"ONNX export: op {node.op} (node {index}) has no ONNX lowering")
         if self.fused_as == "auto":
-            requested, reason = auto_encoding(self.table, self.provider, node)
+            candidates, reason = auto_encodings(self.table, self.provider, node)
         else:
-            requested, reason = self.fused_as, "requested"
-        form, outs = requested, None
-        if requested != "function":
-            lower = registry.get(node.op).onnx_encodings.get(requested)
+            candidates, reason = [self.fused_as], "requested"
+        requested, form, outs, declined = candidates[0], "function", None, []
+        for candidate in candidates:
+            if candidate == "function":
+                break
+            lower = registry.get(node.op).onnx_encodings.get(candidate)
             emitted = (len(e.nodes), len(e.initializers))
             try:
                 if lower is None:
-                    raise NotApplicable(f"{node.op} has no {requested} lowering")
-                outs = lower(e, node, ins)
+                    raise NotApplicable(f"{node.op} has no {candidate} lowering")
+                outs, form = lower(e, node, ins), candidate
+                break
             except NotApplicable as why:
                 if (len(e.nodes), len(e.initializers)) != emitted:
-                    raise AssertionError(f"the {requested} lowering of {node.op} emitted nodes, then declined")
-                form, reason = "function", f"{requested} declined: {why}; written as a function"
-                if self.fused_as == "auto":
-                    reason = f"{reason} (auto picked {requested} for {table_key(node)} on {self.provider})"
-        if outs is None:
+                    raise AssertionError(f"the {candidate} lowering of {node.op} emitted nodes, then declined")
+                declined.append(f"{candidate} declined: {why}")
+        if declined:
+            written = "a function" if form == "function" else f"{form}, measured next fastest"
+            reason = f"{'; '.join(declined)}; written as {written}"
+            if self.fused_as == "auto":
+                reason = f"{reason} (auto picked {requested} for {table_key(node)} on {self.provider})"
+        if outs is None and registry.attr_symbols(node.attrs):
+            # A function's attributes are constants: one that holds a symbol of the graph (cache_attention's
+            # start=past) is written as its decomposition in place, the same ops a function would hold.
+            outs = _inline(e, node, ins)
+            reason = f"{reason}; inline, not a function: its attributes hold symbols"
+        elif outs is None:
             outs = self.functions.call(e, node, ins)
         self.decisions.append({"nodes": list(node.origin), "node": index, "op": node.op, "kind": table_key(node),
                                "requested": requested, "form": form, "reason": reason})
@@ -237,6 +256,19 @@ class FunctionLibrary:
             opset_imports=[helper.make_opsetid("", self.opset)]
             + [helper.make_opsetid(d, v) for d, v in sorted(e.domains.items())],
             doc_string=doc)
+
+
+def _inline(e: OnnxEmitter, node: Node, ins: list[str]) -> list[str]:
+    """``node``'s decomposition, lowered straight into ``e``: its dims read
+    from the graph's inputs, as any other node's are."""
+    opdef = registry.get(node.op)
+    body = Graph(node.op)
+    values = [body.add_input(f"x{i}", v.type) for i, v in enumerate(node.inputs)]
+    body.set_outputs([(f"y{i}", r) for i, r in enumerate(opdef.decompose_fn(Builder(body), node, values))])
+    body = lower_composites(body)
+    names = {id(v): name for v, name in zip(body.inputs, ins)}
+    lower_nodes(e, body, names)
+    return [names[id(v)] for _, v in body.outputs]
 
 
 def _plain_types(node: Node) -> list[TensorType]:

@@ -103,17 +103,77 @@ masked_softmax.onnx_encoding("onnx23")(_never("ONNX has no masked softmax op"))
 
 
 # ---- attention -----------------------------------------------------------------------
-def _attention_shapes(node, op_type: str):
-    """(batch, heads, q_len, k_len, head_size, v_head_size) of a 4-D attention
-    whose q, k, v agree on batch; declines anything else."""
-    q, k, v = (x.type for x in node.inputs[:3])
-    if not q.rank == k.rank == v.rank == 4:
-        raise NotApplicable(f"{op_type} takes 4-D [batch,heads,seq,head_size] q, k, v; got rank {q.rank}")
-    if not q.shape[0] == k.shape[0] == v.shape[0]:
-        raise NotApplicable(f"{op_type} cannot broadcast the batch of q {q}, k {k}, v {v}")
-    if k.shape[1] != v.shape[1]:
-        raise NotApplicable(f"{op_type} takes k and v with the same heads, got k {k}, v {v}")
-    return q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
+class _Heads:
+    """An attention's q, k, v as the runtime ops take them, 4-D [batch, heads,
+    seq, head_size]: as they are, or a grouped attention's (rank 5, the layout
+    of ``ops.fused.group_heads``) read that way. Grouped, q ``[b, kv, group,
+    s, d]`` is ``[b, kv*group, s, d]``, so query head ``h`` is ``(h // group,
+    h % group)`` and reads K/V head ``h // group`` -- the order both
+    ``Attention`` and ``GroupQueryAttention`` give a query head's K/V head --
+    and K/V ``[b, kv, 1, t, d]`` are ``[b, kv, t, d]``."""
+
+    def __init__(self, node, op_type: str):
+        q, k, v = (x.type for x in node.inputs[:3])
+        if not q.rank == k.rank == v.rank or q.rank not in (4, 5):
+            raise NotApplicable(f"{op_type} takes 4-D [batch,heads,seq,head_size] q, k, v, or grouped 5-D "
+                                f"[batch,kv_heads,group,seq,head_size] ones; got rank {q.rank}")
+        if not q.shape[0] == k.shape[0] == v.shape[0]:
+            raise NotApplicable(f"{op_type} cannot broadcast the batch of q {q}, k {k}, v {v}")
+        if k.shape[1:-2] != v.shape[1:-2]:
+            raise NotApplicable(f"{op_type} takes k and v with the same heads, got k {k}, v {v}")
+        self.grouped = q.rank == 5
+        self.batch, self.q_len, self.k_len = q.shape[0], q.shape[-2], k.shape[-2]
+        self.head, self.v_head = q.shape[-1], v.shape[-1]
+        self.heads, self.kv_heads = q.shape[1], k.shape[1]
+        if self.grouped:
+            kv, group = q.shape[1:3]
+            if not isinstance(kv, int) or not isinstance(group, int):
+                raise NotApplicable(f"{op_type} needs fixed head counts for grouped attention, got q {q}")
+            self.group_shape = (kv, group)
+            self.heads = kv * group
+            # K/V heads [kv, 1]: grouped; [kv, group]: one per query head; [1, 1]: one for all (MQA)
+            by_shape = {(kv, 1): kv, (kv, group): kv * group, (1, 1): 1}
+            if tuple(k.shape[1:3]) not in by_shape:
+                raise NotApplicable(f"{op_type} reads K/V head h // group for query head h; K/V heads "
+                                    f"{list(k.shape[1:3])} against query heads {[kv, group]} do not say that")
+            self.kv_heads = by_shape[tuple(k.shape[1:3])]
+
+    def query(self, e, q: str) -> str:
+        return e.emit("Reshape", [q, e.dims([0, self.heads, -1, self.head])]) if self.grouped else q
+
+    def key_value(self, e, x: str, size) -> str:
+        return e.emit("Reshape", [x, e.dims([0, self.kv_heads, -1, size])]) if self.grouped else x
+
+    def output(self, e, y: str) -> str:
+        """The op's [b, heads, s, dv] output in the node's layout."""
+        return e.emit("Reshape", [y, e.dims([0, *self.group_shape, -1, self.v_head])]) if self.grouped else y
+
+    def mask_shape(self, node) -> tuple | None:
+        """The shape ``mask`` gives the node's mask; None without one."""
+        if node.attrs["mask"] == "none":
+            return None
+        shape = tuple(node.inputs[3].shape)
+        if not self.grouped:
+            return (1,) * (4 - len(shape)) + shape
+        m0, m1, m2, rows, cols = (1,) * (5 - len(shape)) + shape
+        return (m0, 1 if (m1, m2) == (1, 1) else self.heads, rows, cols)
+
+    def mask(self, e, node, ins) -> tuple[str, tuple] | None:
+        """The node's mask input read as 4-D as the heads above, and its
+        shape; None without one."""
+        shape = self.mask_shape(node)
+        if shape is None:
+            return None
+        given = tuple(node.inputs[3].shape)
+        if not self.grouped or len(given) <= 2:   # [rows, cols] broadcasts over the heads as it is
+            return ins[3], shape
+        mask, heads = ins[3], shape[1]
+        if heads != 1 and tuple(((1, 1) + given)[-4:-2]) != self.group_shape:
+            # one per K/V head, or per member of a group: one per query head
+            mask = e.emit("Expand", [mask, e.const(np.array([1, *self.group_shape, 1, 1], np.int64))])
+        # 0 copies the batch axis of a 5-D mask; fewer axes have none
+        lead = 0 if len(given) == 5 or mask != ins[3] else 1
+        return e.emit("Reshape", [mask, e.dims([lead, heads, shape[2], -1])]), shape
 
 
 def _needs_bias(node, square: bool) -> bool:
@@ -134,18 +194,20 @@ def _check_fill(node, op_type: str, dtype: DType, bias: bool) -> None:
         raise NotApplicable(f"a {dtype.name} mask bias cannot hold {MASK_BIAS:g}")
 
 
-def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: bool | None = None) -> str:
+def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: bool | None = None,
+               mask: tuple[str, tuple] | None = None) -> str:
     """The node's mask, causal mask (``causal``: None for the node's own
     flag) and fill as one additive bias of shape [batch or 1, heads or 1,
-    q_len, k_len] (the runtime ops want the last two dims exact)."""
+    q_len, k_len] (the runtime ops want the last two dims exact). ``mask``:
+    the mask input and its 4-D shape, when not the node's own (``_Heads.mask``)."""
     keep = add = None
     mask_shape = ()
     if node.attrs["mask"] != "none":
-        mask_shape = (1,) * (4 - node.inputs[3].type.rank) + tuple(node.inputs[3].shape)
+        name, mask_shape = mask or (ins[3], (1,) * (4 - node.inputs[3].type.rank) + tuple(node.inputs[3].shape))
         if node.attrs["mask"] == "bool":
-            keep = ins[3]
+            keep = name
         else:
-            add = ins[3]
+            add = name
     if node.attrs["causal"] if causal is None else causal:
         tril = emit_causal_mask(e, q_len, k_len)
         keep = tril if keep is None else e.emit("And", [keep, tril])
@@ -158,37 +220,110 @@ def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: b
     return e.emit("Expand", [bias, e.dims(lead + [q_len, k_len])])
 
 
+def check_group_query_attention(node, dtype: DType, heads, kv_heads, size, v_size) -> None:
+    """Decline what ``com.microsoft.GroupQueryAttention`` cannot mean: the
+    constraints of the op itself, shared by every lowering to it."""
+    if not all(isinstance(d, int) for d in (heads, kv_heads, size, v_size)) or v_size != size:
+        raise NotApplicable(f"GroupQueryAttention needs fixed heads and one head size for q, k, v; got {heads} "
+                            f"heads of {size} on {kv_heads} K/V heads of {v_size}")
+    if size % 8:
+        raise NotApplicable(f"GroupQueryAttention needs a head size that is a multiple of 8, got {size}")
+    if not node.attrs["causal"]:
+        raise NotApplicable("GroupQueryAttention is always causal (each query sees the keys up to its own row)")
+    if node.attrs["scale"] <= 0.0:
+        raise NotApplicable(f"GroupQueryAttention reads scale<=0 as 'unset' (1/sqrt(head_size)), got "
+                            f"{node.attrs['scale']:g}")
+    _check_fill(node, "GroupQueryAttention", dtype, bias=node.attrs["mask"] != "none")
+
+
+def emit_group_query_attention(e, q: str, k: str, v: str, *, heads: int, kv_heads: int, size: int, total,
+                               scale: float, past: tuple[str, str] | None = None, bias: str | None = None):
+    """``com.microsoft.GroupQueryAttention`` of q ``[b, heads, seq, size]``
+    over k, v ``[b, kv_heads, seq, size]`` written after ``past`` (the
+    caches, its past_key and past_value; None: no past, the keys are the
+    queries' rows), ``total`` rows in all; ``bias``: an additive
+    ``[b or 1, heads or 1, seq, total]``. Returns the output ``[b, heads, seq,
+    size]`` and the present key and value ("" without a past).
+
+    The op takes q, k, v packed ``[b, seq, heads*size]``, and each batch
+    row's last key index (seqlens_k, int32 ``[b]``: ``total-1`` for every
+    row, pads included, which a mask hides) and the total
+    (total_sequence_length, an int32 scalar); then no rotary tables or
+    position ids."""
+    def packed(x, n):   # [b, n, seq, size] -> [b, seq, n*size]
+        return e.emit("Reshape", [e.emit("Transpose", [x], perm=[0, 2, 1, 3]),
+                                  e.const(np.array([0, 0, n * size], np.int64))])
+
+    int32 = int(DType.int32.onnx_code)
+    last_row = e.emit("Cast", [e.dims([total - 1])], to=int32)
+    batch = e.emit("Slice", [e.emit("Shape", [q]), e.const(np.array([0], np.int64)), e.const(np.array([1], np.int64))])
+    inputs = [packed(q, heads), packed(k, kv_heads), packed(v, kv_heads), *(past or ("", "")),
+              e.emit("Expand", [last_row, batch]), e.emit("Cast", [e.scalar_dim(total)], to=int32)]
+    if bias is not None:
+        inputs += ["", "", "", bias]
+    out, present_k, present_v = e.emit("GroupQueryAttention", inputs, n=3, domain=MS, unused=() if past else (1, 2),
+                                       num_heads=heads, kv_num_heads=kv_heads, scale=scale)
+    out = e.emit("Transpose", [e.emit("Reshape", [out, e.const(np.array([0, 0, heads, size], np.int64))])],
+                 perm=[0, 2, 1, 3])
+    return out, present_k, present_v
+
+
 @attention.onnx_encoding("contrib")
 def _(e, node, ins):
     dtype = _dtype(node, "MultiHeadAttention")
-    batch, heads, q_len, k_len, head, v_head = _attention_shapes(node, "MultiHeadAttention")
-    if node.inputs[1].shape[1] != heads:
-        raise NotApplicable(f"MultiHeadAttention takes k with q's {heads} heads, got {node.inputs[1].type}")
-    if not isinstance(heads, int) or not isinstance(head, int) or head != v_head:
+    shapes = _Heads(node, "MultiHeadAttention")
+    if shapes.kv_heads != shapes.heads:
+        return _grouped_contrib(e, node, ins, dtype, shapes)
+    batch, heads, q_len, k_len, head = shapes.batch, shapes.heads, shapes.q_len, shapes.k_len, shapes.head
+    if not isinstance(heads, int) or not isinstance(head, int) or head != shapes.v_head:
         raise NotApplicable(f"MultiHeadAttention needs fixed heads and one head size for q, k, v; got "
                             f"{node.inputs[0].type}, {node.inputs[2].type}")
     if node.attrs["scale"] == 0.0:
         raise NotApplicable("MultiHeadAttention reads scale=0 as 'unset' (1/sqrt(head_size))")
     square = q_len == k_len
     padding = (node.attrs["mask"] == "bool" and not node.attrs["causal"]
-               and tuple(node.inputs[3].shape) == (batch, 1, 1, k_len))
+               and shapes.mask_shape(node) == (batch, 1, 1, k_len))
     _check_fill(node, "MultiHeadAttention", dtype, bias=True)  # mask_filter_value, too, must hold MASK_BIAS
     # Inputs: query, key, value, bias, key_padding_mask, attention_bias. The
     # query goes in as [batch,seq,heads*head]; key and value stay BNSH.
-    query = e.emit("Reshape", [e.emit("Transpose", [ins[0]], perm=[0, 2, 1, 3]),
+    query = e.emit("Reshape", [e.emit("Transpose", [shapes.query(e, ins[0])], perm=[0, 2, 1, 3]),
                                e.const(np.array([0, 0, heads * head], np.int64))])
-    inputs = [query, ins[1], ins[2]]
+    inputs = [query, shapes.key_value(e, ins[1], head), shapes.key_value(e, ins[2], head)]
     attrs = dict(num_heads=heads, scale=node.attrs["scale"], mask_filter_value=MASK_BIAS)
+    mask = shapes.mask(e, node, ins)
     if padding:  # [batch,1,1,k_len] booleans: the key padding mask, int32 [batch,k_len]
-        flat = e.emit("Reshape", [ins[3], e.const(np.array([0, -1], np.int64))])
+        flat = e.emit("Reshape", [mask[0], e.const(np.array([0, -1], np.int64))])
         inputs += ["", e.emit("Cast", [flat], to=int(DType.int32.onnx_code))]
     elif _needs_bias(node, square):
-        inputs += ["", "", _mask_bias(e, node, ins, dtype, batch, heads, q_len, k_len)]
+        inputs += ["", "", _mask_bias(e, node, ins, dtype, batch, heads, q_len, k_len, mask=mask)]
     elif node.attrs["causal"]:
         attrs["unidirectional"] = 1  # top-left aligned: right only for a square q/k
     out = e.emit("MultiHeadAttention", inputs, domain=MS, **attrs)
     out = e.emit("Reshape", [out, e.const(np.array([0, 0, heads, head], np.int64))])
-    return [e.emit("Transpose", [out], perm=[0, 2, 1, 3])]
+    return [shapes.output(e, e.emit("Transpose", [out], perm=[0, 2, 1, 3]))]
+
+
+def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
+    """Fewer K/V heads than query heads: ``GroupQueryAttention`` without a
+    past (MultiHeadAttention takes K/V with every query head)."""
+    check_group_query_attention(node, dtype, shapes.heads, shapes.kv_heads, shapes.head, shapes.v_head)
+    if shapes.q_len != shapes.k_len:
+        raise NotApplicable(f"GroupQueryAttention without a past takes as many keys as queries; got "
+                            f"{shapes.q_len} queries on {shapes.k_len} keys")
+    if node.attrs["mask"] == "bool":
+        # Its causal mask is not part of the bias: it leaves out the keys after a row's own, so a row whose
+        # every key the boolean mask hides averages the keys up to its own, where the op averages them all.
+        raise NotApplicable("GroupQueryAttention masks causally apart from its bias: a row a boolean mask "
+                            "hides entirely would average only the keys up to its own, not all of them")
+    bias = None
+    if node.attrs["mask"] == "additive":
+        bias = _mask_bias(e, node, ins, dtype, shapes.batch, shapes.heads, shapes.q_len, shapes.k_len,
+                          causal=False, mask=shapes.mask(e, node, ins))
+    out, _, _ = emit_group_query_attention(
+        e, shapes.query(e, ins[0]), shapes.key_value(e, ins[1], shapes.head), shapes.key_value(e, ins[2], shapes.head),
+        heads=shapes.heads, kv_heads=shapes.kv_heads, size=shapes.head, total=shapes.k_len,
+        scale=node.attrs["scale"], bias=bias)
+    return [shapes.output(e, out)]
 
 
 @attention.onnx_encoding("onnx23")
@@ -196,22 +331,25 @@ def _(e, node, ins):
     if e.opset < 23:
         raise NotApplicable(f"Attention needs opset 23, exporting at opset {e.opset}")
     dtype = _dtype(node, "Attention")
-    batch, heads, q_len, k_len, _, _ = _attention_shapes(node, "Attention")
-    kv_heads = node.inputs[1].shape[1]
-    if kv_heads not in (1, heads):
-        raise NotApplicable(f"Attention takes q heads that k/v heads divide; q has {heads}, k {kv_heads}")
+    shapes = _Heads(node, "Attention")
+    if shapes.kv_heads not in (1, shapes.heads) and not shapes.grouped:
+        raise NotApplicable(f"Attention takes q heads that k/v heads divide; q has {shapes.heads}, "
+                            f"k {shapes.kv_heads}")
     scale = node.attrs["scale"]
     if scale <= 0.0:
         raise NotApplicable(f"Attention scales q and k by sqrt(scale): scale={scale:g} has no real square root")
-    square = q_len == k_len
-    attrs = dict(scale=scale)
-    inputs = list(ins[:3])
+    square = shapes.q_len == shapes.k_len
     _check_fill(node, "Attention", dtype, bias=_needs_bias(node, square))
+    attrs = dict(scale=scale)
+    # 4-D inputs: the op reads the head counts off q and k (fewer K/V heads: grouped, head h on K/V h // group)
+    inputs = [shapes.query(e, ins[0]), shapes.key_value(e, ins[1], shapes.head),
+              shapes.key_value(e, ins[2], shapes.v_head)]
     if _needs_bias(node, square):
-        inputs.append(_mask_bias(e, node, ins, dtype, batch, heads, q_len, k_len))
+        inputs.append(_mask_bias(e, node, ins, dtype, shapes.batch, shapes.heads, shapes.q_len, shapes.k_len,
+                                 mask=shapes.mask(e, node, ins)))
     elif node.attrs["causal"]:
         attrs["is_causal"] = 1  # aligned to past_key, of which there is none: right for a square q/k
-    return [e.emit("Attention", inputs, **attrs)]
+    return [shapes.output(e, e.emit("Attention", inputs, **attrs))]
 
 
 # ---- qkv_attention -------------------------------------------------------------------

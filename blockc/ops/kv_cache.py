@@ -37,7 +37,7 @@ from ..errors import ShapeError
 from ..ir.types import TensorType
 from ._rules import fmt, norm_axis, same_dtype
 from .fused import _MASK_ATTRS, attention
-from .fused_onnx import MASK_BIAS, MS, _check_fill, _dtype
+from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_group_query_attention
 from .registry import DIM, INT, REQUIRED, NotApplicable, define
 
 cache_write = define("cache_write", ("cache", "update"), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED)},
@@ -165,11 +165,9 @@ def _(b, node, ins):
 @cache_attention.onnx_encoding("contrib")
 def _(e, node, ins):
     """``com.microsoft.GroupQueryAttention`` with the caches as its past and
-    present (one buffer when the runtime binds them so): inputs query, key,
-    value ``[b, seq, heads*d]``, past_key, past_value, seqlens_k (int32
-    ``[b]``, the last row's index: ``total-1`` for every row, pads included,
-    which the mask hides), total_sequence_length (int32 scalar), then no
-    rotary tables or position ids, and the mask as attention_bias.
+    present (one buffer when the runtime binds them so), written by
+    ``fused_onnx.emit_group_query_attention``, and the mask as its
+    attention_bias.
 
     One difference, in rows no step reads: given a present buffer of its
     own (no shared buffer), ONNX Runtime's kernel copies only the past's
@@ -182,49 +180,28 @@ def _(e, node, ins):
     grouped = q_t.rank == 5
     kv, seq, size = k_t.shape[1], k_t.shape[2], k_t.shape[3]
     heads = q_t.shape[1] * q_t.shape[2] if grouped else q_t.shape[1]
-    if not all(isinstance(d, int) for d in (heads, kv, size, v_t.shape[3])) or v_t.shape[3] != size:
-        raise NotApplicable(f"GroupQueryAttention needs fixed heads and one head size for q, k, v; got {q_t}, "
-                            f"{k_t}, {v_t}")
+    check_group_query_attention(node, dtype, heads, kv, size, v_t.shape[3])
     if seq != 1:
         raise NotApplicable(f"GroupQueryAttention takes several new rows after a past only at batch 1 (ONNX "
                             f"Runtime 1.31): lowered for a one-token step (seq=1), not seq={seq}")
-    if size % 8:
-        raise NotApplicable(f"GroupQueryAttention needs a head size that is a multiple of 8, got {size}")
-    if not node.attrs["causal"]:
-        raise NotApplicable("GroupQueryAttention is always causal (each query sees the keys up to its own row)")
-    if node.attrs["scale"] <= 0.0:
-        raise NotApplicable(f"GroupQueryAttention reads scale<=0 as 'unset' (1/sqrt(head_size)), got "
-                            f"{node.attrs['scale']:g}")
     if node.attrs["mask"] not in ("none", "bool"):
         raise NotApplicable(f"only a boolean key mask becomes GroupQueryAttention's bias, not a "
                             f"{node.attrs['mask']} one")
-    _check_fill(node, "GroupQueryAttention", dtype, bias=node.attrs["mask"] != "none")
     if node.attrs["mask"] == "bool":
         mask_t = node.inputs[5].type
         if any(d != 1 for d in mask_t.shape[1:-1]):
             raise NotApplicable(f"GroupQueryAttention takes a key mask [b, 1, ..., total]; got {mask_t}")
 
-    def packed(x, n, rank):   # [b, n, seq, d] (or q's grouped [b, kv, g, seq, d]) -> [b, seq, n*d]
-        if rank == 5:
-            x = e.emit("Reshape", [x, e.const(np.array([0, n, -1, size], np.int64))])
-        x = e.emit("Transpose", [x], perm=[0, 2, 1, 3])
-        return e.emit("Reshape", [x, e.const(np.array([0, 0, n * size], np.int64))])
-
     total = node.attrs["start"] + seq
-    int32 = 6   # onnx.TensorProto.INT32
-    last_row = e.emit("Cast", [e.dims([total - 1])], to=int32)
-    batch = e.emit("Slice", [e.emit("Shape", [ins[0]]), e.const(np.array([0], np.int64)),
-                             e.const(np.array([1], np.int64))])
-    inputs = [packed(ins[0], heads, q_t.rank), packed(ins[1], kv, 4), packed(ins[2], kv, 4), ins[3], ins[4],
-              e.emit("Expand", [last_row, batch]), e.emit("Cast", [e.emit("Squeeze", [e.dims([total])])], to=int32)]
+    bias = None
     if node.attrs["mask"] == "bool":   # [b, 1, ..., total] booleans -> an additive [b, 1, 1, total] bias
         keep = e.emit("Reshape", [ins[5], e.const(np.array([0, 1, 1, -1], np.int64))])
         bias = e.emit("Where", [keep, e.const(np.array(0, dtype.numpy)), e.const(np.array(MASK_BIAS, dtype.numpy))])
-        inputs += ["", "", "", e.emit("Expand", [bias, e.dims([1, 1, seq, total])])]   # the op wants [.., seq, total]
-    out, present_k, present_v = e.emit("GroupQueryAttention", inputs, n=3, domain=MS, num_heads=heads,
-                                       kv_num_heads=kv, scale=node.attrs["scale"])
-    out = e.emit("Transpose", [e.emit("Reshape", [out, e.const(np.array([0, 0, heads, size], np.int64))])],
-                 perm=[0, 2, 1, 3])
+        bias = e.emit("Expand", [bias, e.dims([1, 1, seq, total])])   # the op wants [.., seq, total]
+    q = e.emit("Reshape", [ins[0], e.const(np.array([0, heads, -1, size], np.int64))]) if grouped else ins[0]
+    out, present_k, present_v = emit_group_query_attention(e, q, ins[1], ins[2], heads=heads, kv_heads=kv, size=size,
+                                                           total=total, scale=node.attrs["scale"],
+                                                           past=(ins[3], ins[4]), bias=bias)
     if grouped:
         out = e.emit("Reshape", [out, e.const(np.array([0, kv, heads // kv, -1, size], np.int64))])
     return [out, present_k, present_v]

@@ -27,9 +27,9 @@ FUSED = ("attention", "qkv_attention", "rotary", "add_rmsnorm", "rmsnorm")
 # (model, settings, passes left out so that every fused op is one the onnx23
 # encoding writes as an opset-23 op rather than a function, the ONNX ops it must hold)
 ROUND_TRIPS = {
-    # kv_heads = heads: the onnx23 Attention is written for 4-D attention (GQA's is 5-D, a function);
-    # gelu: Sigmoid (silu) is not imported yet
-    "llama-tiny": (dict(kv_heads="4", activation="gelu"), (),
+    # grouped-query attention (4 heads on 2 K/V heads): Attention with fewer K/V heads, imported back as
+    # grouped attention; gelu: Sigmoid (silu) is not imported yet
+    "llama-tiny": (dict(activation="gelu"), (),
                    {"Attention": 2, "RotaryEmbedding": 4, "RMSNormalization": 4}),
     # add+LayerNorm and bias+GELU have no opset-23 op: left unfused, they export as standard ops
     "gpt2-block": (dict(d_model="32", heads="4"), ("fuse_add_layernorm", "fuse_bias_activation"),
@@ -56,6 +56,8 @@ def test_onnx23_export_imports_back_as_the_same_fused_ops(name, tmp_path):
     imported, imported_weights = load_onnx(path)
     refused = optimize(imported, disable=disable).graph
     assert fused_ops(refused) == fused_ops(fused) and fused_ops(fused)
+    ranks = lambda g: [n.inputs[0].type.rank for n in g.nodes if n.op == "attention"]   # noqa: E731
+    assert ranks(refused) == ranks(fused)   # grouped (rank 5) stays grouped
 
     rng = np.random.default_rng(0)
     feeds = {s.name: s.sample({"batch": 2, "seq": 5}, rng) for s in model.inputs()}
