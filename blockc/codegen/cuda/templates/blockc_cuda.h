@@ -93,8 +93,12 @@ __device__ __forceinline__ void blockc_load_vec(const float* __restrict__ p, flo
   out[2] = r.z;
   out[3] = r.w;
 }
+// Stores go through __stwb (st.global.wb, the default store) because it is one
+// 128-bit instruction however it is placed: a float4 assigned through a cast
+// pointer leaves nvcc four field stores to join again, and in the softmax
+// kernels' first pack it did not (the PTX held four st.global.f32).
 __device__ __forceinline__ void blockc_store_vec(float* __restrict__ p, const float* in) {
-  *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);  // one 128-bit store
+  __stwb(reinterpret_cast<float4*>(p), make_float4(in[0], in[1], in[2], in[3]));  // one 128-bit store
 }
 
 __device__ __forceinline__ float blockc_lo_to_float(unsigned w, __half) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
@@ -125,8 +129,8 @@ __device__ __forceinline__ void blockc_load_vec(const T* __restrict__ p, float* 
 }
 template <typename T>
 __device__ __forceinline__ void blockc_store_vec(T* __restrict__ p, const float* in) {
-  *reinterpret_cast<uint4*>(p) = make_uint4(blockc_pack2(in[0], in[1], T()), blockc_pack2(in[2], in[3], T()),
-                                            blockc_pack2(in[4], in[5], T()), blockc_pack2(in[6], in[7], T()));
+  __stwb(reinterpret_cast<uint4*>(p), make_uint4(blockc_pack2(in[0], in[1], T()), blockc_pack2(in[2], in[3], T()),
+                                                 blockc_pack2(in[4], in[5], T()), blockc_pack2(in[6], in[7], T())));
 }
 
 __host__ __device__ __forceinline__ bool blockc_aligned16(const void* p) {
