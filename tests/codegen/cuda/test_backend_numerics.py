@@ -1,7 +1,6 @@
 """Generated CUDA, run emulated on the CPU, against the float64 reference:
-whole built-in models in the fused and standard forms, and single fused ops
-at row lengths that exercise the vector path, the scalar tail and the
-block-per-row fallbacks."""
+whole built-in models in the fused and standard forms, and single ops (the
+row kernels, at every tier, are test_rows.py's)."""
 import numpy as np
 import pytest
 
@@ -78,58 +77,6 @@ def single_op(text, feeds, weights=None):
     g = blockc.parse_graph(text)
     weights = weights or {}
     return g, run_emulated(g, weights, feeds), blockc.run_reference(g, weights, feeds)
-
-
-ADD_LN = """graph g(%x: {t}[batch,seq,{d}], %r: {t}[seq,{d}]) {{
-  param @g: {t}[{d}]
-  param @b: {t}[{d}]
-  %0:{t}[batch,seq,{d}], %1:{t}[batch,seq,{d}] = add_layernorm %x, %r, @g, @b {{eps=1e-05, with_sum=true}}
-  return y=%0, s=%1
-}}
-"""
-
-MSM = """graph g(%x: {t}[batch,2,seq,seq], %m: bool[batch,1,1,seq]) {{
-  %0:{t}[batch,2,seq,seq] = masked_softmax %x, %m {{scale=0.125, mask="bool", causal=true, fill=-60000.0}}
-  return y=%0
-}}
-"""
-
-
-def ulps(out, ref, dtype):
-    spacing = np.spacing(np.abs(ref).astype(dtype)).astype(np.float64)
-    return float(np.max(np.abs(out.astype(np.float64) - ref) / spacing))
-
-
-@pytest.mark.parametrize("d", [64, 100, 1100])  # vector path, scalar tail, block-per-row fallback
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_add_layernorm_rows(d, dtype):
-    np_t = np.float32 if dtype == "f32" else np.float16
-    rng = np.random.default_rng(d)
-    feeds = {"x": rng.standard_normal((2, 3, d)).astype(np_t), "r": rng.standard_normal((3, d)).astype(np_t)}
-    weights = {"g": (1 + rng.standard_normal(d) / 4).astype(np_t), "b": rng.standard_normal(d).astype(np_t)}
-    _, out, ref = single_op(ADD_LN.format(t=dtype, d=d), feeds, weights)
-    if dtype == "f32":
-        for k in ref:
-            assert rel_err(out[k], ref[k]) <= 1e-5
-    else:
-        # One rounding at the end of float32 math: within 2 ulp of float64 rounded to half.
-        assert ulps(out["s"], ref["s"], np.float16) <= 0.5
-        assert ulps(out["y"], ref["y"], np.float16) <= 2
-
-
-@pytest.mark.parametrize("seq", [7, 64, 600])  # scalar, vector, online-softmax fallback
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_masked_softmax_rows(seq, dtype):
-    np_t = np.float32 if dtype == "f32" else np.float16
-    rng = np.random.default_rng(seq)
-    keep = rng.random((2, 1, 1, seq)) > 0.3
-    keep[..., 0] = True
-    feeds = {"x": (rng.standard_normal((2, 2, seq, seq)) * 4).astype(np_t), "m": keep}
-    _, out, ref = single_op(MSM.format(t=dtype), feeds)
-    if dtype == "f32":
-        np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-5, atol=1e-7)
-    else:
-        assert ulps(out["y"], ref["y"], np.float16) <= 2
 
 
 def test_gemm_bias_activation_and_broadcast_batch():

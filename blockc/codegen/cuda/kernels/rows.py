@@ -1,16 +1,35 @@
 """Row kernels: LayerNorm/RMSNorm (optionally with the residual add and its
 sum) and softmax/masked softmax, over the last axis.
 
-Each makes one pass over a row held in registers, one warp per row, with
-128-bit loads when the row length allows and a scalar path otherwise; rows
-too long for registers go to a block-per-row fallback. When the row length
-is static only the variants it can use are generated; for a symbolic row
-length (softmax over ``seq``) the launcher picks among register buckets at
-run time.
+Each op has up to three tiers, and its launcher takes the first that holds
+the row (``register_tiers`` says which are generated):
+
+* registers (``_warp<G, PACKS>``): G lanes a row, 32 / G rows a warp, so rows
+  of a few elements share a warp; each lane holds PACKS 128-bit vectors of
+  the row, up to 32 x 8 of them (1024 floats, 2048 halves);
+* shared memory (``_smem``): a block a row reads the row once into shared
+  memory as float (``blockc_row_cache``), as far as the device's opt-in
+  limit, which the launcher requests;
+* a block a row (``_block``) reads longer rows from global memory again for
+  each pass.
+
+The first two read every length with vectors. A row of a length that is not
+a multiple of the vector starts part-way into one, so no single choice of
+columns is aligned in every row; taking vectors only where every row starts
+aligned would leave all such lengths to scalar accesses. Instead each row is
+cut where its own address says (``BlockcRowSplit`` in blockc_cuda.h) into a
+scalar head, a vector body and a scalar tail: under two vectors' worth of
+scalar accesses a row. x decides the cut; an operand whose row lies at
+another phase (a residual that repeats, gamma and beta, which start at
+column 0, an output elsewhere) is moved by scalar accesses for that row, the
+rest still by vectors. Gamma and beta are read by every row, so their scalar
+reads come from cache.
+
+A causal softmax never loads a score (or mask entry) its query cannot see
+(``ops/masking.causal_offset``): those columns are ``fill`` without a load,
+and the vector its last visible key cuts is read by scalars up to that key.
 """
 from __future__ import annotations
-
-import math
 
 from ....ir.dims import Dim
 from ....ir.dtypes import DType
@@ -20,18 +39,29 @@ from ..exprs import CExpr, float_literal
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, shape_class
 from ..templates import render
 
-# Register buckets: a row of up to 32*8 vectors (1024 floats) or 32*16 scalars
-# is held in registers; longer rows go to the block-per-row kernels.
-MAX_VEC_PACKS, MAX_SCALAR_PACKS = 8, 16
+# Register tiers, (lanes a row, vectors a lane), smallest first: groups below a
+# warp with one vector a lane, then a warp with more.
+REGISTER_TIERS = [(g, 1) for g in (1, 2, 4, 8, 16, 32)] + [(32, p) for p in (2, 4, 8)]
 
 
-def _buckets(cols: Dim, dtype: DType) -> tuple[list[int], list[int]]:
+def register_tiers(cols: Dim, dtype: DType) -> tuple[list[tuple[int, int]], bool]:
+    """The register tiers a row of ``cols`` elements can use, and whether it
+    can need the block-a-row tiers: for a static length the one smallest tier
+    that holds it, or none; for a symbolic length all of them. A tier of G
+    lanes and PACKS vectors a lane holds rows of up to G * PACKS vectors in
+    their body (``cols // vector width`` at most, however the row lies); the
+    head and tail, under two vectors between them, go to each lane's edge
+    registers. The launcher tests the same, ``cols / BlockcVec<T>::N <= G * PACKS``, in
+    the same order."""
+    if not isinstance(cols, int):
+        return list(REGISTER_TIERS), True
     vw = 16 // dtype.itemsize
-    if isinstance(cols, int):
-        vec = [math.ceil(cols / (32 * vw))] if cols % vw == 0 and cols <= 32 * vw * MAX_VEC_PACKS else []
-        scalar = [math.ceil(cols / 32)] if cols <= 32 * MAX_SCALAR_PACKS else []
-        return vec, scalar
-    return [1, 2, 4, 8], [1, 2, 4, 8, 16]
+    fits = [(g, p) for g, p in REGISTER_TIERS if cols // vw <= g * p]
+    return fits[:1], not fits
+
+
+def _kernel_names(name: str, warp_tiers: list, row_tiers: bool) -> list[str]:
+    return ([f"{name}_warp"] if warp_tiers else []) + ([f"{name}_smem", f"{name}_block"] if row_tiers else [])
 
 
 def _float_dtype(node: Node) -> DType:
@@ -65,15 +95,15 @@ def emit_row_norm(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCod
     args += [ctx.ptr(p) for p in params]
     args += [ctx.ptr(o) for o in node.outputs]
     args += [ctx.numel(x.shape[:-1]), f"(int){ctx.dim(cols)}", float_literal(node.attrs["eps"])]
-    vec_packs, scalar_packs = _buckets(cols, dtype)
+    warp_tiers, row_tiers = register_tiers(cols, dtype)
     name = f"{node.op}_{SHORT[dtype]}_{shape_class(x.shape)}" + ("_sum" if with_sum else "")
     title = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "add_layernorm": "residual add + LayerNorm",
              "add_rmsnorm": "residual add + RMSNorm"}[node.op] + (" (also writes the sum)" if with_sum else "")
     source = render("row_norm.cu.j2", name=name, title=title, cols_desc=f"length {cols}", T=ctype(dtype),
                     nodes=c_comment(" ".join(labels)), residual=residual, beta=beta, with_sum=with_sum,
-                    vec_packs=vec_packs, scalar_packs=scalar_packs)
+                    warp_tiers=warp_tiers, row_tiers=row_tiers)
     return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
-                      [f"{name}_warp", f"{name}_block"])
+                      _kernel_names(name, warp_tiers, row_tiers))
 
 
 def _fold_batch_dims(shape: tuple, mshape: tuple) -> tuple[tuple, tuple]:
@@ -123,7 +153,7 @@ def emit_softmax(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode
     args += [ctx.ptr(node.outputs[0]), ctx.numel(shape[:-1]), f"(int){ctx.dim(shape[-1])}",
              ctx.dim(shape[-2]) if len(shape) >= 2 else "1LL",
              float_literal(attrs["scale"]), float_literal(attrs["fill"])]
-    vec_packs, scalar_packs = _buckets(shape[-1], dtype)
+    warp_tiers, row_tiers = register_tiers(shape[-1], dtype)
     flavour = "".join(["_causal" if causal else "", "" if mask_kind == "none" else f"_{mask_kind}"])
     name = f"{node.op}{flavour}_{SHORT[dtype]}_{shape_class(shape)}"
     title = "softmax" if node.op == "softmax" else \
@@ -132,6 +162,6 @@ def emit_softmax(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode
                     nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=causal,
                     # the last key a row's query sees (ops/masking.py); the query is row % q_len
                     causal_limit=CExpr("row % q_len") + causal_offset(CExpr("q_len"), CExpr("cols")),
-                    vec_packs=vec_packs, scalar_packs=scalar_packs)
+                    warp_tiers=warp_tiers, row_tiers=row_tiers)
     return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
-                      [f"{name}_warp", f"{name}_block"])
+                      _kernel_names(name, warp_tiers, row_tiers))

@@ -50,11 +50,20 @@ struct BlockcMax {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+// Over the G lanes (a power of two up to 32) of an aligned group of a warp.
+// The shuffles name only the group's own lanes, so where short rows share a
+// warp, a group whose row is past the end may leave while the others reduce.
+template <int G, typename Op>
+__device__ __forceinline__ float blockc_group_reduce(float v, Op op) {
+  const unsigned mask = (0xffffffffu >> (32 - G)) << ((threadIdx.x & 31) & ~(G - 1));
+#pragma unroll
+  for (int offset = G / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(mask, v, offset));
+  return v;
+}
+
 template <typename Op>
 __device__ __forceinline__ float blockc_warp_reduce(float v, Op op) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+  return blockc_group_reduce<32>(v, op);
 }
 
 // Every thread of the block gets the result. `scratch` holds 32 floats.
@@ -93,8 +102,12 @@ __device__ __forceinline__ void blockc_load_vec(const float* __restrict__ p, flo
   out[2] = r.z;
   out[3] = r.w;
 }
+// Stores go through __stwb (st.global.wb, the default store) because it is one
+// 128-bit instruction however it is placed: a float4 assigned through a cast
+// pointer leaves nvcc four field stores to join again, and in the softmax
+// kernels' first pack it did not (the PTX held four st.global.f32).
 __device__ __forceinline__ void blockc_store_vec(float* __restrict__ p, const float* in) {
-  *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);  // one 128-bit store
+  __stwb(reinterpret_cast<float4*>(p), make_float4(in[0], in[1], in[2], in[3]));  // one 128-bit store
 }
 
 __device__ __forceinline__ float blockc_lo_to_float(unsigned w, __half) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
@@ -125,12 +138,108 @@ __device__ __forceinline__ void blockc_load_vec(const T* __restrict__ p, float* 
 }
 template <typename T>
 __device__ __forceinline__ void blockc_store_vec(T* __restrict__ p, const float* in) {
-  *reinterpret_cast<uint4*>(p) = make_uint4(blockc_pack2(in[0], in[1], T()), blockc_pack2(in[2], in[3], T()),
-                                            blockc_pack2(in[4], in[5], T()), blockc_pack2(in[6], in[7], T()));
+  __stwb(reinterpret_cast<uint4*>(p), make_uint4(blockc_pack2(in[0], in[1], T()), blockc_pack2(in[2], in[3], T()),
+                                                 blockc_pack2(in[4], in[5], T()), blockc_pack2(in[6], in[7], T())));
 }
 
 __host__ __device__ __forceinline__ bool blockc_aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// Whether q sits as far past a 16-byte boundary as p does: then the columns
+// that are 128-bit aligned in a row at p are aligned in a row at q too.
+__host__ __device__ __forceinline__ bool blockc_same_phase(const void* p, const void* q) {
+  return ((reinterpret_cast<uintptr_t>(p) ^ reinterpret_cast<uintptr_t>(q)) & 15u) == 0;
+}
+
+// N = BlockcVec<T>::N elements at p: one 128-bit access where `vec` (p is on
+// 16 bytes), else N scalar ones.
+template <typename T>
+__device__ __forceinline__ void blockc_load_pack(const T* __restrict__ p, float* out, bool vec) {
+  if (vec) {
+    blockc_load_vec(p, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < BlockcVec<T>::N; ++k) out[k] = blockc_to_compute(p[k]);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void blockc_store_pack(T* __restrict__ p, const float* in, bool vec) {
+  if (vec) {
+    blockc_store_vec(p, in);
+  } else {
+#pragma unroll
+    for (int k = 0; k < BlockcVec<T>::N; ++k) p[k] = blockc_from_compute<T>(in[k]);
+  }
+}
+
+// A row of n elements at p, cut for 128-bit access: `head` elements up to its
+// first 16-byte boundary, `body` whole vectors of N, then the tail. A row whose
+// length is not a multiple of N starts anywhere in a vector, so the cut is made
+// per row, from the row's address. Head and tail are the row's `edges` (fewer
+// than 2N); edge k is column k in the head, column k + body * N in the tail.
+template <typename T>
+struct BlockcRowSplit {
+  static constexpr int N = BlockcVec<T>::N;
+  int head, body, edges;
+  __device__ __forceinline__ BlockcRowSplit(const T* p, int n) {
+    head = (int)(((16u - (reinterpret_cast<uintptr_t>(p) & 15u)) & 15u) / sizeof(T));
+    if (head > n) head = n;
+    body = (n - head) / N;
+    edges = n - body * N;
+  }
+  __device__ __forceinline__ int edge_col(int k) const { return k < head ? k : k + body * N; }
+};
+
+// A row cached as float in a block's dynamic shared memory: 32 floats of
+// scratch for blockc_block_reduce, up to 3 more so that column `head` (where
+// the row's vectors start, BlockcRowSplit) lands on 16 bytes, then the row.
+// Each thread reads back only the vectors it stored, so the passes over the
+// cache need no barrier of their own.
+__host__ __device__ __forceinline__ size_t blockc_row_cache_bytes(int cols) {
+  return (32 + 3 + (size_t)cols) * sizeof(float);
+}
+__device__ __forceinline__ float* blockc_row_cache(float* smem, int head) { return smem + 32 + (4 - head % 4) % 4; }
+// About four vectors of the row a thread: enough work to pay for the block's
+// reductions, and up to 1024 threads, so that a long row has loads in flight.
+inline int blockc_row_cache_threads(int cols, int vec) {
+  int threads = 128;
+  while (threads < 1024 && threads * 4 * vec < cols) threads *= 2;
+  return threads;
+}
+// N floats (a multiple of 4) at p in shared memory, on 16 bytes.
+template <int N>
+__device__ __forceinline__ void blockc_store_floats(float* p, const float* in) {
+#pragma unroll
+  for (int k = 0; k < N; k += 4) *reinterpret_cast<float4*>(p + k) = make_float4(in[k], in[k + 1], in[k + 2], in[k + 3]);
+}
+template <int N>
+__device__ __forceinline__ void blockc_load_floats(const float* p, float* out) {
+#pragma unroll
+  for (int k = 0; k < N; k += 4) {
+    const float4 r = *reinterpret_cast<const float4*>(p + k);
+    out[k] = r.x;
+    out[k + 1] = r.y;
+    out[k + 2] = r.z;
+    out[k + 3] = r.w;
+  }
+}
+
+// The dynamic shared memory a block of `kernel` may use: the device's opt-in
+// limit (227 KiB on sm_90, 163 KiB on sm_80), which this asks for on `kernel`,
+// else the 48 KiB every kernel has. Launchers ask once and keep the answer,
+// which assumes a process runs its models on one kind of device.
+template <typename K>
+inline size_t blockc_dynamic_shared_limit(K* kernel) {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+      optin > 48 * 1024) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) == cudaSuccess)
+      return (size_t)optin;
+    (void)cudaGetLastError();  // refused: the default limit stands, and the model's run is no worse for it
+  }
+  return 48 * 1024;
 }
 
 // ---- tensor cores (sm_80+): cp.async, ldmatrix and mma.sync m16n8k16 ----
