@@ -51,3 +51,18 @@ def test_warnings_are_errors(tmp_path):
     src.write_text("__global__ void k(float* x) { int unused; x[0] = 1.0f; }\n")
     with pytest.raises(toolchain.ToolchainError, match=r"(?s)nvcc failed to compile warns\.cu.*unused"):
         toolchain.compile_nvcc(src, ("sm_80",), werror=True)
+
+
+def test_a_model_with_no_intermediate_buffer_compiles(tmp_path):
+    """Every value a weight, an input or an output: the host code plans an
+    empty arena, and nothing it writes for the arena is left unused (nvcc's
+    warnings are errors)."""
+    import blockc
+    from blockc.codegen.cuda import build as cuda_build
+    from blockc.codegen.cuda.lower import generate
+    graph = blockc.parse_graph("graph one(%x: f32[r,n]) {\n  %0:f32[r,n] = softmax %x {axis=-1}\n  return y=%0\n}\n")
+    cm = generate(graph, {})
+    cuda_build.write_build(cm, str(tmp_path))
+    assert "blockc_align" not in (tmp_path / "model.cu").read_text()
+    result = toolchain.compile_nvcc(str(tmp_path / "model.cu"), ["sm_80"], werror=True, extra_flags=[f"-I{tmp_path}"])
+    assert result.kernels
