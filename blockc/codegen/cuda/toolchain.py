@@ -233,8 +233,8 @@ _EXTERN_SHARED = re.compile(
 
 
 def rewrite_dynamic_shared(source: str) -> str:
-    """The one source rewrite emulation needs: every ``extern __shared__ T name[];``
-    becomes a pointer to the emulator's dynamic shared buffer, on the same line.
+    """Every ``extern __shared__ T name[];`` becomes a pointer to the emulator's
+    dynamic shared buffer, on the same line.
 
     >>> rewrite_dynamic_shared("extern __shared__ __align__(16) float smem[];")
     'static float* const smem = reinterpret_cast<float*>(blockc_emu_dynamic_shared());'
@@ -245,6 +245,31 @@ def rewrite_dynamic_shared(source: str) -> str:
     return _EXTERN_SHARED.sub(repl, source)
 
 
+# `__shared__ __align__(16) float tile[BK][BM + 1];`: one name, any dimensions.
+_STATIC_SHARED = re.compile(r"\b__shared__\b[^;{}=,\[\]]*?\b(?P<name>[A-Za-z_]\w*)\s*(?:\[[^\[\];{}]*\]\s*)*;")
+
+
+def declare_static_shared(source: str) -> str:
+    """Every static ``__shared__`` declaration is followed, on its line, by
+    ``BLOCKC_EMU_SHARED(name);`` (cuda_emu.h), which fills the variable with 0xFF
+    when a block first reaches it, so that no block reads another's values.
+
+    >>> declare_static_shared("  __shared__ float scratch[32];  // warp sums")
+    '  __shared__ float scratch[32]; BLOCKC_EMU_SHARED(scratch);  // warp sums'
+    """
+    def repl(m: re.Match) -> str:
+        if source[:m.start()].rstrip().endswith("extern"):  # dynamic: rewrite_dynamic_shared's
+            return m.group(0)
+        return f"{m.group(0)} BLOCKC_EMU_SHARED({m.group('name')});"
+    return _STATIC_SHARED.sub(repl, source)
+
+
+def rewrite_shared(source: str) -> str:
+    """The source rewrites emulation needs, each keeping line numbers:
+    ``rewrite_dynamic_shared`` and ``declare_static_shared``."""
+    return declare_static_shared(rewrite_dynamic_shared(source))
+
+
 def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> tuple[list[str], list[str]]:
     """Sources to hand g++ (rewritten copies where needed), and -iquote flags that keep
     the originals' relative #includes working."""
@@ -252,7 +277,7 @@ def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> t
     for src in sources:
         src = Path(src).resolve()
         text = src.read_text()
-        rewritten = rewrite_dynamic_shared(text)
+        rewritten = rewrite_shared(text)
         if rewritten == text:
             paths.append(str(src))
             continue

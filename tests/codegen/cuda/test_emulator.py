@@ -235,6 +235,13 @@ def test_shared_memory_race_caught_by_thread_sanitizer(tsan_lib):
     assert re.search(r"faults\.cu:3[01] in shared_race", err.value.stderr)
 
 
+# ---- shared memory -----------------------------------------------------------------------
+
+def test_a_block_reads_nan_where_a_previous_block_left_a_shared_value(any_mode_lib):
+    y = run_emulated(any_mode_lib, "run_stale_shared", [np.zeros(64, np.float32)], timeout=20)[0].reshape(2, 32)
+    assert (y[0] == 1).all() and np.isnan(y[1]).all()
+
+
 # ---- launch limits and the calling convention --------------------------------------------
 
 def test_dynamic_shared_memory_over_48k_needs_the_attribute(fiber_lib):

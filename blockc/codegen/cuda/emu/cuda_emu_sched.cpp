@@ -23,6 +23,7 @@
 
 extern "C" {
 __thread blockc_emu::ThreadCtx* blockc_emu_tls __attribute__((tls_model("initial-exec")));
+unsigned blockc_emu_block_serial = 1;  // from 1: SharedVar::block starts at 0, so each variable is filled
 }
 
 namespace blockc_emu {
@@ -289,6 +290,15 @@ std::mutex g_launch_mu;
 std::mutex g_attr_mu;
 std::unordered_map<const void*, int> g_max_dynamic_shared;
 
+// Static __shared__ variables declared at file scope. A function's static: they
+// are met while the library loads, perhaps before this file's globals are built.
+std::vector<SharedVar*>& file_scope_shared() {
+  static std::vector<SharedVar*> vars;
+  return vars;
+}
+
+void fill(SharedVar& v) { std::memset(v.addr, 0xff, v.size); }
+
 bool valid_config(dim3 grid, dim3 block) {
   unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
   return grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x <= 0x7fffffffu && grid.y <= 65535 &&
@@ -317,6 +327,8 @@ void start_block(Block& b, unsigned index) {
   }
   b.running = b.n;
   b.exited = b.at_barrier = b.bar_true = 0;
+  ++blockc_emu_block_serial;  // block-scope static __shared__ variables are filled as threads enter them
+  for (SharedVar* v : file_scope_shared()) fill(*v);
 #ifdef __SANITIZE_ADDRESS__
   ASAN_UNPOISON_MEMORY_REGION(g_dynamic_shared, kDynamicSharedCap);
   size_t tail = (b.shmem + 7) & ~size_t(7);
@@ -336,6 +348,19 @@ void finish_thread(Lane& me) {
 }
 
 }  // namespace detail
+
+void enter_shared(SharedVar& v) {
+  if (!t_lane) {  // at file scope, while the library loads
+    file_scope_shared().push_back(&v);
+    fill(v);
+    return;
+  }
+  Block& b = *t_lane->block;
+  Guard g = lock_block(b);
+  if (v.block == blockc_emu_block_serial) return;  // another thread of the block was first
+  fill(v);
+  __atomic_store_n(&v.block, blockc_emu_block_serial, __ATOMIC_RELEASE);
+}
 
 void set_max_dynamic_shared(const void* kernel, int bytes) {
   std::lock_guard<std::mutex> g(g_attr_mu);
