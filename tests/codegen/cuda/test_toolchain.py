@@ -55,6 +55,12 @@ def test_both_rewrites_keep_the_line_count():
     assert out.count("\n") == text.count("\n") and "BLOCKC_EMU_SHARED(s);" in out and "extern" not in out
 
 
+def test_racecheck_cannot_join_a_sanitizer(tmp_path):
+    if toolchain.find_gxx() is None:
+        pytest.skip("no g++")
+    with pytest.raises(ValueError, match="racecheck"):
+        toolchain.compile_emulated([], tmp_path / "x.so", sanitize="address", racecheck=True)
+
 
 # ---- where nvcc comes from ------------------------------------------------------------------
 

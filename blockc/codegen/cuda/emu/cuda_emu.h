@@ -14,7 +14,7 @@
 //     once per launch and reused block after block, with barriers and warp
 //     rendezvous on a mutex and condition variables, which AddressSanitizer and
 //     ThreadSanitizer understand. toolchain.compile_emulated(sanitize=...) picks
-//     this mode.
+//     this mode, as does threads=True.
 // Measured on the 2-core x86-64 VM this was written on (g++ 12 -O2), 40 blocks
 // x 256 threads x 64 barriers. The bare switch, emu/bench_context_switch.cpp,
 // per thread per barrier (ranges over repeated runs on a shared machine):
@@ -36,7 +36,11 @@
 //     or a shuffle reads a lane outside its mask (divergence);
 //   * no thread of a block can make progress; and, in fiber mode, a fiber
 //     overflows its stack or any thread takes SIGSEGV/SIGBUS (the address, block
-//     and thread are printed). Nothing hangs: a stuck block is always diagnosed.
+//     and thread are printed). Nothing hangs: a stuck block is always diagnosed;
+//   * unless a sanitizer is on, two threads access a shared-memory byte, one
+//     writing, with no __syncthreads (or, within a warp, __syncwarp) between,
+//     or a thread reads shared memory no thread of its block wrote
+//     (cuda_emu_racecheck.cpp, which gives the rules and their cost).
 // Shared memory, static and dynamic, is filled with 0xFF (NaN for floats) at
 // each block, so a block never sees another block's values.
 //
@@ -49,8 +53,8 @@
 //         static T* const name = reinterpret_cast<T*>(blockc_emu_dynamic_shared());
 //     The dynamic buffer has a fixed address (256 KiB, 128-byte aligned), so the
 //     rewrite is right at block and at file scope. `__shared__ T name[N];` is
-//     followed by `BLOCKC_EMU_SHARED(name);`, which fills it. Only the sources
-//     compiled are rewritten, not headers.
+//     followed by `BLOCKC_EMU_SHARED(name);`, which fills it and shows it to the
+//     race checker. Only the sources compiled are rewritten, not headers.
 //   * Streams are synchronous; events time host work. Device memory is host memory.
 //   * Not emulated: inline PTX, wmma/mma, cp.async, CUB, cooperative groups,
 //     texture/surface objects. Emulated kernels avoid them (BLOCKC_EMU is 1 here).
@@ -143,6 +147,7 @@ struct SharedVar {
   const char* file;
   int line;
   unsigned block;  // written with release order after the fill (thread mode)
+  void* shadow;    // the race checker's record of it (cuda_emu_racecheck.cpp)
 };
 void enter_shared(SharedVar& v);
 extern "C" unsigned blockc_emu_block_serial;  // changes at every block start
@@ -236,7 +241,7 @@ cudaError_t cudaGetSymbolAddress(void** ptr, const T& symbol) {
 
 // Valid at block and at namespace scope (a const object has internal linkage there).
 #define BLOCKC_EMU_SHARED(v)                                                                        \
-  static ::blockc_emu::SharedVar blockc_emu_shared_##v{&(v), sizeof(v), #v, __FILE__, __LINE__, 0}; \
+  static ::blockc_emu::SharedVar blockc_emu_shared_##v{&(v), sizeof(v), #v, __FILE__, __LINE__, 0, nullptr}; \
   [[maybe_unused]] const ::blockc_emu::SharedEnter blockc_emu_enter_##v { blockc_emu_shared_##v }
 
 #define threadIdx (blockc_emu_tls->thread_idx)

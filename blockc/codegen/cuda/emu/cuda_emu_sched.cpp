@@ -29,7 +29,7 @@ unsigned blockc_emu_block_serial = 1;  // from 1: SharedVar::block starts at 0, 
 namespace blockc_emu {
 namespace detail {
 
-__thread Lane* t_lane;
+__thread Lane* t_lane __attribute__((tls_model("initial-exec")));
 
 void fail(const Block& b, const char* fmt, ...) {
   const ThreadCtx& c = b.lanes[0].ctx;
@@ -168,6 +168,7 @@ void complete_collective(Block& b, int base, unsigned mask, int op) {
     me.state = kRunning;
   }
   b.running += __builtin_popcount(mask);
+  if (op == kSyncWarp) race_syncwarp(b, base, mask);
 }
 
 void after_blocking(Block& b) {
@@ -212,6 +213,7 @@ int sync_block(int kind, int pred, const char* file, int line) {
     }
     b.running = b.n;
     b.at_barrier = b.bar_true = 0;
+    race_barrier(b);
     wake_all(b);
     return r;
   }
@@ -284,7 +286,6 @@ void trap(const char* what, const char* file, int line) {
 namespace detail {
 namespace {
 
-constexpr size_t kDynamicSharedCap = 256 * 1024;
 alignas(128) unsigned char g_dynamic_shared[kDynamicSharedCap];
 std::mutex g_launch_mu;
 std::mutex g_attr_mu;
@@ -329,6 +330,7 @@ void start_block(Block& b, unsigned index) {
   b.exited = b.at_barrier = b.bar_true = 0;
   ++blockc_emu_block_serial;  // block-scope static __shared__ variables are filled as threads enter them
   for (SharedVar* v : file_scope_shared()) fill(*v);
+  race_block_start(b);
 #ifdef __SANITIZE_ADDRESS__
   ASAN_UNPOISON_MEMORY_REGION(g_dynamic_shared, kDynamicSharedCap);
   size_t tail = (b.shmem + 7) & ~size_t(7);
@@ -344,6 +346,7 @@ void finish_thread(Lane& me) {
   ++b.exited;
   --b.running;
   check_not_awaited(b, int(&me - b.lanes.data()));
+  if (b.exited == b.n) race_block_end(b);
   after_blocking(b);
 }
 
@@ -352,12 +355,14 @@ void finish_thread(Lane& me) {
 void enter_shared(SharedVar& v) {
   if (!t_lane) {  // at file scope, while the library loads
     file_scope_shared().push_back(&v);
+    race_shared_var(v);
     fill(v);
     return;
   }
   Block& b = *t_lane->block;
   Guard g = lock_block(b);
   if (v.block == blockc_emu_block_serial) return;  // another thread of the block was first
+  if (v.block == 0) race_shared_var(v);
   fill(v);
   __atomic_store_n(&v.block, blockc_emu_block_serial, __ATOMIC_RELEASE);
 }
@@ -407,6 +412,7 @@ void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, 
     l.ctx.block = &b;
     l.block = &b;
   }
+  race_launch(b);
   run_blocks(b);
 }
 
