@@ -269,7 +269,7 @@ def test_the_same_kernel_with_its_barrier_is_clean(racecheck_lib):
 
 def test_a_race_on_file_scope_shared_memory_is_reported(racecheck_lib):
     x = np.arange(128, dtype=np.float32)
-    with pytest.raises(CudaRunCrash, match=r"shared memory race .* of `ring` \(__shared__, races\.cu:7, 512 bytes\)"):
+    with pytest.raises(CudaRunCrash, match=r"shared memory race .* of `ring` \(__shared__, races\.cu:8, 512 bytes\)"):
         run_emulated(racecheck_lib, "run_shared_ring", [x, np.zeros_like(x), 0], timeout=20)
 
 
@@ -279,7 +279,7 @@ def test_reading_a_previous_blocks_shared_value_is_reported(racecheck_lib):
     msg = str(err.value)
     assert "error in kernel stale_shared, block (1,0,0)" in msg
     assert re.search(r"thread \(\d+,0,0\) \[warp 0 lane \d+\] reads 4 bytes at offset 0 of `total` \(__shared__, "
-                     r"races\.cu:17, 4 bytes\) at races\.cu:20 \(stale_shared\), which no thread of this block has "
+                     r"races\.cu:18, 4 bytes\) at races\.cu:21 \(stale_shared\), which no thread of this block has "
                      r"written", msg), msg
 
 

@@ -1,5 +1,6 @@
 // Shared memory as the race checker sees it: correct kernels it must pass,
 // and kernels whose bugs it must name (faults.cu's shared_race is another).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 // faults.cu's shared_race with its barrier (unless `barrier` is 0), on a
