@@ -272,6 +272,16 @@ def rewrite_shared(source: str) -> str:
     return declare_static_shared(rewrite_dynamic_shared(source))
 
 
+def _c_string(text: str) -> str:
+    r"""``text`` inside a C string literal: a model's name, and so its cache folder,
+    may hold quotes, backslashes and newlines.
+
+    >>> print(_c_string('say "hi"\n'))
+    say \"hi\"\012
+    """
+    return "".join("\\" + c if c in '"\\' else c if c.isprintable() else f"\\{ord(c):03o}" for c in text)
+
+
 def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> tuple[list[str], list[str]]:
     """Sources to hand g++ (rewritten copies where needed), and -iquote flags that keep
     the originals' relative #includes working."""
@@ -284,8 +294,7 @@ def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> t
             paths.append(str(src))
             continue
         copy = build_dir / f"{len(paths)}_{src.name}"
-        escaped = str(src).replace("\\", "\\\\").replace('"', '\\"')
-        copy.write_text(f'#line 1 "{escaped}"\n' + rewritten)
+        copy.write_text(f'#line 1 "{_c_string(str(src))}"\n' + rewritten)
         paths.append(str(copy))
         quotes += ["-iquote", str(src.parent)]
     return paths, quotes
