@@ -42,7 +42,8 @@ from blockc.files import cache_root, cached_file
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 EMU_HEADER = EMU_DIR / "cuda_emu.h"
-EMU_SOURCES = tuple(EMU_DIR / f"cuda_emu_{part}.cpp" for part in ("sched", "fibers", "threads", "runtime"))
+EMU_SOURCES = tuple(EMU_DIR / f"cuda_emu_{part}.cpp"
+                    for part in ("sched", "fibers", "threads", "racecheck", "runtime"))
 STANDARD_CUDA = Path("/usr/local/cuda")
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 SANITIZERS = ("address", "thread")
@@ -233,8 +234,8 @@ _EXTERN_SHARED = re.compile(
 
 
 def rewrite_dynamic_shared(source: str) -> str:
-    """The one source rewrite emulation needs: every ``extern __shared__ T name[];``
-    becomes a pointer to the emulator's dynamic shared buffer, on the same line.
+    """Every ``extern __shared__ T name[];`` becomes a pointer to the emulator's
+    dynamic shared buffer, on the same line.
 
     >>> rewrite_dynamic_shared("extern __shared__ __align__(16) float smem[];")
     'static float* const smem = reinterpret_cast<float*>(blockc_emu_dynamic_shared());'
@@ -245,6 +246,42 @@ def rewrite_dynamic_shared(source: str) -> str:
     return _EXTERN_SHARED.sub(repl, source)
 
 
+# `__shared__ __align__(16) float tile[BK][BM + 1];`: one name, any dimensions.
+_STATIC_SHARED = re.compile(r"\b__shared__\b[^;{}=,\[\]]*?\b(?P<name>[A-Za-z_]\w*)\s*(?:\[[^\[\];{}]*\]\s*)*;")
+
+
+def declare_static_shared(source: str) -> str:
+    """Every static ``__shared__`` declaration is followed, on its line, by
+    ``BLOCKC_EMU_SHARED(name);`` (cuda_emu.h), which fills the variable with 0xFF
+    when a block first reaches it, so that no block reads another's values, and
+    shows it to the race checker.
+
+    >>> declare_static_shared("  __shared__ float scratch[32];  // warp sums")
+    '  __shared__ float scratch[32]; BLOCKC_EMU_SHARED(scratch);  // warp sums'
+    """
+    def repl(m: re.Match) -> str:
+        if source[:m.start()].rstrip().endswith("extern"):  # dynamic: rewrite_dynamic_shared's
+            return m.group(0)
+        return f"{m.group(0)} BLOCKC_EMU_SHARED({m.group('name')});"
+    return _STATIC_SHARED.sub(repl, source)
+
+
+def rewrite_shared(source: str) -> str:
+    """The source rewrites emulation needs, each keeping line numbers:
+    ``rewrite_dynamic_shared`` and ``declare_static_shared``."""
+    return declare_static_shared(rewrite_dynamic_shared(source))
+
+
+def _c_string(text: str) -> str:
+    r"""``text`` inside a C string literal: a model's name, and so its cache folder,
+    may hold quotes, backslashes and newlines.
+
+    >>> print(_c_string('say "hi"\n'))
+    say \"hi\"\012
+    """
+    return "".join("\\" + c if c in '"\\' else c if c.isprintable() else f"\\{ord(c):03o}" for c in text)
+
+
 def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> tuple[list[str], list[str]]:
     """Sources to hand g++ (rewritten copies where needed), and -iquote flags that keep
     the originals' relative #includes working."""
@@ -252,13 +289,12 @@ def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> t
     for src in sources:
         src = Path(src).resolve()
         text = src.read_text()
-        rewritten = rewrite_dynamic_shared(text)
+        rewritten = rewrite_shared(text)
         if rewritten == text:
             paths.append(str(src))
             continue
         copy = build_dir / f"{len(paths)}_{src.name}"
-        escaped = str(src).replace("\\", "\\\\").replace('"', '\\"')
-        copy.write_text(f'#line 1 "{escaped}"\n' + rewritten)
+        copy.write_text(f'#line 1 "{_c_string(str(src))}"\n' + rewritten)
         paths.append(str(copy))
         quotes += ["-iquote", str(src.parent)]
     return paths, quotes
@@ -304,12 +340,15 @@ def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
 
 
 def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.PathLike, *,
-                     sanitize: str | None = None, threads: bool | None = None, opt: str = "-O2",
-                     extra_flags: Sequence[str] = (), timeout: float = 600.0) -> Path:
+                     sanitize: str | None = None, threads: bool | None = None, racecheck: bool | None = None,
+                     opt: str = "-O2", extra_flags: Sequence[str] = (), timeout: float = 600.0) -> Path:
     """Build ``.cu``/``.cpp`` sources into a shared library that runs on the CPU.
 
     ``sanitize`` is None, ``"address"`` or ``"thread"``; a sanitizer build runs each CUDA
     thread as an OS thread (``threads`` defaults to True there, to fibers otherwise).
+    ``racecheck`` (default: on unless ``sanitize``) checks every shared-memory access
+    for races and reads of what the block never wrote (emu/cuda_emu_racecheck.cpp);
+    it borrows g++'s ThreadSanitizer instrumentation, so no sanitizer can join it.
     Sources compile in parallel; the emulator's runtime is compiled once per set of flags
     and cached (in ``files.cache_root()``: ``$BLOCKC_CACHE``, else ``~/.cache/blockc``). Raises ToolchainError with
     the compiler's output when the build fails.
@@ -323,6 +362,10 @@ def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.Path
         threads = sanitize is not None
     elif sanitize is not None and not threads:
         raise ValueError("sanitizers need threads=True: they do not understand fiber stacks")
+    if racecheck is None:
+        racecheck = sanitize is None
+    elif racecheck and sanitize is not None:
+        raise ValueError("racecheck uses g++'s -fsanitize=thread instrumentation: it cannot join a sanitizer")
     out_so = Path(out_so).resolve()
     out_so.parent.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{EMU_DIR}"] + [f"-I{d}" for d in _emulation_include_dirs()]
@@ -332,10 +375,15 @@ def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.Path
     flags.append("-DBLOCKC_EMU_THREADS" if threads else "-fstack-clash-protection")
     if sanitize:
         flags += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer"]
+    # The kernels call __tsan_read4(addr) and the like, which the (uninstrumented)
+    # runtime defines; no ThreadSanitizer is linked.
+    instrument = ["-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"] if racecheck else []
+    if racecheck:
+        flags.append("-DBLOCKC_EMU_RACECHECK")
     compile_cmd = [gxx, *flags, *includes, "-include", str(EMU_HEADER), *extra_flags, "-x", "c++", "-c"]
     with tempfile.TemporaryDirectory(prefix="blockc-emu-src-") as tmp:
         paths, quotes = _prepare_sources(sources, Path(tmp))
-        jobs = [([*compile_cmd, *quotes, p, "-o", os.path.join(tmp, f"{i}.o")], f"compile {Path(p).name}")
+        jobs = [([*compile_cmd, *instrument, *quotes, p, "-o", os.path.join(tmp, f"{i}.o")], f"compile {Path(p).name}")
                 for i, p in enumerate(paths)]
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             runtime = pool.submit(_runtime_objects, compile_cmd, timeout)

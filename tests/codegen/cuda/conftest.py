@@ -1,7 +1,8 @@
 """Emulated builds of the hand-written kernels in kernels/, shared by the tests here.
 
-Each library is built once per session: fibers (the default), and one OS thread per
-CUDA thread under AddressSanitizer and under ThreadSanitizer.
+Each library is built once per session: fibers (the default) and one OS thread per
+CUDA thread, both race-checked, and OS threads under AddressSanitizer and under
+ThreadSanitizer.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ KERNELS = Path(__file__).parent / "kernels"
 KERNEL_SOURCES = sorted(KERNELS.glob("*.cu"))
 
 
-def _build(tmp_path_factory, sanitize: str | None) -> Path:
+def _build(tmp_path_factory, sanitize: str | None, threads: bool | None = None) -> Path:
     if toolchain.find_gxx() is None:
         pytest.skip("g++ not found: the CUDA emulator needs a host C++ compiler")
     if sanitize is not None:
@@ -24,13 +25,18 @@ def _build(tmp_path_factory, sanitize: str | None) -> Path:
             toolchain.sanitizer_runtime(sanitize)
         except toolchain.ToolchainError as e:
             pytest.skip(str(e))
-    out = tmp_path_factory.mktemp("emu") / f"kernels_{sanitize or 'fibers'}.so"
-    return toolchain.compile_emulated(KERNEL_SOURCES, out, sanitize=sanitize, opt="-O1")
+    out = tmp_path_factory.mktemp("emu") / f"kernels_{sanitize or ('threads' if threads else 'fibers')}.so"
+    return toolchain.compile_emulated(KERNEL_SOURCES, out, sanitize=sanitize, threads=threads, opt="-O1")
 
 
 @pytest.fixture(scope="session")
 def fiber_lib(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, None)
+
+
+@pytest.fixture(scope="session")
+def threads_lib(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, None, threads=True)
 
 
 @pytest.fixture(scope="session")

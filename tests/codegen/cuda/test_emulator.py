@@ -1,5 +1,6 @@
 """The CUDA emulator: hand-written kernels (kernels/*.cu) run on the CPU and match
 numpy; broken kernels abort with a message naming block, thread and lane, never hang;
+the race checker names shared-memory races and reads of another block's values;
 AddressSanitizer and ThreadSanitizer builds catch what numerics cannot."""
 from __future__ import annotations
 
@@ -233,6 +234,82 @@ def test_shared_memory_race_caught_by_thread_sanitizer(tsan_lib):
         run_emulated(tsan_lib, "run_shared_race", [np.ones(128, np.float32), np.zeros(128, np.float32)])
     assert "ThreadSanitizer: data race" in err.value.stderr
     assert re.search(r"faults\.cu:3[01] in shared_race", err.value.stderr)
+
+
+# ---- shared memory: races and values left by another block ---------------------------------
+
+@pytest.fixture(params=["fibers", "threads"])
+def racecheck_lib(request, fiber_lib):
+    """The race-checked builds: fibers, and one OS thread per CUDA thread."""
+    return fiber_lib if request.param == "fibers" else request.getfixturevalue("threads_lib")
+
+
+def test_missing_syncthreads_is_a_race_naming_variable_lines_and_threads(racecheck_lib):
+    x = np.arange(128, dtype=np.float32)
+    with pytest.raises(CudaRunCrash) as err:
+        run_emulated(racecheck_lib, "run_shared_race", [x, np.zeros_like(x)], timeout=20)
+    msg = str(err.value)
+    assert "error in kernel shared_race, block (0,0,0)" in msg
+    m = re.search(r"shared memory race \((write after read|read after write)\) on 4 bytes at offset (\d+) of "
+                  r"`buf` \(__shared__, faults\.cu:29, 512 bytes\)", msg)
+    assert m, msg
+    # Thread k writes buf[k] at line 30; thread k-1 reads it at line 31. Which comes
+    # first depends on the schedule (fibers run thread 0 first), not whether it is found.
+    k = int(m.group(2)) // 4
+    assert f"thread ({k},0,0)" in msg and f"thread ({(k - 1) % 128},0,0)" in msg, msg
+    assert "faults.cu:30 (shared_race)" in msg and "faults.cu:31 (shared_race)" in msg
+    assert re.search(r"with no (__syncwarp\(\) naming both lanes or )?__syncthreads\(\) between them", msg)
+
+
+def test_the_same_kernel_with_its_barrier_is_clean(racecheck_lib):
+    x = np.arange(128, dtype=np.float32)
+    _, y = run_emulated(racecheck_lib, "run_shared_ring", [x, np.zeros_like(x), 1], timeout=20)
+    np.testing.assert_array_equal(y, np.roll(x, -1))
+
+
+def test_a_race_on_file_scope_shared_memory_is_reported(racecheck_lib):
+    x = np.arange(128, dtype=np.float32)
+    with pytest.raises(CudaRunCrash, match=r"shared memory race .* of `ring` \(__shared__, races\.cu:8, 512 bytes\)"):
+        run_emulated(racecheck_lib, "run_shared_ring", [x, np.zeros_like(x), 0], timeout=20)
+
+
+def test_reading_a_previous_blocks_shared_value_is_reported(racecheck_lib):
+    with pytest.raises(CudaRunCrash) as err:
+        run_emulated(racecheck_lib, "run_stale_shared", [np.zeros(64, np.float32)], timeout=20)
+    msg = str(err.value)
+    assert "error in kernel stale_shared, block (1,0,0)" in msg
+    assert re.search(r"thread \(\d+,0,0\) \[warp 0 lane \d+\] reads 4 bytes at offset 0 of `total` \(__shared__, "
+                     r"races\.cu:18, 4 bytes\) at races\.cu:21 \(stale_shared\), which no thread of this block has "
+                     r"written", msg), msg
+
+
+def test_without_the_checker_a_previous_blocks_shared_value_reads_as_nan(asan_lib):
+    y = run_emulated(asan_lib, "run_stale_shared", [np.zeros(64, np.float32)])[0].reshape(2, 32)
+    assert (y[0] == 1).all() and np.isnan(y[1]).all()
+
+
+@pytest.mark.parametrize("how, ordered", [(0, False), (1, True), (2, False)], ids=["nothing", "syncwarp", "shuffle"])
+def test_within_a_warp_only_syncwarp_orders_shared_memory(racecheck_lib, how, ordered):
+    args = [np.zeros(32, np.float32), how]
+    if ordered:
+        np.testing.assert_array_equal(run_emulated(racecheck_lib, "run_warp_handoff", args, timeout=20)[0],
+                                      np.roll(np.arange(32, dtype=np.float32), -1))
+        return
+    with pytest.raises(CudaRunCrash, match=r"shared memory race .* of `slot` .* with no __syncwarp\(\) naming both "
+                                           r"lanes or __syncthreads\(\) between them"):
+        run_emulated(racecheck_lib, "run_warp_handoff", args, timeout=20)
+
+
+def test_shared_atomics_do_not_race_with_each_other(racecheck_lib):
+    flags = (np.arange(128) % 3 == 0).astype(np.int32)
+    _, counts = run_emulated(racecheck_lib, "run_shared_count", [flags, np.zeros(2, np.int32)], timeout=20)
+    np.testing.assert_array_equal(counts, flags.reshape(2, 64).sum(1))
+
+
+def test_halves_sharing_a_word_are_not_a_race(racecheck_lib):
+    x = np.arange(64).astype(np.float16)
+    _, y = run_emulated(racecheck_lib, "run_half_pairs", [x, np.zeros_like(x)], timeout=20)
+    np.testing.assert_array_equal(y, x.reshape(32, 2)[:, ::-1].reshape(-1))
 
 
 # ---- launch limits and the calling convention --------------------------------------------

@@ -1,4 +1,4 @@
-"""Finding nvcc and NVIDIA's headers, the dynamic-shared-memory rewrite, ptxas reports,
+"""Finding nvcc and NVIDIA's headers, the shared-memory rewrites, ptxas reports,
 and compile errors that carry the compiler's own words."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from blockc.codegen.cuda import toolchain
-from blockc.codegen.cuda.toolchain import (KernelResources, ToolchainError, find_nvcc, parse_ptxas_info,
-                                           rewrite_dynamic_shared)
+from blockc.codegen.cuda.toolchain import (KernelResources, ToolchainError, declare_static_shared, find_nvcc,
+                                           parse_ptxas_info, rewrite_dynamic_shared, rewrite_shared)
 
 
-# ---- the one source rewrite -----------------------------------------------------------
+# ---- the source rewrites ------------------------------------------------------------------
 
 @pytest.mark.parametrize("source, expected", [
     ("extern __shared__ float smem[];",
@@ -32,6 +32,34 @@ def test_extern_shared_becomes_a_pointer_on_the_same_line(source, expected):
 def test_sources_without_extern_shared_are_untouched():
     text = "__shared__ float s[32];\nextern float g[];\n// extern __shared__ in a comment has no []\n"
     assert rewrite_dynamic_shared(text) == text
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("  __shared__ float scratch[32];  // warp sums",
+     "  __shared__ float scratch[32]; BLOCKC_EMU_SHARED(scratch);  // warp sums"),
+    ("__shared__ float As[BK][BM + 1];", "__shared__ float As[BK][BM + 1]; BLOCKC_EMU_SHARED(As);"),
+    ("__shared__ __align__(16) unsigned char smem[A > B ? A : B];",
+     "__shared__ __align__(16) unsigned char smem[A > B ? A : B]; BLOCKC_EMU_SHARED(smem);"),
+    ("__shared__ int n; __shared__ float m;",
+     "__shared__ int n; BLOCKC_EMU_SHARED(n); __shared__ float m; BLOCKC_EMU_SHARED(m);"),
+    ("extern __shared__ float4 tile[];", "extern __shared__ float4 tile[];"),  # dynamic: rewrite_dynamic_shared's
+    ("__shared__ float a[4], b[4];", "__shared__ float a[4], b[4];"),  # two names: left alone, unchecked
+])
+def test_static_shared_is_declared_to_the_emulator_on_its_line(source, expected):
+    assert declare_static_shared(source) == expected
+
+
+def test_both_rewrites_keep_the_line_count():
+    text = "extern __shared__ float dyn[];\n__global__ void k() {\n  __shared__ float s[8];\n}\n"
+    out = rewrite_shared(text)
+    assert out.count("\n") == text.count("\n") and "BLOCKC_EMU_SHARED(s);" in out and "extern" not in out
+
+
+def test_racecheck_cannot_join_a_sanitizer(tmp_path):
+    if toolchain.find_gxx() is None:
+        pytest.skip("no g++")
+    with pytest.raises(ValueError, match="racecheck"):
+        toolchain.compile_emulated([], tmp_path / "x.so", sanitize="address", racecheck=True)
 
 
 # ---- where nvcc comes from ------------------------------------------------------------------

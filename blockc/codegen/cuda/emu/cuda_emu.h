@@ -14,7 +14,7 @@
 //     once per launch and reused block after block, with barriers and warp
 //     rendezvous on a mutex and condition variables, which AddressSanitizer and
 //     ThreadSanitizer understand. toolchain.compile_emulated(sanitize=...) picks
-//     this mode.
+//     this mode, as does threads=True.
 // Measured on the 2-core x86-64 VM this was written on (g++ 12 -O2), 40 blocks
 // x 256 threads x 64 barriers. The bare switch, emu/bench_context_switch.cpp,
 // per thread per barrier (ranges over repeated runs on a shared machine):
@@ -36,18 +36,25 @@
 //     or a shuffle reads a lane outside its mask (divergence);
 //   * no thread of a block can make progress; and, in fiber mode, a fiber
 //     overflows its stack or any thread takes SIGSEGV/SIGBUS (the address, block
-//     and thread are printed). Nothing hangs: a stuck block is always diagnosed.
-// Dynamic shared memory is filled with 0xFF (NaN for floats) before each block.
+//     and thread are printed). Nothing hangs: a stuck block is always diagnosed;
+//   * unless a sanitizer is on, two threads access a shared-memory byte, one
+//     writing, with no __syncthreads (or, within a warp, __syncwarp) between,
+//     or a thread reads shared memory no thread of its block wrote
+//     (cuda_emu_racecheck.cpp, which gives the rules and their cost).
+// Shared memory, static and dynamic, is filled with 0xFF (NaN for floats) at
+// each block, so a block never sees another block's values.
 //
 // Constraints.
 //   * `__shared__` is `static`: one copy per kernel, which is per block because
 //     blocks run one at a time. Launches from several host threads at once are
 //     serialised by a lock.
-//   * `extern __shared__ T name[];` needs one source rewrite, which
-//     toolchain.rewrite_dynamic_shared does:
+//   * Shared memory needs two source rewrites (toolchain.rewrite_shared), each on
+//     the declaration's line. `extern __shared__ T name[];` becomes
 //         static T* const name = reinterpret_cast<T*>(blockc_emu_dynamic_shared());
 //     The dynamic buffer has a fixed address (256 KiB, 128-byte aligned), so the
-//     rewrite is right at block and at file scope.
+//     rewrite is right at block and at file scope. `__shared__ T name[N];` is
+//     followed by `BLOCKC_EMU_SHARED(name);`, which fills it and shows it to the
+//     race checker. Only the sources compiled are rewritten, not headers.
 //   * Streams are synchronous; events time host work. Device memory is host memory.
 //   * Not emulated: inline PTX, wmma/mma, cp.async, CUB, cooperative groups,
 //     texture/surface objects. Emulated kernels avoid them (BLOCKC_EMU is 1 here).
@@ -129,6 +136,29 @@ unsigned active_mask();
 void record_error(cudaError_t err);
 void set_max_dynamic_shared(const void* kernel, int bytes);
 
+// A static `__shared__` variable, as toolchain.rewrite_shared declares one
+// beside each: `__shared__ float buf[64]; BLOCKC_EMU_SHARED(buf);`. `block`
+// is the block that last filled it with 0xFF; the first thread of a block to
+// pass the declaration does that, so no block reads another block's values.
+struct SharedVar {
+  void* addr;
+  size_t size;
+  const char* name;
+  const char* file;
+  int line;
+  unsigned block;  // written with release order after the fill (thread mode)
+  void* shadow;    // the race checker's record of it (cuda_emu_racecheck.cpp)
+};
+void enter_shared(SharedVar& v);
+extern "C" unsigned blockc_emu_block_serial;  // changes at every block start
+// Constructed each time a thread passes the declaration (at file scope: once, at load).
+struct SharedEnter {
+  explicit SharedEnter(SharedVar& v) {
+    const unsigned now = __atomic_load_n(&blockc_emu_block_serial, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&v.block, __ATOMIC_ACQUIRE) != now) enter_shared(v);
+  }
+};
+
 using Body = void (*)(void*);
 void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block,
                    size_t shmem, cudaStream_t stream, Body body, void* closure);
@@ -208,6 +238,11 @@ cudaError_t cudaGetSymbolAddress(void** ptr, const T& symbol) {
   *ptr = const_cast<void*>(static_cast<const void*>(&symbol));
   return cudaSuccess;
 }
+
+// Valid at block and at namespace scope (a const object has internal linkage there).
+#define BLOCKC_EMU_SHARED(v)                                                                        \
+  static ::blockc_emu::SharedVar blockc_emu_shared_##v{&(v), sizeof(v), #v, __FILE__, __LINE__, 0, nullptr}; \
+  [[maybe_unused]] const ::blockc_emu::SharedEnter blockc_emu_enter_##v { blockc_emu_shared_##v }
 
 #define threadIdx (blockc_emu_tls->thread_idx)
 #define blockIdx (blockc_emu_tls->block_idx)

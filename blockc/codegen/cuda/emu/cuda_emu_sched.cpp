@@ -23,12 +23,13 @@
 
 extern "C" {
 __thread blockc_emu::ThreadCtx* blockc_emu_tls __attribute__((tls_model("initial-exec")));
+unsigned blockc_emu_block_serial = 1;  // from 1: SharedVar::block starts at 0, so each variable is filled
 }
 
 namespace blockc_emu {
 namespace detail {
 
-__thread Lane* t_lane;
+__thread Lane* t_lane __attribute__((tls_model("initial-exec")));
 
 void fail(const Block& b, const char* fmt, ...) {
   const ThreadCtx& c = b.lanes[0].ctx;
@@ -167,6 +168,7 @@ void complete_collective(Block& b, int base, unsigned mask, int op) {
     me.state = kRunning;
   }
   b.running += __builtin_popcount(mask);
+  if (op == kSyncWarp) race_syncwarp(b, base, mask);
 }
 
 void after_blocking(Block& b) {
@@ -211,6 +213,7 @@ int sync_block(int kind, int pred, const char* file, int line) {
     }
     b.running = b.n;
     b.at_barrier = b.bar_true = 0;
+    race_barrier(b);
     wake_all(b);
     return r;
   }
@@ -283,11 +286,19 @@ void trap(const char* what, const char* file, int line) {
 namespace detail {
 namespace {
 
-constexpr size_t kDynamicSharedCap = 256 * 1024;
 alignas(128) unsigned char g_dynamic_shared[kDynamicSharedCap];
 std::mutex g_launch_mu;
 std::mutex g_attr_mu;
 std::unordered_map<const void*, int> g_max_dynamic_shared;
+
+// Static __shared__ variables declared at file scope. A function's static: they
+// are met while the library loads, perhaps before this file's globals are built.
+std::vector<SharedVar*>& file_scope_shared() {
+  static std::vector<SharedVar*> vars;
+  return vars;
+}
+
+void fill(SharedVar& v) { std::memset(v.addr, 0xff, v.size); }
 
 bool valid_config(dim3 grid, dim3 block) {
   unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
@@ -317,6 +328,9 @@ void start_block(Block& b, unsigned index) {
   }
   b.running = b.n;
   b.exited = b.at_barrier = b.bar_true = 0;
+  ++blockc_emu_block_serial;  // block-scope static __shared__ variables are filled as threads enter them
+  for (SharedVar* v : file_scope_shared()) fill(*v);
+  race_block_start(b);
 #ifdef __SANITIZE_ADDRESS__
   ASAN_UNPOISON_MEMORY_REGION(g_dynamic_shared, kDynamicSharedCap);
   size_t tail = (b.shmem + 7) & ~size_t(7);
@@ -332,10 +346,26 @@ void finish_thread(Lane& me) {
   ++b.exited;
   --b.running;
   check_not_awaited(b, int(&me - b.lanes.data()));
+  if (b.exited == b.n) race_block_end(b);
   after_blocking(b);
 }
 
 }  // namespace detail
+
+void enter_shared(SharedVar& v) {
+  if (!t_lane) {  // at file scope, while the library loads
+    file_scope_shared().push_back(&v);
+    race_shared_var(v);
+    fill(v);
+    return;
+  }
+  Block& b = *t_lane->block;
+  Guard g = lock_block(b);
+  if (v.block == blockc_emu_block_serial) return;  // another thread of the block was first
+  if (v.block == 0) race_shared_var(v);
+  fill(v);
+  __atomic_store_n(&v.block, blockc_emu_block_serial, __ATOMIC_RELEASE);
+}
 
 void set_max_dynamic_shared(const void* kernel, int bytes) {
   std::lock_guard<std::mutex> g(g_attr_mu);
@@ -382,6 +412,7 @@ void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, 
     l.ctx.block = &b;
     l.block = &b;
   }
+  race_launch(b);
   run_blocks(b);
 }
 
