@@ -235,6 +235,30 @@ def test_shared_memory_race_caught_by_thread_sanitizer(tsan_lib):
     assert re.search(r"faults\.cu:3[01] in shared_race", err.value.stderr)
 
 
+# ---- stream capture and CUDA graphs ---------------------------------------------------------
+
+@pytest.fixture(params=["fibers", "address"])
+def fiber_or_asan_lib(request, fiber_lib):
+    """The fiber build, and the AddressSanitizer one (a capture keeps copies of launch arguments)."""
+    return fiber_lib if request.param == "fibers" else request.getfixturevalue("asan_lib")
+
+
+def test_graphs_replay_what_was_captured_update_and_refuse_what_cuda_refuses(fiber_or_asan_lib):
+    n = 300
+    x = np.arange(n, dtype=np.float32) / 7
+    fill = np.full(n, -1, np.float32)
+    _, y, w, z, facts = run_emulated(fiber_or_asan_lib, "run_graphs", [x, fill, fill, fill, np.zeros(16, np.int32), n])
+    assert facts[0] == 1, "the capture ran a launch instead of recording it"
+    np.testing.assert_allclose(y, 2 * x + 1, rtol=1e-6)          # replayed (twice)
+    np.testing.assert_allclose(w, 4 * x + 1, rtol=1e-6)          # the update's new arguments
+    np.testing.assert_allclose(z, 3 * (4 * x + 1), rtol=1e-6)    # after the update's memset and second kernel
+    assert facts[1] == 0                                         # cudaGraphExecUpdate: the same nodes
+    assert (facts[2], facts[3]) == (910, 2)                      # another topology: cudaErrorGraphExecUpdateFailure
+    assert facts[4] == 900                                       # the legacy stream: cudaErrorStreamCaptureUnsupported
+    assert (facts[5], facts[6], facts[7]) == (900, 901, 1)       # cudaMalloc refused, the capture invalidated
+    assert (facts[8], facts[9]) == (9, 901)                      # a bad launch: reported, the capture invalidated
+
+
 # ---- launch limits and the calling convention --------------------------------------------
 
 def test_dynamic_shared_memory_over_48k_needs_the_attribute(fiber_lib):
