@@ -247,7 +247,8 @@ def test_graphs_replay_what_was_captured_update_and_refuse_what_cuda_refuses(fib
     n = 300
     x = np.arange(n, dtype=np.float32) / 7
     fill = np.full(n, -1, np.float32)
-    _, y, w, z, facts = run_emulated(fiber_or_asan_lib, "run_graphs", [x, fill, fill, fill, np.zeros(16, np.int32), n])
+    _, y, w, z, facts = run_emulated(fiber_or_asan_lib, "run_graphs",
+                                     [x, fill, fill, fill, np.zeros(16, np.int32), n])
     assert facts[0] == 1, "the capture ran a launch instead of recording it"
     np.testing.assert_allclose(y, 2 * x + 1, rtol=1e-6)          # replayed (twice)
     np.testing.assert_allclose(w, 4 * x + 1, rtol=1e-6)          # the update's new arguments
