@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   void* out_a[1] = {a};
   void* out_b[1] = {b};
   const long long three[1] = {3}, two[1] = {2}, five[1] = {5}, max_dims[1] = {MAX_N};
-  int rc[8];
+  int rc[9];
   char counters[2][512];
 
   rc[0] = blockc_run(m, in, out_a, three, NULL); /* nothing reserved yet */
@@ -62,24 +62,25 @@ int main(int argc, char** argv) {
   rc[2] = blockc_run(m, in, out_a, three, NULL);         /* first at n=3: captured */
   rc[2] |= blockc_run(m, in, out_a, three, NULL);        /* replayed */
   rc[3] = blockc_run(m, in, out_b, three, NULL);         /* another output: the graph updated */
+  rc[4] = blockc_run(m, in, out_a, three, NULL);         /* back to `a`: updated again */
   blockc_copy_to_device(ids, ids_bad, sizeof ids_bad);
-  rc[4] = blockc_run(m, in, out_a, three, NULL);         /* back to `a`, with an id past the table */
+  rc[5] = blockc_run(m, in, out_a, three, NULL);         /* replayed, with an id past the table */
   print_string("bad_id_error", blockc_model_error(m));
   blockc_copy_to_device(ids, ids_good, sizeof ids_good);
-  rc[5] = blockc_run(m, in, out_a, three, NULL);         /* the same pointers again: replayed, checked again */
+  rc[6] = blockc_run(m, in, out_a, three, NULL);         /* replayed: the check starts afresh */
   float y_a[MAX_N * COLS], y_b[MAX_N * COLS], y_two[MAX_N * COLS];
   blockc_synchronize();
   blockc_copy_to_host(y_a, a, 3 * COLS * sizeof(float));
   blockc_copy_to_host(y_b, b, 3 * COLS * sizeof(float));
-  rc[6] = blockc_run(m, in, out_a, two, NULL);           /* new dims: another graph */
+  rc[7] = blockc_run(m, in, out_a, two, NULL);           /* new dims: another graph */
   blockc_synchronize();
   blockc_copy_to_host(y_two, a, 2 * COLS * sizeof(float));
-  rc[7] = blockc_run(m, in, out_a, five, NULL);          /* over the reservation */
+  rc[8] = blockc_run(m, in, out_a, five, NULL);          /* over the reservation */
   print_string("over_error", blockc_model_error(m));
   blockc_emu_counters(counters[1], sizeof counters[1]);
 
   printf("\"rc\": [");
-  for (int i = 0; i < 8; ++i) printf("%s%d", i ? ", " : "", rc[i]);
+  for (int i = 0; i < 9; ++i) printf("%s%d", i ? ", " : "", rc[i]);
   printf("], ");
   print_floats("y_a", y_a, 3 * COLS);
   print_floats("y_b", y_b, 3 * COLS);
