@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import time
 from importlib import resources
@@ -90,7 +91,7 @@ def test_missing_backends_are_listed_with_the_reason(report):
         assert not any(r["backend"] == "cuda" for r in report["results"])
 
 
-@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="no g++: the CUDA emulator needs one")
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the CUDA emulator needs one")
 def test_generated_cuda_is_timed_on_cuda_events_and_the_report_says_so():
     """compare times a CUDA backend in its child process, on CUDA events
     (emulated here: host time between the records), and records that clock."""

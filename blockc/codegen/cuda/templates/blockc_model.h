@@ -41,8 +41,10 @@
  *                                 fault inside a kernel, not only a launch CUDA
  *                                 refuses, names its kernel (slow: for debugging;
  *                                 no graphs).
- * A failed launch is named by its kernel and the IR nodes it computes:
- * "launch 3 of 12, kernel add_layernorm_f32_768 (IR nodes %5 %6: add_layernorm): ...".
+ * A launch CUDA refuses is named by its kernel and the IR nodes it computes:
+ * "launch 3 of 12, kernel add_layernorm_f32_768 (IR nodes %5 %6: add_layernorm): ...";
+ * a fault inside a kernel only by the launch it was seen after, unless
+ * BLOCKC_CUDA_CHECK_LAUNCHES=1 waits for each.
  *
  * Errors. blockc_last_error() is the calling thread's last error (blockc_create
  * has no model yet); blockc_model_error(m) is why m's last blockc_reserve or
