@@ -520,7 +520,7 @@ def cmd_cuda(args) -> int:
     if args.json:
         _write_text(args.json, json.dumps(summary, indent=2) + "\n")
     print(format_cuda_summary(summary))
-    print(f"\nwrote {args.output}: model.cu, blockc_cuda.h, weights.bin, model.json, summary.json, build.sh")
+    print(f"\nwrote {args.output}: model.cu, blockc_cuda.h, blockc_model.h, weights.bin, model.json, summary.json, build.sh")
     return 0 if summary.get("compiled", True) is not False else 1
 
 

@@ -8,18 +8,22 @@ Two calls, one protocol (the spec's ``call``):
   buffer file is read into its own 256-byte-aligned host allocation
   (``cudaMalloc``'s alignment; under emulation device memory is host memory),
   and written back after the call. For hand-written kernels.
-* ``model``: a generated model's C API (``host.cu.j2``): ``blockc_create``
-  from the weights file, inputs copied to device memory, ``blockc_run``, a
-  device synchronize, outputs copied back to their files. With
-  ``spec["time"]`` the run is first timed by blockc's one timing loop
-  (``runtime/timing.py``'s ``measure``) on the host clock from each launch
-  to a device synchronize; the per-run seconds go into the result.
+* ``model``: a generated model's C API (``blockc_model.h``): ``blockc_create``
+  from the weights file, ``blockc_reserve`` for ``spec["reserve"]`` (else the
+  run's dims), inputs copied to device memory, ``spec["runs"]`` (1 if not
+  given) ``blockc_run`` calls, a device synchronize, outputs copied back to
+  their files. With ``spec["time"]`` the run is instead timed by blockc's one
+  timing loop (``runtime/timing.py``'s ``measure``) on the device's clock:
+  CUDA events recorded on the run's stream before and after each run. The
+  per-run seconds go into the result.
 
-The result file gets ``{"rc", "where", "error", "times"}``: ``rc`` 0, or the
-non-zero status the library returned from the function ``where`` (with its
-``blockc_last_error`` text). This file imports only the standard library, and
-the timing module by its path, not through the blockc package: a run starts
-in stdlib time.
+The result file gets ``{"rc", "where", "error", "times", "counters"}``:
+``rc`` 0, or the non-zero status the library returned from the function
+``where`` (with its error text); ``counters``, from an emulated library, what
+the emulator counted during the runs (``blockc_emu_counters``: device
+allocations, kernel launches, graph captures, ...). This file imports only
+the standard library, and the timing module by its path, not through the
+blockc package: a run starts in stdlib time.
 """
 import ctypes
 import importlib.util
@@ -87,8 +91,9 @@ def call_model(lib, spec: dict) -> dict:
     free = _function(lib, "blockc_device_free", None, [vp])
     to_device = _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size])
     to_host = _function(lib, "blockc_copy_to_host", ctypes.c_int, [vp, vp, size])
-    run = _function(lib, "blockc_run", ctypes.c_int, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp),
-                                                      ctypes.POINTER(ctypes.c_longlong), vp])
+    dims_type = ctypes.POINTER(ctypes.c_longlong)
+    reserve = _function(lib, "blockc_reserve", ctypes.c_int, [vp, dims_type])
+    run = _function(lib, "blockc_run", ctypes.c_int, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp), dims_type, vp])
     sync = _function(lib, "blockc_synchronize", ctypes.c_int, [])
     destroy = _function(lib, "blockc_destroy", None, [vp])
 
@@ -99,7 +104,7 @@ def call_model(lib, spec: dict) -> dict:
     model = create(spec["weights"].encode())
     if not model:
         raise Failed("blockc_create", 1, last_error().decode(errors="replace"))
-    device = []
+    device, events = [], []
 
     def device_buffer(nbytes: int):
         p = alloc(max(nbytes, 1))
@@ -108,7 +113,13 @@ def call_model(lib, spec: dict) -> dict:
         device.append(p)
         return p
 
+    def longs(values):
+        return (ctypes.c_longlong * max(len(values), 1))(*values)
+
     try:
+        rc = reserve(model, longs(spec.get("reserve") or spec["dims"]))
+        if rc != 0:
+            raise Failed("blockc_reserve", rc, model_error(model).decode(errors="replace"))
         ins = []
         for item in spec["inputs"]:
             data = _read(item["path"])
@@ -116,7 +127,7 @@ def call_model(lib, spec: dict) -> dict:
             check("blockc_copy_to_device", to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
             ins.append(p)
         outs = [device_buffer(item["nbytes"]) for item in spec["outputs"]]
-        dims = (ctypes.c_longlong * max(len(spec["dims"]), 1))(*spec["dims"])
+        dims = longs(spec["dims"])
         in_arr = (vp * max(len(ins), 1))(*ins)
         out_arr = (vp * max(len(outs), 1))(*outs)
 
@@ -125,28 +136,66 @@ def call_model(lib, spec: dict) -> dict:
             if rc != 0:  # the model keeps why its run failed
                 raise Failed("blockc_run", rc, model_error(model).decode(errors="replace"))
 
-        def synchronize() -> None:
-            check("blockc_synchronize", sync())
-
         result = {}
+        counted = _counters(lib)
         if spec.get("time"):
             timing = _timing_module(spec["timing_module"])
             t = spec["time"]
             result["times"] = timing.measure(run_once, warmup=int(t["warmup"]), min_repeats=int(t["min_repeats"]),
                                              min_time_s=float(t["min_time_s"]),
-                                             clock=timing.synchronized_clock(synchronize)).samples
+                                             clock=_event_clock(lib, timing, events, check)).samples
         else:
-            run_once()
-            synchronize()
+            for _ in range(int(spec.get("runs", 1))):
+                run_once()
+        check("blockc_synchronize", sync())
+        if counted is not None:
+            result["counters"] = {k: v - counted[k] for k, v in _counters(lib).items()}
         for item, p in zip(spec["outputs"], outs):
             buf = ctypes.create_string_buffer(max(item["nbytes"], 1))
             check("blockc_copy_to_host", to_host(buf, p, item["nbytes"]))
             _write(item["path"], buf.raw[:item["nbytes"]])
         return result
     finally:
+        for e in events:
+            lib.blockc_event_destroy(e)
         for p in device:
             free(p)
         destroy(model)
+
+
+def _event_clock(lib, timing, events: list, check):
+    """``timing.event_clock`` on the library's CUDA events, recorded on the
+    stream the runs use (the legacy default stream); ``events`` keeps them
+    for the caller to destroy."""
+    vp = ctypes.c_void_p
+    create = _function(lib, "blockc_event_create", vp, [])
+    record = _function(lib, "blockc_event_record", ctypes.c_int, [vp, vp])
+    seconds = _function(lib, "blockc_event_seconds", ctypes.c_int, [vp, vp, ctypes.POINTER(ctypes.c_double)])
+    _function(lib, "blockc_event_destroy", None, [vp])   # declared for call_model's cleanup
+    for _ in range(2):
+        events.append(create())
+        if not events[-1]:
+            raise Failed("blockc_event_create", 1, "cannot create a CUDA event")
+    start, end = events[-2:]
+    elapsed = ctypes.c_double()
+
+    def stop() -> float:
+        check("blockc_event_record", record(end, None))
+        check("blockc_event_seconds", seconds(start, end, ctypes.byref(elapsed)))
+        return elapsed.value
+
+    return timing.event_clock(lambda: check("blockc_event_record", record(start, None)), stop)
+
+
+def _counters(lib):
+    """What an emulated library's emulator has counted so far; None on a GPU."""
+    fn = getattr(lib, "blockc_emu_counters", None)
+    if fn is None:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]
+    buf = ctypes.create_string_buffer(1024)
+    fn(buf, len(buf))
+    return json.loads(buf.value.decode())
 
 
 def _timing_module(path: str):

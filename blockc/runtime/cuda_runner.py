@@ -14,12 +14,13 @@ error story, for both kinds of library and both calling conventions:
   usual last line). The result is the final contents of every array
   argument, in order, as new arrays (inputs are never modified).
 * ``run_model(model, feeds)``: a generated model through its C API
-  (``blockc_create``, ``blockc_run``, ...), the build made here and cached
+  (``blockc_model.h``: ``blockc_create``, ``blockc_reserve``, ``blockc_run``,
+  ...), the build made here and cached
   in ``files.cache_root()`` (``$BLOCKC_CACHE``, else ``~/.cache/blockc``) by
   a hash of everything that goes into it (generated source, runtime header,
   emulator sources, flags, compiler version), built under a lock and checked
   before use; emulated, or on a GPU. ``time=`` times it in
-  the child with blockc's one timing loop.
+  the child with blockc's one timing loop, on CUDA events.
 
 The child has a timeout, so a crash, an abort from the emulator's checks or
 a hang never takes the caller down: each becomes a ``CudaRunCrash`` or
@@ -37,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -97,8 +99,8 @@ def linked_sanitizer(so_path: str | os.PathLike) -> str | None:
     return None
 
 
-def _child_env(sanitize: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+def _child_env(sanitize: str | None, switches: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(switches or {})}
     if sanitize is None:
         return env
     env["LD_PRELOAD"] = toolchain.sanitizer_runtime(sanitize)
@@ -110,9 +112,11 @@ def _child_env(sanitize: str | None) -> dict[str, str]:
 
 
 def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str, timeout: float,
-              sanitize: str | None = "auto", emulated: bool = True) -> dict:
+              sanitize: str | None = "auto", emulated: bool = True,
+              switches: Mapping[str, str] | None = None) -> dict:
     """Run ``_cuda_child.py`` on ``spec`` (its ``call`` and arguments; files
     in ``folder``) against the library ``so_path``; return its result.
+    ``switches``: environment variables the library reads, set for the child.
 
     Raises CudaRunCrash when the child dies (an emulator check, a signal, a
     sanitizer report), CudaRunTimeout after ``timeout`` seconds, CudaRunError
@@ -127,8 +131,8 @@ def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str,
         json.dump({**spec, "so": str(so_path), "result": result_path, "timing_module": timing.__file__}, f)
     cmd = [sys.executable, "-I", str(_CHILD), spec_path]
     try:
-        proc = subprocess.run(cmd, env=_child_env(sanitize), capture_output=True, text=True, timeout=timeout,
-                              errors="replace")
+        proc = subprocess.run(cmd, env=_child_env(sanitize, switches), capture_output=True, text=True,
+                              timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise CudaRunTimeout(f"{what} in {so_path.name} did not finish within {timeout:g} s "
@@ -250,30 +254,49 @@ def write_weights(model: CudaModel, directory: str) -> str:
     return path
 
 
+@dataclass
+class ModelRun:
+    """What ``run_model`` gives back."""
+
+    outputs: dict                                 # output name -> array
+    times: list = field(default_factory=list)     # seconds per timed run (``time=``), else empty
+    counters: dict = field(default_factory=dict)  # emulated: what the emulator counted during the runs
+                                                  # (device_allocations, kernel_launches, graph_captures, ...)
+
+
 def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, np.ndarray], *,
               emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto",
-              weights: str | None = None,
-              bindings: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
+              weights: str | None = None, bindings: Mapping[str, int] | None = None,
+              reserve: Mapping[str, int] | None = None, runs: int = 1, graphs: bool | None = None,
+              check_launches: bool | None = None) -> ModelRun:
     """Run ``model``'s library ``so_path`` (``emulated_library`` or
-    ``gpu_library``) on ``feeds`` in a child process: ``(outputs, times)``.
+    ``gpu_library``) on ``feeds`` in a child process.
 
-    ``time``: ``{"warmup", "min_repeats", "min_time_s"}`` to time the run
-    first (``timing.measure``, each run from its launch to a device
-    synchronize); ``times`` are then its seconds per run, else empty.
-    ``sanitize``: the library's sanitizer (see ``run_child``). ``weights``:
-    the model's weights file (``write_weights``), written once by a caller
-    that runs many times; None writes it for this run. ``bindings``: the
-    sizes ``feeds`` bind, from a caller that has checked them against the
-    graph already (``Compiled.check``); None checks them here.
+    ``time``: ``{"warmup", "min_repeats", "min_time_s"}`` to time the runs
+    (``timing.measure`` on CUDA events recorded before and after each run),
+    their seconds per run in ``times``; else the feeds run ``runs`` times.
+    ``reserve``: the sizes ``blockc_reserve`` reserves the arena for (None:
+    those ``feeds`` bind). ``graphs``, ``check_launches``: the library's
+    switches ``BLOCKC_CUDA_GRAPHS`` and ``BLOCKC_CUDA_CHECK_LAUNCHES``
+    (``blockc_model.h``); None leaves them as this process's environment has
+    them. ``sanitize``: the library's sanitizer (see ``run_child``).
+    ``weights``: the model's weights file (``write_weights``), written once by
+    a caller that runs many times; None writes it for this run.
+    ``bindings``: the sizes ``feeds`` bind, from a caller that has checked
+    them against the graph already (``Compiled.check``); None checks them here.
     """
     if bindings is None:
         bindings = bind_inputs(model.graph, feeds)
+    switches = {name: str(int(on)) for name, on in (("BLOCKC_CUDA_GRAPHS", graphs),
+                                                     ("BLOCKC_CUDA_CHECK_LAUNCHES", check_launches))
+                if on is not None}
     shapes = [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
         if weights is None:
             weights = write_weights(model, io)
         spec = {"call": "model", "weights": weights, "dims": [bindings[s] for s in model.symbols],
-                "inputs": [], "outputs": [], "time": time}
+                "reserve": [reserve[s] for s in model.symbols] if reserve is not None else None,
+                "runs": runs, "inputs": [], "outputs": [], "time": time}
         for k, (name, _) in enumerate(model.inputs):
             path = os.path.join(io, f"in{k}")
             Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
@@ -282,7 +305,7 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
             spec["outputs"].append({"path": os.path.join(io, f"out{k}"),
                                     "nbytes": int(np.prod(shape, dtype=np.int64)) * dtype.itemsize})
         result = run_child(so_path, spec, io, what=f"the model {model.graph.name!r}", timeout=timeout,
-                           sanitize=sanitize, emulated=emulated)
+                           sanitize=sanitize, emulated=emulated, switches=switches)
         outputs = {name: np.fromfile(out["path"], dtype=dtype.numpy).reshape(shape)
                    for (name, dtype, shape), out in zip(shapes, spec["outputs"])}
-        return outputs, result.get("times", [])
+        return ModelRun(outputs, result.get("times", []), result.get("counters", {}))

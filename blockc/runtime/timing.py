@@ -4,8 +4,9 @@ median, min and max.
 
 ``measure`` is blockc's one timing loop: ``blockc compare``, the benches and
 the child process that runs a compiled CUDA library all time through it.
-What a run's time is -- the host clock around the call, or the host clock
-from the launch to a device synchronize -- is its ``clock`` parameter.
+What a run's time is -- the host clock around the call, or a device's own
+clock (CUDA events recorded on the run's stream before and after it) -- is
+its ``clock`` parameter.
 This module imports nothing from blockc (and numpy only inside the
 functions that need it), so that child process can load it by path and
 start in stdlib time.
@@ -27,14 +28,17 @@ def host_clock(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def synchronized_clock(synchronize: Callable[[], object]) -> Clock:
-    """The host clock from a launch to a device synchronize after it: a GPU
-    run's time as a user's call sees it (launch overhead included)."""
+def event_clock(start: Callable[[], object], stop: Callable[[], float]) -> Clock:
+    """A device's own clock: ``start()`` marks the stream before the run (a
+    CUDA event recorded on it), ``stop()`` marks it after, waits for that mark
+    and returns the seconds between the two. That is the time the device took
+    from the run's first launch to its last kernel's end, gaps the host left
+    between launches included, without the host's own wait at the end (which
+    a host clock would add: a synchronize's wake-up, and the Python around it)."""
     def clock(fn: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
+        start()
         fn()
-        synchronize()
-        return time.perf_counter() - t0
+        return stop()
     return clock
 
 

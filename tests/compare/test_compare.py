@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import time
 from importlib import resources
@@ -88,6 +89,18 @@ def test_missing_backends_are_listed_with_the_reason(report):
     if not cuda["available"]:
         assert cuda["reason"]
         assert not any(r["backend"] == "cuda" for r in report["results"])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the CUDA emulator needs one")
+def test_generated_cuda_is_timed_on_cuda_events_and_the_report_says_so():
+    """compare times a CUDA backend in its child process, on CUDA events
+    (emulated here: host time between the records), and records that clock."""
+    plan = plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=("reference", "cuda-emu"), peers=(),
+                                          seqs=(8,), threads=1, kernels=False, **QUICK))
+    report = run_comparison(plan)
+    assert "CUDA events around each run, emulated" in report["timing"]["clock"]
+    rows = [r for r in report["results"] if r["backend"] == "cuda-emu"]
+    assert rows and all(r["status"] == "ok" and r["latency_ms"]["min"] > 0 for r in rows), rows
 
 
 def test_ratios_pair_fused_with_standard_and_the_peer(report):

@@ -120,7 +120,7 @@ def test_the_c_api_refuses_ids_outside_the_vocabulary(tiny, c_api_alone, ids, fi
                                            r"has 256 rows\)\)"):
         run_model(model, so, feeds, emulated=True)
     good = {"input_ids": np.where((feeds["input_ids"] < 0) | (feeds["input_ids"] >= 256), 0, feeds["input_ids"])}
-    out, _ = run_model(model, so, good, emulated=True)
+    out = run_model(model, so, good, emulated=True).outputs
     ref = blockc.run_reference(graph, weights, good)
     for name in ref:
         np.testing.assert_allclose(out[name], ref[name], rtol=1e-4, atol=1e-5)
@@ -140,7 +140,7 @@ def test_the_c_api_refuses_positions_outside_the_rotary_tables(c_api_alone):
                                            r"position 2, is 128; it indexes 'rope.cos', which has 128 rows\)\)"):
         run_model(generated, so, feeds, emulated=True)
     feeds["position_ids"][0, 2] = 127   # the last row: read, and right
-    out, _ = run_model(generated, so, feeds, emulated=True)
+    out = run_model(generated, so, feeds, emulated=True).outputs
     ref = blockc.run_reference(graph, weights, feeds)
     for name in ref:
         np.testing.assert_allclose(out[name], ref[name], rtol=1e-4, atol=1e-5)
@@ -190,18 +190,21 @@ def test_the_c_api_checks_every_id_input_against_its_smallest_table(c_api_alone,
     with pytest.raises(CudaRunError, match=r"blockc_run in .* returned 1 \(" + message):
         run_model(model, so, feeds, emulated=True)
     good = {"ids": np.array([9, 0, 5, 1], np.int64), ODD: np.array([3, 0, 2, 1], np.int32)}
-    out, _ = run_model(model, so, good, emulated=True)
+    out = run_model(model, so, good, emulated=True).outputs
     np.testing.assert_allclose(out["y"], blockc.run_reference(g, weights, good)["y"], rtol=1e-6)
 
 
 def test_a_graph_without_id_inputs_pays_nothing_for_the_id_check(tiny):
-    """No flags, no read back, no wait on the stream: blockc_run stays asynchronous."""
+    """No flags, no read back, no wait on the stream: blockc_run stays asynchronous
+    (the one stream synchronize left is BLOCKC_CUDA_CHECK_LAUNCHES's, after each launch)."""
     from blockc.codegen.cuda.lower import generate
     _, graph, weights = tiny
-    assert "cudaStreamSynchronize" in generate(graph, weights).source
+    assert "blockc_check_ids(m, inputs, dims, stream)" in generate(graph, weights).source
     g = blockc.parse_graph("graph g(%x: f32[4,8]) {\n  %0:f32[4,8] = exp %x\n  return y=%0\n}\n")
     source = generate(g, {}).source
-    assert "id_errors" not in source and "first_bad" not in source and "cudaStreamSynchronize" not in source
+    assert "id_errors" not in source and "first_bad" not in source and "blockc_check_ids" not in source
+    assert source.count("cudaStreamSynchronize") == 1 and "if (e == cudaSuccess && check) e = cudaStreamSynchronize" \
+        in source
 
 
 # ---- one checker: the first problem a backend raises is the first one a file of inputs lists ----

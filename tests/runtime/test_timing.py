@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from blockc.runtime.timing import (Interleaved, measure, measure_in_blocks, measure_interleaved, paired_speedup,
-                                   ratio_interval, synchronized_clock)
+from blockc.runtime.timing import (Interleaved, event_clock, measure, measure_in_blocks, measure_interleaved,
+                                   paired_speedup, ratio_interval)
 
 
 def test_measure_repeats_until_count_and_time():
@@ -16,13 +16,14 @@ def test_measure_repeats_until_count_and_time():
 
 
 def test_the_clock_is_a_parameter_of_the_one_loop():
-    """A device's clock (launch to synchronize) is the same loop with another
-    clock: every run, warm-up included, is followed by a synchronize, inside
-    the timed span."""
+    """A device's clock (events before and after each run) is the same loop
+    with another clock: every run, warm-up included, sits between the two
+    marks, and its time is what the device's clock says, not the host's."""
     events = []
     t = measure(lambda: events.append("run"), warmup=1, min_repeats=3, min_time_s=0.0,
-                clock=synchronized_clock(lambda: events.append("sync")))
-    assert t.repeats == 3 and events == ["run", "sync"] * 4
+                clock=event_clock(lambda: events.append("start"), lambda: events.append("stop") or 0.25))
+    assert t.repeats == 3 and events == ["start", "run", "stop"] * 4
+    assert t.samples == [0.25] * 3
 
 
 def test_interleaved_rounds_alternate_contestants():

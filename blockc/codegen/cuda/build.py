@@ -4,6 +4,7 @@ A build directory holds:
 
 * ``model.cu``        -- kernels and host code (the exact source for nvcc and for emulation);
 * ``blockc_cuda.h``   -- the small runtime header it includes;
+* ``blockc_model.h``  -- the C API, for a program that links the library (model.cu includes it too);
 * ``weights.bin``     -- every parameter (and load-time result) in launch order;
 * ``model.json``      -- inputs, outputs, symbols, kernels, the memory plan;
 * ``build.sh``        -- the nvcc command that makes ``libblockc_model.so``.
@@ -34,6 +35,7 @@ from .lower import CudaModel
 from .templates import TEMPLATE_DIR
 
 RUNTIME_HEADER = os.path.join(TEMPLATE_DIR, "blockc_cuda.h")
+API_HEADER = os.path.join(TEMPLATE_DIR, "blockc_model.h")
 EMU_DIR = os.path.join(os.path.dirname(__file__), "emu")
 ARCHS = ("sm_80", "sm_90")
 
@@ -117,6 +119,7 @@ def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mappin
     files = {
         "model.cu": model.source.encode(),
         "blockc_cuda.h": open(RUNTIME_HEADER, "rb").read(),
+        "blockc_model.h": open(API_HEADER, "rb").read(),
         "weights.bin": weights_blob(model.params),
         "model.json": (json.dumps(meta, indent=2) + "\n").encode(),
         "build.sh": ("#!/bin/sh\n# Builds libblockc_model.so with nvcc (set NVCC to override).\n" + note
@@ -139,10 +142,10 @@ def emulator_sources() -> list[str]:
 
 def source_hash(model: CudaModel, *flags: str, compiler: str = "") -> str:
     """The cache key of a build of ``model``: everything that goes into it --
-    the generated source, the runtime header, the emulator's headers and
-    sources, the build's ``flags`` and the ``compiler`` (its ``--version``)."""
+    the generated source, the runtime and API headers, the emulator's headers
+    and sources, the build's ``flags`` and the ``compiler`` (its ``--version``)."""
     h = hashlib.sha256()
-    parts = [model.source.encode(), open(RUNTIME_HEADER, "rb").read()]
+    parts = [model.source.encode(), open(RUNTIME_HEADER, "rb").read(), open(API_HEADER, "rb").read()]
     for path in emulator_sources():
         parts += [os.path.basename(path).encode(), open(path, "rb").read()]
     parts += [f.encode() for f in flags] + [compiler.encode()]

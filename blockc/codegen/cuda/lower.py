@@ -332,12 +332,20 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
              for s in plan.slots]
     source = render("host.cu.j2", model_name=c_comment(g.name), version=version, form=form,
                     dtype=c_comment(",".join(sorted({o.dtype.name for _, o in g.outputs}))),
-                    sources=sources, steps=[{"comment": c_comment(f"{' '.join(c.nodes)}: {'+'.join(c.ops)}"),
-                                             "call": c.call} for c in steps],
+                    sources=sources, steps=[{"what": c_string(_launch_name(c)), "call": c.call} for c in steps],
                     slots=slots, symbols=g.symbols(), dim_limits=_dim_limits(g, ctx), id_limits=_id_limits(g, ctx),
                     gemm_runtime=gemm_runtime(gemm, ctx.gemm_sites), num_inputs=len(g.inputs),
                     num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
     return source, kernels
+
+
+def _launch_name(code: KernelCode, room: int = 200) -> str:
+    """How an error names a launch: its kernel and the IR nodes it computes
+    (the first of them, where a long chain would crowd out the error itself)."""
+    nodes = " ".join(code.nodes)
+    if len(nodes) > room:
+        nodes = nodes[:room].rsplit(" ", 1)[0] + " ..."
+    return f"kernel {code.name} (IR nodes {nodes}: {'+'.join(code.ops)})"
 
 
 def _dim_limits(g: Graph, ctx: LowerContext) -> list[dict]:

@@ -43,7 +43,7 @@ from blockc.files import cache_root, cached_file
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 EMU_HEADER = EMU_DIR / "cuda_emu.h"
 EMU_SOURCES = tuple(EMU_DIR / f"cuda_emu_{part}.cpp"
-                    for part in ("sched", "fibers", "threads", "racecheck", "runtime"))
+                    for part in ("sched", "fibers", "threads", "racecheck", "runtime", "streams"))
 STANDARD_CUDA = Path("/usr/local/cuda")
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 SANITIZERS = ("address", "thread")

@@ -2,8 +2,9 @@
 
 Both compile the same generated source (``codegen/cuda``) into a library and
 run it in a child process (``runtime/cuda_runner.py``), which also times it:
-a run's time is taken there, by ``runtime.timing.measure``, not around the
-child process.
+a run's time is taken there, by ``runtime.timing.measure`` on CUDA events
+recorded on the run's stream before and after it (``timing.event_clock``),
+not around the child process.
 """
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ class CudaCompiled(Compiled):
                          weights=self._weights, bindings=bindings, **kw)
 
     def unchecked_runner(self, feeds, bindings):
-        return lambda: self._launch(feeds, bindings)[0]
+        return lambda: self._launch(feeds, bindings).outputs
 
     def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0):
-        _, times = self._launch(feeds, self.check(feeds), timeout=600.0,
-                                time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
-        return Timing.of(times)
+        run = self._launch(feeds, self.check(feeds), timeout=600.0,
+                           time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
+        return Timing.of(run.times)
 
     def close(self):
         self._dir.cleanup()
@@ -64,7 +65,7 @@ class CudaBackend(GeneratedCuda):
     GEMMs on TF32 tensor cores; its error is what ``blockc check --tf32``
     shows)."""
 
-    clock = "host clock around each run and a device synchronize, in the child process"
+    clock = "CUDA events recorded on the run's stream before and after each run, in the child process"
     on_gpu = True
 
     def __init__(self, *, gemm: str | None = None, tf32: bool = False, **_options):
@@ -100,7 +101,7 @@ class CudaBackend(GeneratedCuda):
 
     def detail(self, threads):
         return f"blockc's generated CUDA, --gemm {self.gemm}{' --tf32' if self.choice.tf32 else ''}, sm_80/sm_90, " \
-               "one stream; per-run times from the child process"
+               "one stream, a CUDA graph per shape; per-run times from CUDA events"
 
     def compile(self, graph, weights, *, variant=None, threads=None):
         from ...codegen.cuda.lower import generate
@@ -114,7 +115,8 @@ class CudaEmuBackend(GeneratedCuda):
     and run on the CPU. Options: ``gemm`` (only ``tiled`` can be emulated),
     ``sanitize`` (``address`` or ``thread``: a sanitizer build)."""
 
-    clock = "host clock around each run, in the child process"
+    # The same events, emulated: the host clock at each record (emulated streams are synchronous).
+    clock = "CUDA events around each run, emulated (host time between the records), in the child process"
 
     def __init__(self, *, gemm: str | None = None, tf32: bool = False, sanitize: str | None = None, **_options):
         from ...codegen.cuda.kernels.gemm import EMULATED_GEMM
@@ -135,7 +137,7 @@ class CudaEmuBackend(GeneratedCuda):
 
     def detail(self, threads):
         return "blockc's generated CUDA, --gemm tiled, emulated on the CPU (g++, one fiber per CUDA thread); " \
-               "per-run times from the child process"
+               "per-run times from CUDA events (emulated: host time)"
 
     def compile(self, graph, weights, *, variant=None, threads=None):
         if self.gemm != "tiled":

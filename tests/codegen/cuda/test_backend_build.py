@@ -49,7 +49,7 @@ def test_models_compile_without_warnings_or_fused_spills(name, dtype, tmp_path, 
     assert "spills in fused kernels: 0 bytes" in printed
     plan = summary["memory_plan"]
     assert plan["arena_bytes"] < plan["naive_bytes"]
-    for f in ("model.cu", "blockc_cuda.h", "weights.bin", "model.json", "build.sh"):
+    for f in ("model.cu", "blockc_cuda.h", "blockc_model.h", "weights.bin", "model.json", "build.sh"):
         assert (out / f).exists()
 
 
@@ -83,7 +83,7 @@ def test_sanitizers_find_nothing_in_the_fused_kernels(sanitize):
     feeds = {s.name: s.sample({"batch": 1, "seq": 5}, rng) for s in model.inputs()}
     cm = generate(graph, weights)
     try:
-        out, _ = run_model(cm, emulated_library(cm, sanitize=sanitize), feeds, emulated=True, timeout=600)
+        out = run_model(cm, emulated_library(cm, sanitize=sanitize), feeds, emulated=True, timeout=600).outputs
     except toolchain.ToolchainError as e:
         if "sanitizer" in str(e).lower() and "runtime" in str(e).lower():
             pytest.skip(str(e))
@@ -139,7 +139,7 @@ def test_hostile_names_never_reach_the_source_raw(tmp_path):
     if toolchain.find_gxx() is not None:
         from blockc.runtime.cuda_runner import emulated_library, run_model
         feeds = {HOSTILE[0]: np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)}
-        out, _ = run_model(cm, emulated_library(cm), feeds, emulated=True)
+        out = run_model(cm, emulated_library(cm), feeds, emulated=True).outputs
         ref = blockc.run_reference(g, weights, feeds)
         for k in ref:
             np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-6)

@@ -311,6 +311,30 @@ def test_halves_sharing_a_word_are_not_a_race(racecheck_lib):
     _, y = run_emulated(racecheck_lib, "run_half_pairs", [x, np.zeros_like(x)], timeout=20)
     np.testing.assert_array_equal(y, x.reshape(32, 2)[:, ::-1].reshape(-1))
 
+# ---- stream capture and CUDA graphs ---------------------------------------------------------
+
+@pytest.fixture(params=["fibers", "address"])
+def fiber_or_asan_lib(request, fiber_lib):
+    """The fiber build, and the AddressSanitizer one (a capture keeps copies of launch arguments)."""
+    return fiber_lib if request.param == "fibers" else request.getfixturevalue("asan_lib")
+
+
+def test_graphs_replay_what_was_captured_update_and_refuse_what_cuda_refuses(fiber_or_asan_lib):
+    n = 300
+    x = np.arange(n, dtype=np.float32) / 7
+    fill = np.full(n, -1, np.float32)
+    _, y, w, z, facts = run_emulated(fiber_or_asan_lib, "run_graphs",
+                                     [x, fill, fill, fill, np.zeros(16, np.int32), n])
+    assert facts[0] == 1, "the capture ran a launch instead of recording it"
+    np.testing.assert_allclose(y, 2 * x + 1, rtol=1e-6)          # replayed (twice)
+    np.testing.assert_allclose(w, 4 * x + 1, rtol=1e-6)          # the update's new arguments
+    np.testing.assert_allclose(z, 3 * (4 * x + 1), rtol=1e-6)    # after the update's memset and second kernel
+    assert facts[1] == 0                                         # cudaGraphExecUpdate: the same nodes
+    assert (facts[2], facts[3]) == (910, 2)                      # another topology: cudaErrorGraphExecUpdateFailure
+    assert facts[4] == 900                                       # the legacy stream: cudaErrorStreamCaptureUnsupported
+    assert (facts[5], facts[6], facts[7]) == (900, 901, 1)       # cudaMalloc refused, the capture invalidated
+    assert (facts[8], facts[9]) == (9, 901)                      # a bad launch: reported, the capture invalidated
+
 
 # ---- launch limits and the calling convention --------------------------------------------
 

@@ -167,7 +167,7 @@ def test_bias_and_residual_in_the_tiled_epilogue_match_the_reference(keep_sum):
     assert [s.ops for s in cm.steps] == ([["matmul", "add"], ["add"]] if keep_sum else [["matmul", "add", "add"]])
     feeds = {"x": rng.standard_normal((3, 5, 24)).astype(np.float32),
              "r": rng.standard_normal((3, 5, 16)).astype(np.float32)}
-    out, _ = run_model(cm, emulated_library(cm), feeds, emulated=True)
+    out = run_model(cm, emulated_library(cm), feeds, emulated=True).outputs
     ref = blockc.run_reference(g, weights, feeds, float64=True)
     for k in ref:
         np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-5)
@@ -187,7 +187,7 @@ def test_an_activation_after_the_bias_is_the_epilogue(act):
     lt = "GELU_BIAS" if "tanh" in act else ("RELU_BIAS" if "relu" in act else "BIAS")
     assert f"CUBLASLT_EPILOGUE_{lt} }};" in cublas
     feeds = {"x": rng.standard_normal((2, 5, 24)).astype(np.float32)}
-    out, _ = run_model(cm, emulated_library(cm), feeds, emulated=True)
+    out = run_model(cm, emulated_library(cm), feeds, emulated=True).outputs
     ref = blockc.run_reference(g, weights, feeds, float64=True)
     np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-5, atol=1e-5)
 

@@ -64,8 +64,8 @@ def test_blockc_cuda_leaves_nothing_behind_and_writes_normal_permissions(system_
     (stale / "model.cu").write_text("half")
     assert main(["cuda", *TINY, "--arch", "sm_80", "-o", str(out)]) == 0, capsys.readouterr().out
     assert list(system_tmp.iterdir()) == []
-    assert sorted(p.name for p in out.iterdir()) == ["blockc_cuda.h", "build.sh", "model.cu", "model.json",
-                                                     "summary.json", "weights.bin"]
+    assert sorted(p.name for p in out.iterdir()) == ["blockc_cuda.h", "blockc_model.h", "build.sh", "model.cu",
+                                                     "model.json", "summary.json", "weights.bin"]
     for p in out.iterdir():
         want = 0o750 if p.name == "build.sh" else 0o640
         assert stat.S_IMODE(p.stat().st_mode) == want, p.name

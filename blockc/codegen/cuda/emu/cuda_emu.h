@@ -56,6 +56,11 @@
 //     followed by `BLOCKC_EMU_SHARED(name);`, which fills it and shows it to the
 //     race checker. Only the sources compiled are rewritten, not headers.
 //   * Streams are synchronous; events time host work. Device memory is host memory.
+//   * Stream capture and CUDA graphs (cuda_emu_streams.cpp) record launches,
+//     memsets and memcpys and replay them in order; the rules a program can
+//     break while capturing are checked as CUDA checks them (see there).
+//   * blockc_emu_counters() says what the process did so far (allocations,
+//     launches, graph captures, updates and launches), for tests to read.
 //   * Not emulated: inline PTX, wmma/mma, cp.async, CUB, cooperative groups,
 //     texture/surface objects. Emulated kernels avoid them (BLOCKC_EMU is 1 here).
 //   * Kernel template arguments contain commas: parenthesise the kernel,
@@ -95,6 +100,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -158,10 +164,37 @@ struct SharedEnter {
     if (__atomic_load_n(&v.block, __ATOMIC_ACQUIRE) != now) enter_shared(v);
   }
 };
+// What blockc_emu_counters() reports; each counts from the process's start.
+enum Counter : int {
+  kDeviceAllocations,    // cudaMalloc and the calls that allocate through it
+  kKernelLaunches,       // kernels run (a graph's too), not those only captured
+  kGraphCaptures,        // stream captures ended into a graph
+  kGraphInstantiations,
+  kGraphUpdates,         // successful cudaGraphExecUpdate calls
+  kGraphLaunches,
+  kNumCounters,
+};
+void count(Counter c);
 
 using Body = void (*)(void*);
+// A copy of a launch's closure that outlives the launch: what a capture keeps.
+using Keep = std::shared_ptr<void> (*)(const void* closure);
+// Checks the configuration, then runs the launch, or records it where `stream` captures.
 void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block,
-                   size_t shmem, cudaStream_t stream, Body body, void* closure);
+                   size_t shmem, cudaStream_t stream, Body body, void* closure, Keep keep);
+// Runs a checked launch now (the launcher, and a graph's kernel nodes).
+void run_kernel(const char* name, dim3 grid, dim3 block, size_t shmem, Body body, void* closure);
+
+// Stream capture (cuda_emu_streams.cpp).
+bool capturing(cudaStream_t stream);
+void invalidate_capture(cudaStream_t stream);
+void capture_kernel(cudaStream_t stream, const char* name, const void* kernel, dim3 grid, dim3 block,
+                    size_t shmem, Body body, std::shared_ptr<void> closure);
+void capture_memset(cudaStream_t stream, void* dst, int value, size_t count);
+void capture_memcpy(cudaStream_t stream, void* dst, const void* src, size_t count);
+// cudaSuccess, or (after invalidating this thread's captures) the error CUDA
+// gives a call that may synchronize while a capture forbids it.
+cudaError_t refuse_during_capture(const char* call);
 
 template <class T>
 uint64_t to_bits(T v) {
@@ -194,7 +227,10 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
                   auto params = cl->params;
                   std::apply(cl->kernel, params);
                 },
-                &closure);
+                &closure,
+                [](const void* c) -> std::shared_ptr<void> {
+                  return std::make_shared<Closure>(*static_cast<const Closure*>(c));
+                });
 }
 
 }  // namespace blockc_emu
@@ -202,6 +238,9 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
 extern "C" {
 extern __thread blockc_emu::ThreadCtx* blockc_emu_tls __attribute__((tls_model("initial-exec")));
 void* blockc_emu_dynamic_shared(void);
+// The counters as one JSON object ({"device_allocations": 3, ...}) in `buf`;
+// returns the length it needs, as snprintf does.
+int blockc_emu_counters(char* buf, int size);
 }
 
 #define BLOCKC_LAUNCH(kernel, grid, block, shmem, stream, ...) \

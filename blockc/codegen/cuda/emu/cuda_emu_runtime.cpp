@@ -1,18 +1,17 @@
 // cuda_emu_runtime.cpp: the CUDA runtime calls a generated host file makes,
 // on host memory. NVIDIA's cuda_runtime_api.h declares them; this defines them,
 // so no libcudart is linked. Streams are synchronous (every launch has finished
-// when BLOCKC_LAUNCH returns); events record host time.
+// when BLOCKC_LAUNCH returns; cuda_emu_streams.cpp has them, their capture and
+// graphs); events record host time.
 #include "cuda_emu.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-struct CUstream_st {
-  int unused;
-};
 struct CUevent_st {
   std::chrono::steady_clock::time_point when;
 };
@@ -21,12 +20,25 @@ namespace blockc_emu {
 namespace {
 std::atomic<int> g_last_error{cudaSuccess};
 int g_device = 0;
+std::atomic<long long> g_counters[kNumCounters];
+const char* const kCounterNames[kNumCounters] = {"device_allocations", "kernel_launches", "graph_captures",
+                                                 "graph_instantiations", "graph_updates", "graph_launches"};
 }  // namespace
 
 void record_error(cudaError_t err) { g_last_error.store(err); }
+void count(Counter c) { ++g_counters[c]; }
 }  // namespace blockc_emu
 
 extern "C" {
+
+int blockc_emu_counters(char* buf, int size) {
+  int n = std::snprintf(buf, size, "{");
+  for (int c = 0; c < blockc_emu::kNumCounters; ++c)
+    n += std::snprintf(buf + std::min(n, size), size - std::min(n, size), "%s\"%s\": %lld", c ? ", " : "",
+                       blockc_emu::kCounterNames[c], blockc_emu::g_counters[c].load());
+  n += std::snprintf(buf + std::min(n, size), size - std::min(n, size), "}");
+  return n;
+}
 
 cudaError_t cudaGetLastError(void) { return (cudaError_t)blockc_emu::g_last_error.exchange(cudaSuccess); }
 cudaError_t cudaPeekAtLastError(void) { return (cudaError_t)blockc_emu::g_last_error.load(); }
@@ -39,6 +51,15 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from "
+                                                   "another thread";
+    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included "
+                                                 "changes which violated constraints specific to instantiated "
+                                                 "graph update";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     default: return "unknown error (blockc-emu)";
   }
 }
@@ -50,12 +71,24 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorGraphExecUpdateFailure: return "cudaErrorGraphExecUpdateFailure";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     default: return "cudaErrorUnknown";
   }
 }
 
 // ---- memory ------------------------------------------------------------------------
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  blockc_emu::count(blockc_emu::kDeviceAllocations);
+  const cudaError_t refused = blockc_emu::refuse_during_capture("cudaMalloc");
+  if (refused != cudaSuccess) {
+    *ptr = nullptr;
+    return refused;
+  }
   // 256-byte alignment, as cudaMalloc guarantees and vectorised loads rely on.
   if (posix_memalign(ptr, 256, size ? size : 1) != 0) {
     *ptr = nullptr;
@@ -69,6 +102,8 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMa
 cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int) { return cudaMalloc(ptr, size); }
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return cudaMalloc(ptr, size); }
 cudaError_t cudaFree(void* ptr) {
+  const cudaError_t refused = blockc_emu::refuse_during_capture("cudaFree");
+  if (refused != cudaSuccess) return refused;
   std::free(ptr);
   return cudaSuccess;
 }
@@ -76,11 +111,18 @@ cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) { return cudaFree(ptr); }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
+  const cudaError_t refused = blockc_emu::refuse_during_capture("cudaMemcpy");
+  if (refused != cudaSuccess) return refused;
   if (count) std::memmove(dst, src, count);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, count, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind, cudaStream_t stream) {
+  if (blockc_emu::capturing(stream)) {
+    blockc_emu::capture_memcpy(stream, dst, src, count);
+    return cudaSuccess;
+  }
+  if (count) std::memmove(dst, src, count);
+  return cudaSuccess;
 }
 cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                          enum cudaMemcpyKind) {
@@ -88,10 +130,19 @@ cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitc
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  const cudaError_t refused = blockc_emu::refuse_during_capture("cudaMemset");
+  if (refused != cudaSuccess) return refused;
   if (count) std::memset(ptr, value, count);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) { return cudaMemset(ptr, value, count); }
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (blockc_emu::capturing(stream)) {
+    blockc_emu::capture_memset(stream, ptr, value, count);
+    return cudaSuccess;
+  }
+  if (count) std::memset(ptr, value, count);
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, enum cudaMemcpyKind) {
   std::memcpy((char*)symbol + offset, src, count);
   return cudaSuccess;
@@ -105,7 +156,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
-// ---- device, streams, events ---------------------------------------------------------
+// ---- device, events ---------------------------------------------------------
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
   return cudaSuccess;
@@ -119,7 +170,10 @@ cudaError_t cudaGetDevice(int* device) {
   *device = blockc_emu::g_device;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaPeekAtLastError(); }
+cudaError_t cudaDeviceSynchronize(void) {
+  const cudaError_t refused = blockc_emu::refuse_during_capture("cudaDeviceSynchronize");
+  return refused != cudaSuccess ? refused : cudaPeekAtLastError();
+}
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 // Reports an sm_90-class device (an H100's limits).
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int) {
@@ -180,19 +234,6 @@ cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t 
   return cudaMemcpyToSymbol(symbol, src, count, offset, kind);
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  *stream = new CUstream_st{};
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) { return cudaStreamCreate(stream); }
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  delete stream;
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaPeekAtLastError(); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st{std::chrono::steady_clock::now()};
   return cudaSuccess;
@@ -202,7 +243,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (blockc_emu::capturing(stream)) {  // event nodes are not emulated (cuda_emu_streams.cpp)
+    std::fprintf(stderr, "blockc-emu: cudaEventRecord on a capturing stream is not emulated\n");
+    blockc_emu::invalidate_capture(stream);
+    blockc_emu::record_error(cudaErrorNotSupported);
+    return cudaErrorNotSupported;
+  }
   event->when = std::chrono::steady_clock::now();
   return cudaSuccess;
 }

@@ -373,11 +373,14 @@ void set_max_dynamic_shared(const void* kernel, int bytes) {
 }
 
 void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, size_t shmem,
-                   cudaStream_t, Body body, void* closure) {
+                   cudaStream_t stream, Body body, void* closure, Keep keep) {
+  // CUDA checks a launch's configuration when it is made, captured or not;
+  // a failed launch invalidates the capture it was part of.
   if (!valid_config(grid, block)) {
     std::fprintf(stderr, "blockc-emu: launch of %s failed: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)\n",
                  name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
     record_error(cudaErrorInvalidConfiguration);
+    if (capturing(stream)) invalidate_capture(stream);
     return;
   }
   size_t limit = 48 * 1024;
@@ -390,8 +393,18 @@ void launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, 
     std::fprintf(stderr, "blockc-emu: launch of %s failed: %zu bytes of dynamic shared memory exceed the %zu allowed "
                  "(cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) raises it)\n", name, shmem, limit);
     record_error(cudaErrorInvalidValue);
+    if (capturing(stream)) invalidate_capture(stream);
     return;
   }
+  if (capturing(stream)) {
+    capture_kernel(stream, name, kernel, grid, block, shmem, body, keep(closure));
+    return;
+  }
+  run_kernel(name, grid, block, shmem, body, closure);
+}
+
+void run_kernel(const char* name, dim3 grid, dim3 block, size_t shmem, Body body, void* closure) {
+  count(kKernelLaunches);
   std::lock_guard<std::mutex> serial(g_launch_mu);
   Block b;
   b.kernel = name;
