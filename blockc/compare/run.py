@@ -390,12 +390,15 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     (``watch``), and cuts the group there where that, with the session's
     estimate and a run's need (``one_run``, a run's activations and outputs
     by ``memory.run_bytes``, or the most a check run was measured to take),
-    would pass the budget. A session's preparation needs more than it keeps
-    (an ONNX Runtime session is made from a serialized copy of the model, and
-    its initializers are copied in while it is): the check counts the larger
-    of a run's need and a preparation's, that too the larger of its estimate
-    (``memory.build_bytes``) and the most one was measured to take beyond
-    what it kept. Later blocks keep its groups.
+    would pass the budget. The need counted is the largest of three
+    transients: a run's; a session's preparation (it holds more than it
+    keeps: an ONNX Runtime session is made from a serialized copy of the
+    model), the larger of its estimate (``memory.build_bytes``) and the most
+    one was measured to take beyond what it kept; and a group's timing, the
+    most one was measured to take beyond what its sessions held when it
+    began (later runs grow ONNX Runtime's arenas; freed temporaries stay
+    with glibc until the group closes). Later blocks start from the first
+    block's groups and cut them again where they must.
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
     ``.group``, unique across blocks) and the largest group's estimate."""
     o = plan.options
@@ -407,7 +410,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                                                                                   plan.budget + plan.holding))
     times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
     order = np.random.default_rng(o.seed + 1)
-    largest, groups, serial, one_build = 0, [], 0, 0
+    largest, groups, serial, one_build, one_timing = 0, [], 0, 0, 0
     for block in range(o.blocks):
         pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
         for key in too_big:
@@ -419,8 +422,8 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             ready = {}
             for i, key in enumerate(keys):
                 c = by_key[key]
-                transient = max(one_run, one_build, c.build)
-                if i and block == 0 and _would_pass_budget(plan, watch, c.estimate + transient):
+                transient = max(one_run, one_build, one_timing, c.build)
+                if i and _would_pass_budget(plan, watch, c.estimate + transient):
                     # what is ready already holds more than estimated: time it, the rest form the next group
                     pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
                     keys = keys[:i]
@@ -449,11 +452,17 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                 groups.append(memory.Group(keys, sum(by_key[k].estimate for k in keys)))
                 largest = max(largest, groups[-1].estimate)
             watch.stretch(f"timing {', '.join(ready)} {where}")
+            held = watch.growth()
             for key, t in _time_group(ready, by_key, feeds, o, progress,
                                       f"block {block + 1}/{o.blocks} {where}").items():
                 t.group = serial
                 times[key][block] = t
             serial += 1
+            # what timing took beyond what the ready sessions held: runs after the first grow
+            # ONNX Runtime's arenas, and freed temporaries stay with glibc until the group closes
+            peak = watch.stretch(f"releasing {where}")
+            if None not in (peak, held, watch.start):
+                one_timing = max(one_timing, peak - watch.start - held)
             ready = None
             memory.release_freed()
     return times, largest
