@@ -86,6 +86,7 @@ class LowerContext:
         self._ptrs: dict[int, str] = {}
         self._id_flags: dict[int, str] = {}
         self._views: dict = {}                 # id(value) -> views.View: where a kernel finds it
+        self._scratch: dict[int, str] = {}     # id(node) -> its scratch buffer in the arena
         self.checked_ids: list = []            # slot k of the run function's id_errors: an input or a gather
         self.gemm_sites = 0                    # library GEMM call sites, each with its own plan in the model
 
@@ -117,6 +118,15 @@ class LowerContext:
     def view(self, value: Value):
         """The ``views.View`` a kernel reads ``value`` through, or None (its own buffer, contiguous)."""
         return self._views.get(id(value))
+
+    def bind_scratch(self, node: Node, expr: str) -> None:
+        self._scratch[id(node)] = expr
+
+    def scratch(self, node: Node) -> str | None:
+        """A ``float*`` C expression for the arena scratch ``node``'s kernel
+        asked for (``lower.SCRATCH``), or None where it has none."""
+        expr = self._scratch.get(id(node))
+        return None if expr is None else f"((float*){expr})"
 
     def bind(self, value: Value, expr: str) -> None:
         self._ptrs[id(value)] = expr

@@ -37,7 +37,7 @@ from ...passes.legalize import legalize
 from ...passes.manager import label_origins
 from .exprs import is_inline
 from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype
-from .kernels.attention import emit_attention
+from .kernels.attention import attention_scratch, emit_attention
 from .kernels.copy import emit_copy, own_indices
 from .kernels.elementwise import emit_elementwise
 from .kernels.gemm import EMULATED_GEMM, GemmChoice, emit_gemm, epilogue_nodes, gemm_runtime
@@ -224,10 +224,16 @@ def _root(v: Value, alias: dict) -> Value:
 
 
 # ---- 4. memory plan ----------------------------------------------------------------------
+# kernel family -> fn(node) -> the type of the arena scratch its kernel needs
+# during its own launch, or None: a slot of the plan like any buffer's.
+SCRATCH = {"attention": attention_scratch}
+
+
 @dataclass
 class Buffers:
     plan: MemoryPlan
     out_root: dict      # id(value) -> which graph output it is written to
+    scratch: dict = field(default_factory=dict)   # id(node) -> its scratch Value (not in the graph)
 
 
 def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: Stored) -> Buffers:
@@ -261,7 +267,16 @@ def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: S
         out_root[id(r)] = k
     buffers = [o for nodes in steps_nodes for m in nodes for o in m.outputs
                if id(o) in defined_at and id(o) not in out_root]
-    return Buffers(plan_memory(buffers, defined_at, last_use), out_root)
+    scratch: dict[int, Value] = {}
+    for step, nodes in enumerate(steps_nodes):
+        rule = SCRATCH.get(family(nodes[0].op))
+        t = rule(nodes[-1]) if rule else None
+        if t is not None:
+            v = Value(t, "node", "scratch", producer=nodes[-1], index=len(nodes[-1].outputs))
+            scratch[id(nodes[-1])] = v
+            defined_at[id(v)] = last_use[id(v)] = step
+            buffers.append(v)
+    return Buffers(plan_memory(buffers, defined_at, last_use), out_root, scratch)
 
 
 def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buffers) -> LowerContext:
@@ -285,6 +300,8 @@ def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buf
     for n in g.nodes:
         if id(n.outputs[0]) in alias:
             ctx.alias(n.outputs[0], _root(n.outputs[0], alias))
+        if id(n) in buffers.scratch:
+            ctx.bind_scratch(n, f"(arena + off[{buffers.plan.slot_of[id(buffers.scratch[id(n)])]}])")
     for nodes in steps_nodes:
         for m in nodes:
             if own_indices(m) is not None:
@@ -327,7 +344,8 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
             kernels[code.name] = code
         uses.setdefault(code.name, []).extend(code.nodes)
     sources = [_with_nodes(k.source, uses[name]) for name, k in kernels.items()]
-    slots = [{"comment": c_comment(", ".join(f"{b.producer.op} {b.type}" for b in s.buffers))[:200],
+    scratch = lambda b: " scratch" if b.index >= len(b.producer.outputs) else ""   # noqa: E731 (plan_buffers')
+    slots = [{"comment": c_comment(", ".join(f"{b.producer.op}{scratch(b)} {b.type}" for b in s.buffers))[:200],
               "sizes": sorted({f"{ctx.numel(b.shape)} * {b.dtype.itemsize}LL" for b in s.buffers})}
              for s in plan.slots]
     source = render("host.cu.j2", model_name=c_comment(g.name), version=version, form=form,

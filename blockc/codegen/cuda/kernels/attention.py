@@ -8,11 +8,20 @@ Two variants share the per-row finish: a float32 SIMT kernel for any storage
 type and head size up to ``MAX_HEAD_DIM`` (what the emulator runs), and for
 float16/bfloat16 with head size 64 or 128 an ``mma.sync`` tensor-core kernel
 the launcher picks on sm_80+ when every operand row is 16-byte aligned.
+
+A decode step (at most ``SPLIT_ROWS`` query rows against a long key axis)
+is split over the keys instead, as flash-decoding does: one block per batch
+entry and run of key tiles keeps its rows' running sum, max and total in a
+scratch buffer of the arena (``attention_scratch``), and a combine kernel
+merges the runs and finishes each row. The launcher takes that path at run
+time, where the rows fit one tile and the keys make at least two runs of two
+tiles, so one graph serves its prefill and its decode shapes.
 """
 from __future__ import annotations
 
 from ....ir.dtypes import DType
 from ....ir.graph import Node, Value
+from ....ir.types import TensorType
 from ....ops.masking import apply_masks, causal_allowed, causal_offset
 from ..exprs import CExpr, float_literal
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype
@@ -24,6 +33,8 @@ from ..views import View, contiguous
 MAX_HEAD_DIM = 256
 MMA_HEAD_DIMS = {64: 64, 128: 32}   # head size -> keys per tile (Q, K, V tiles within 48 KiB)
 SHARED_BYTES = 48 * 1024
+SPLIT_ROWS = 16      # the SIMT kernel's query tile: a decode step's rows must fit one
+MAX_SPLITS = 32      # runs of key tiles a decode step is cut into, at most (the scratch holds this many)
 
 
 def _simt_key_tile(dk: int, dv: int) -> int:
@@ -31,6 +42,25 @@ def _simt_key_tile(dk: int, dv: int) -> int:
         if 4 * (16 * dk + bk * (dk + 1) + bk * dv + 4 * bk) <= SHARED_BYTES:
             return bk
     raise AssertionError("MAX_HEAD_DIM keeps the tiles in shared memory")
+
+
+def _may_split(q_len, k_len, bk: int) -> bool:
+    """Whether some run of this attention may take the split (decode) path:
+    its rows may fit one query tile and its keys make four tiles or more."""
+    return (not isinstance(q_len, int) or q_len <= SPLIT_ROWS) and (not isinstance(k_len, int) or k_len > 3 * bk)
+
+
+def attention_scratch(node: Node) -> TensorType | None:
+    """The arena scratch a decode-split run of ``node`` writes its partial
+    rows to (``[batch dims..., MAX_SPLITS, SPLIT_ROWS, dv + 2]`` float32: each
+    row's unnormalised sum, max and total), or None where no run can split."""
+    q, k, v = node.inputs[:3]
+    dk, dv = q.shape[-1], v.shape[-1]
+    if not (isinstance(dk, int) and isinstance(dv, int) and 0 < dk <= MAX_HEAD_DIM and 0 < dv <= MAX_HEAD_DIM):
+        return None   # emit_attention refuses it by name
+    if not _may_split(q.shape[-2], k.shape[-2], _simt_key_tile(dk, dv)):
+        return None
+    return TensorType(DType.float32, tuple(node.outputs[0].shape[:-2]) + (MAX_SPLITS, SPLIT_ROWS, dv + 2))
 
 
 def _score(attrs) -> str:
@@ -86,13 +116,16 @@ def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCo
         fields["m"] = ["0LL"] * 4
         rows += ["0LL", "0LL"]
     mma = dtype != DType.float32 and dk == dv and dk in MMA_HEAD_DIMS
+    part = ctx.scratch(node)
     flavour = "".join(["_causal" if attrs["causal"] else "", "" if mask_kind == "none" else f"_{mask_kind}"])
-    name = f"attention{flavour}_{SHORT[dtype]}_{dk}" + ("" if dv == dk else f"_{dv}")
+    # "_decode": this one also has the split (decode) path, so a different body
+    name = f"attention{flavour}_{SHORT[dtype]}_{dk}" + ("" if dv == dk else f"_{dv}") + ("_decode" if part else "")
     title = (f"attention, scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}"
              f"{' + causal mask' if attrs['causal'] else ''}, head size {dk}")
     source = render("attention.cu.j2", name=name, title=title, T=ctype(dtype), MT=mask_t,
                     nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=attrs["causal"], dk=dk, dv=dv,
                     nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
+                    split=part is not None, max_splits=MAX_SPLITS,
                     score=_score(attrs),
                     causal_end=CExpr("last") + causal_offset(CExpr("q_len"), CExpr("k_len")) + 1)
     layout = (f"{name}_layout{{{{{', '.join(fields['dims'])}}}, "
@@ -100,9 +133,10 @@ def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCo
               + f", {', '.join(rows)}}}")
     args = [_pointer(ctx, views[id(x)]) for x in (q, k, v)] + mask_args + [
         _pointer(ctx, views[id(out)]), ctx.dim(q.shape[-2]), ctx.dim(k.shape[-2]),
-        float_literal(attrs["scale"]), float_literal(attrs["fill"]), layout]
+        float_literal(attrs["scale"]), float_literal(attrs["fill"]), layout, part or "nullptr"]
     return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
-                      [f"{name}_simt"] + ([f"{name}_mma"] if mma else []))
+                      [f"{name}_simt"] + ([f"{name}_mma"] if mma else [])
+                      + ([f"{name}_split", f"{name}_combine"] if part is not None else []))
 
 
 def _pointer(ctx: LowerContext, view: View) -> str:
