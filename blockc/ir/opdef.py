@@ -18,6 +18,9 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   its C expression, ``row_norm``, ``softmax``, ``attention``, ``gemm``, ``copy``, ``alias``,
   ``inline``), or nothing: the CUDA backend then legalizes it by decomposition;
 * ``flops``     -- floating-point operations per output element (or a rule);
+* ``traffic``   -- bytes an ideal kernel reads and writes, where that is not
+  each input once and each output once (a causal softmax reads only the
+  scores its rows see): the traffic model's rule (``report/traffic.py``);
 * ``indexes``   -- which inputs hold ids that pick entries of another input
   (a ``gather``'s indices, a ``rotary``'s positions): ``ops/limits.py``
   range-checks a graph input used so, on every backend;
@@ -69,6 +72,7 @@ class OpDef:
     # dim attribute's run-time value), or fn(attrs, args, out_dtype)
     cuda_expr: str | Callable | None = None
     flops: int | Callable = 1              # per element of the first output, or fn(node, bindings)
+    traffic: Callable | None = None        # fn(node, bindings) -> (bytes read, bytes written); None: each once
     fused: bool = False                    # made by the fusion passes
     colour: str | None = None              # a fused op's colour in report pictures (else a spare one)
     indexes: Callable | None = None        # fn(node) -> [(ids value, table value, axis)] (ops/limits.py)
@@ -186,7 +190,7 @@ OPS: dict[str, OpDef] = {}
 
 def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str | None = None,
            cuda_expr: str | Callable | None = None, flops: int | Callable = 1, fused: bool = False,
-           colour: str | None = None, indexes: Callable | None = None) -> OpDef:
+           colour: str | None = None, indexes: Callable | None = None, traffic: Callable | None = None) -> OpDef:
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
@@ -195,7 +199,7 @@ def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str
     if (cuda == "elementwise") != (cuda_expr is not None):
         raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
     op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,
-               flops=flops, fused=fused, colour=colour, indexes=indexes)
+               flops=flops, fused=fused, colour=colour, indexes=indexes, traffic=traffic)
     OPS[name] = op
     return op
 

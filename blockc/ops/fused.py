@@ -17,7 +17,7 @@ from ..ir.dims import evaluate
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
 from ._rules import broadcast_shapes, elementwise, fmt, matmul_flops, numel, same_dtype
-from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, fill_for
+from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, causal_visible, fill_for
 from .nn import torch_causal_mask, torch_layernorm, torch_rmsnorm
 from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define, get
 
@@ -75,9 +75,32 @@ _MASK_ATTRS = {"scale": (FLOAT, 1.0), "mask": (STR, "none"), "causal": (BOOL, Fa
 MASKED_SOFTMAX_FLOPS = 6  # per score: scale, mask, max, subtract, exp, sum, divide
 
 # ---- masked_softmax ------------------------------------------------------------
+def causal_traffic(scored_from: int, scores_shape):
+    """The traffic rule of a masked op whose inputs from ``scored_from`` on
+    are the scores and masks, ``scores_shape(node)`` the scores' ``(rows,
+    cols)``: an ideal causal kernel loads only the entries its rows see of
+    each of those as large as the scores, every other input once, and
+    writes every output."""
+    def rule(node, bindings) -> tuple[int, int]:
+        rows, cols = (evaluate(d, bindings) for d in scores_shape(node))
+        seen, read = set(), 0
+        for k, v in enumerate(node.inputs):
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            nbytes = v.type.nbytes(bindings)
+            if node.attrs["causal"] and k >= scored_from and rows * cols and v.type.rank >= 2 \
+                    and tuple(evaluate(d, bindings) for d in v.shape[-2:]) == (rows, cols):
+                nbytes = nbytes * causal_visible(rows, cols) // (rows * cols)
+            read += nbytes
+        return read, sum(o.type.nbytes(bindings) for o in node.outputs)
+    return rule
+
+
 masked_softmax = define("masked_softmax", ("x", "*mask"), attrs=dict(_MASK_ATTRS),
                         doc="softmax(mask(x * scale)) over the last axis; the causal mask from indices",
-                        fused=True, colour="#E45756", cuda="softmax", flops=MASKED_SOFTMAX_FLOPS)
+                        fused=True, colour="#E45756", cuda="softmax", flops=MASKED_SOFTMAX_FLOPS,
+                        traffic=causal_traffic(0, lambda node: node.inputs[0].shape[-2:]))
 
 
 @masked_softmax.infer
@@ -114,7 +137,8 @@ def _attention_flops(node, bindings) -> int:
 
 attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(_MASK_ATTRS),
                    doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]",
-                   fused=True, colour="#F58518", cuda="attention", flops=_attention_flops)
+                   fused=True, colour="#F58518", cuda="attention", flops=_attention_flops,
+                   traffic=causal_traffic(3, lambda node: (node.inputs[0].shape[-2], node.inputs[1].shape[-2])))
 
 
 @attention.infer

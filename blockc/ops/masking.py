@@ -33,6 +33,15 @@ def causal_allowed(i, j, rows, cols):
     return j <= i + causal_offset(rows, cols)
 
 
+def causal_visible(rows: int, cols: int) -> int:
+    """How many of a ``rows x cols`` causal mask's entries are allowed: row
+    ``i`` sees ``i + cols - rows + 1`` keys (never more than ``cols``, none
+    before the first key), so the count is ``1 + 2 + ... + cols`` less the
+    rows cut off above (``cols > rows``: a cache's past) or missing (``rows > cols``)."""
+    first = max(1, cols - rows + 1)   # keys the first row that sees any sees
+    return cols * (cols + 1) // 2 - (first - 1) * first // 2 if rows > 0 and cols > 0 else 0
+
+
 def causal_mask_array(rows: int, cols: int) -> np.ndarray:
     """``bool[rows, cols]``: the causal mask as numpy computes it."""
     return causal_allowed(np.arange(rows)[:, None], np.arange(cols)[None, :], rows, cols)

@@ -6,7 +6,9 @@ traffic of an ideal kernel that keeps nothing between ops, which is what a
 fusion saves. ``reshape`` is a view and moves nothing. Matmul operands count
 once each (a well-tiled GEMM's DRAM traffic, ignoring re-reads). Nodes that
 depend only on parameters and constants (the transposed tied head, the
-concatenated QKV weights) run once at load time and are not counted.
+concatenated QKV weights) run once at load time and are not counted. An op
+whose ideal kernel moves less declares how much (its ``traffic`` in the
+registry): a causal softmax reads only the scores its rows can see.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Mapping
 
 from ..ir.graph import Graph, Node
 from ..ir.load_time import load_time_nodes
+from ..ir.opdef import get
 
 ZERO_COPY = frozenset({"reshape"})
 
@@ -33,6 +36,9 @@ class NodeTraffic:
 def node_traffic(node: Node, bindings: Mapping[str, int]) -> NodeTraffic:
     if node.op in ZERO_COPY:
         return NodeTraffic(node, 0, 0)
+    rule = get(node.op).traffic
+    if rule is not None:
+        return NodeTraffic(node, *rule(node, bindings))
     seen, read = set(), 0
     for v in node.inputs:
         if id(v) not in seen:
