@@ -33,12 +33,35 @@ def first_fused_nodes(graphs: list[Graph]) -> list[tuple[str, Node]]:
 
 def isolate(node: Node, name: str) -> Graph:
     """A graph holding ``node`` alone: tensor inputs become inputs ``in0..``."""
+    return isolate_nodes([node], name)
+
+
+def isolate_nodes(nodes: list[Node], name: str, outputs: tuple = ()) -> Graph:
+    """A graph holding ``nodes`` (in order; one kernel's worth, say a GEMM and
+    its epilogue): the values entering them become inputs ``in0..`` (a
+    parameter stays a parameter, a constant is copied), and the values that
+    leave them -- read by a node outside, unread, or among ``outputs`` (the
+    enclosing graph's) -- its outputs ``out0..``."""
     g = Graph(name)
-    inputs = []
-    for i, v in enumerate(node.inputs):
-        inputs.append(g.add_param(v.name, v.type) if v.kind == "param" else g.add_input(f"in{i}", v.type))
-    copy = g.add_node(node.op, inputs, dict(node.attrs))
-    g.set_outputs((f"out{i}", o) for i, o in enumerate(copy.outputs))
+    inside = {id(n) for n in nodes}
+    new: dict[int, object] = {}
+    for n in nodes:
+        for v in n.inputs:
+            if id(v) in new:
+                continue
+            if v.kind == "param":
+                new[id(v)] = g.add_param(v.name, v.type)
+            elif v.producer is not None and id(v.producer) not in inside and v.producer.op == "constant":
+                new[id(v)] = g.add_node("constant", [], dict(v.producer.attrs)).outputs[0]
+            elif v.producer is None or id(v.producer) not in inside:
+                new[id(v)] = g.add_input(f"in{len(g.inputs)}", v.type)
+        copy = g.add_node(n.op, [new[id(v)] for v in n.inputs], dict(n.attrs))
+        for o, c in zip(n.outputs, copy.outputs):
+            new[id(o)] = c
+    leaving = {id(v) for v in outputs}
+    g.set_outputs((f"out{i}", new[id(o)]) for i, o in enumerate(
+        o for n in nodes for o in n.outputs
+        if id(o) in leaving or not o.uses or any(id(user) not in inside for user in o.users())))
     return g
 
 

@@ -55,3 +55,27 @@ def graph_traffic(graph: Graph, bindings: Mapping[str, int]) -> list[NodeTraffic
 
 def total_bytes(graph: Graph, bindings: Mapping[str, int]) -> int:
     return sum(t.total for t in graph_traffic(graph, bindings))
+
+
+def step_traffic(graph: Graph, nodes: list[Node], bindings: Mapping[str, int]) -> NodeTraffic:
+    """The traffic of one kernel that computes ``nodes`` of ``graph`` together
+    (a GEMM and its epilogue, a chain of elementwise ops): it reads what
+    enters the group -- each value once, a strided view as the bytes it
+    covers -- and writes what leaves it (used by a node outside, or a graph
+    output); values that stay inside never reach memory. One node alone
+    counts as ``node_traffic`` does. ``nodes[-1]`` stands for the kernel."""
+    if len(nodes) == 1:
+        return node_traffic(nodes[0], bindings)
+    inside = {id(n) for n in nodes}
+    made = {id(o) for n in nodes for o in n.outputs}
+    outputs = {id(v) for _, v in graph.outputs}
+    seen, read, written = set(), 0, 0
+    for n in nodes:
+        for v in n.inputs:
+            if id(v) not in made and id(v) not in seen:
+                seen.add(id(v))
+                read += v.type.nbytes(bindings)
+        for o in n.outputs:
+            if id(o) in outputs or any(id(user) not in inside for user in o.users()):
+                written += o.type.nbytes(bindings)
+    return NodeTraffic(nodes[-1], read, written)

@@ -103,12 +103,7 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
     one strided batch cannot express an operand's broadcasting). ``tf32``:
     float32 GEMMs on TF32 tensor cores (cuBLAS only)."""
     choice = GemmChoice(gemm, tf32)
-    g = legalize_for_cuda(graph)
-    stored, runtime = fold_load_time(g, weights)
-    folded = fold_attention_views(g, runtime, lambda v: v.kind != "node" or id(v) in stored.index,
-                                  ops_of("attention"))
-    steps_nodes, alias = fuse_elementwise(g, folded.runtime)
-    alias.update(folded.alias)
+    g, stored, folded, steps_nodes, alias = _steps(graph, weights)
     buffers = plan_buffers(g, steps_nodes, alias, stored)
     ctx = bind_values(g, steps_nodes, alias, stored, buffers)
     ctx.set_views(folded.views)
@@ -116,6 +111,27 @@ def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fu
     source, kernels = render_host(g, steps, ctx, stored, buffers.plan, form=form, version=version, gemm=choice)
     return CudaModel(source, g, stored.params, steps, buffers.plan, g.symbols(), [(v.name, v) for v in g.inputs],
                      list(g.outputs), kernels, choice)
+
+
+def _steps(graph: Graph, weights: Mapping[str, np.ndarray]):
+    """Phases 1 to 3: the legalized graph, what is stored with the weights,
+    the folded views, the launch steps' nodes and the aliases."""
+    g = legalize_for_cuda(graph)
+    stored, runtime = fold_load_time(g, weights)
+    folded = fold_attention_views(g, runtime, lambda v: v.kind != "node" or id(v) in stored.index,
+                                  ops_of("attention"))
+    steps_nodes, alias = fuse_elementwise(g, folded.runtime)
+    alias.update(folded.alias)
+    return g, stored, folded, steps_nodes, alias
+
+
+def kernel_steps(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[Graph, list[list[Node]]]:
+    """The legalized graph and, per launch step of the generated code, the IR
+    nodes it computes (a GEMM with its epilogue, an elementwise chain, one
+    node): what the traffic model counts for the CUDA backend
+    (``report.traffic.step_traffic``) without rendering any code."""
+    g, _, _, steps_nodes, _ = _steps(graph, weights)
+    return g, steps_nodes
 
 
 # ---- 1. legalize ----------------------------------------------------------------------
