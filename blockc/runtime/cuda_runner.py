@@ -268,7 +268,7 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
               emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto",
               weights: str | None = None, bindings: Mapping[str, int] | None = None,
               reserve: Mapping[str, int] | None = None, runs: int = 1, graphs: bool | None = None,
-              check_launches: bool | None = None) -> ModelRun:
+              check_launches: bool | None = None, tensor_cores: bool | None = None) -> ModelRun:
     """Run ``model``'s library ``so_path`` (``emulated_library`` or
     ``gpu_library``) on ``feeds`` in a child process.
 
@@ -276,10 +276,10 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
     (``timing.measure`` on CUDA events recorded before and after each run),
     their seconds per run in ``times``; else the feeds run ``runs`` times.
     ``reserve``: the sizes ``blockc_reserve`` reserves the arena for (None:
-    those ``feeds`` bind). ``graphs``, ``check_launches``: the library's
-    switches ``BLOCKC_CUDA_GRAPHS`` and ``BLOCKC_CUDA_CHECK_LAUNCHES``
-    (``blockc_model.h``); None leaves them as this process's environment has
-    them. ``sanitize``: the library's sanitizer (see ``run_child``).
+    those ``feeds`` bind). ``graphs``, ``check_launches``, ``tensor_cores``:
+    the library's switches ``BLOCKC_CUDA_GRAPHS``, ``BLOCKC_CUDA_CHECK_LAUNCHES``
+    and ``BLOCKC_CUDA_TENSOR_CORES`` (``blockc_model.h``); None leaves them as
+    this process's environment has them. ``sanitize``: the library's sanitizer (see ``run_child``).
     ``weights``: the model's weights file (``write_weights``), written once by
     a caller that runs many times; None writes it for this run.
     ``bindings``: the sizes ``feeds`` bind, from a caller that has checked
@@ -288,7 +288,8 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
     if bindings is None:
         bindings = bind_inputs(model.graph, feeds)
     switches = {name: str(int(on)) for name, on in (("BLOCKC_CUDA_GRAPHS", graphs),
-                                                     ("BLOCKC_CUDA_CHECK_LAUNCHES", check_launches))
+                                                     ("BLOCKC_CUDA_CHECK_LAUNCHES", check_launches),
+                                                     ("BLOCKC_CUDA_TENSOR_CORES", tensor_cores))
                 if on is not None}
     shapes = [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:

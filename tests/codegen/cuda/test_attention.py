@@ -4,8 +4,9 @@ offset, padding and additive masks, grouped-query attention, fully masked
 rows, sequence lengths off the tile size, qkv_attention read from the packed
 projection), the GPT-2 block's launches, and the tensor-core variant proven
 by nvcc: sm_80/sm_90 with no spills, and mma.sync, ldmatrix and cp.async in
-its PTX. The emulator runs the SIMT variant for every dtype (it has no
-mma.sync); the tensor-core variant has not run on a GPU here."""
+its PTX. The emulator runs the SIMT variant here (its default); the
+tensor-core variant runs emulated in test_attention_mma.py, and has not run
+on a GPU here."""
 from __future__ import annotations
 
 import json

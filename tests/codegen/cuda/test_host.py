@@ -159,9 +159,10 @@ def test_a_c_program_reserves_runs_and_is_refused_as_the_header_says(c_api_user,
 
 
 @needs_gxx
-def test_a_bad_switch_value_is_refused_by_blockc_create(c_api_user):
-    out = c_api_user(BLOCKC_CUDA_GRAPHS="yes")
-    assert not out["created"] and out["create_error"] == "BLOCKC_CUDA_GRAPHS is 'yes': set it to 0 or 1"
+@pytest.mark.parametrize("switch", ["BLOCKC_CUDA_GRAPHS", "BLOCKC_CUDA_TENSOR_CORES"])
+def test_a_bad_switch_value_is_refused_by_blockc_create(c_api_user, switch):
+    out = c_api_user(**{switch: "yes"})
+    assert not out["created"] and out["create_error"] == f"{switch} is 'yes': set it to 0 or 1"
 
 
 # ---- a failed launch names its kernel --------------------------------------------------------------

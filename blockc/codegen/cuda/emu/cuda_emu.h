@@ -61,8 +61,10 @@
 //     break while capturing are checked as CUDA checks them (see there).
 //   * blockc_emu_counters() says what the process did so far (allocations,
 //     launches, graph captures, updates and launches), for tests to read.
-//   * Not emulated: inline PTX, wmma/mma, cp.async, CUB, cooperative groups,
-//     texture/surface objects. Emulated kernels avoid them (BLOCKC_EMU is 1 here).
+//   * Not emulated: inline PTX, wmma, CUB, cooperative groups, texture/surface
+//     objects. Emulated kernels avoid them (BLOCKC_EMU is 1 here). The tensor-core
+//     operations blockc's kernels use (cp.async, ldmatrix, mma.sync m16n8k16)
+//     are emulated by blockc_cuda.h's wrappers around them, not here.
 //   * Kernel template arguments contain commas: parenthesise the kernel,
 //     `BLOCKC_LAUNCH((k<float, 4>), ...)`.
 #ifndef BLOCKC_CUDA_EMU_H

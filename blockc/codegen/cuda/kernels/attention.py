@@ -7,7 +7,9 @@ broadcast batch strides, and the causal key tiles past a query tile skipped.
 Two variants share the per-row finish: a float32 SIMT kernel for any storage
 type and head size up to ``MAX_HEAD_DIM`` (what the emulator runs), and for
 float16/bfloat16 with head size 64 or 128 an ``mma.sync`` tensor-core kernel
-the launcher picks on sm_80+ when every operand row is 16-byte aligned.
+the launcher picks on sm_80+ when every operand row is 16-byte aligned and
+the model's ``BLOCKC_CUDA_TENSOR_CORES`` allows (the emulator runs it too,
+through ``blockc_cuda.h``'s emulated ``mma.sync``, when that switch is 1).
 
 A decode step (at most ``SPLIT_ROWS`` query rows against a long key axis)
 is split over the keys instead, as flash-decoding does: one block per batch
@@ -134,7 +136,8 @@ def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCo
     args = [_pointer(ctx, views[id(x)]) for x in (q, k, v)] + mask_args + [
         _pointer(ctx, views[id(out)]), ctx.dim(q.shape[-2]), ctx.dim(k.shape[-2]),
         float_literal(attrs["scale"]), float_literal(attrs["fill"]), layout, part or "nullptr"]
-    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
+    # the model's BLOCKC_CUDA_TENSOR_CORES switch (host.cu.j2) picks the variant at run time
+    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, m->tensor_cores, stream);", labels, [node.op],
                       [f"{name}_simt"] + ([f"{name}_mma"] if mma else [])
                       + ([f"{name}_split", f"{name}_combine"] if part is not None else []))
 

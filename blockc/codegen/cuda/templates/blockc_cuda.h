@@ -243,9 +243,14 @@ inline size_t blockc_dynamic_shared_limit(K* kernel) {
 }
 
 // ---- tensor cores (sm_80+): cp.async, ldmatrix and mma.sync m16n8k16 ----
-// Only a device pass for sm_80 or later defines them; kernels that use them
-// guard their bodies the same way, and the emulator never sees them (it runs
-// the SIMT variants).
+// A device pass for sm_80 or later defines them as inline PTX, the emulator
+// as the C++ below; kernels that use them guard their bodies the same way
+// (BLOCKC_TENSOR_CORE_CODE).
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || (defined(BLOCKC_EMU) && BLOCKC_EMU)
+#define BLOCKC_TENSOR_CORE_CODE 1
+#else
+#define BLOCKC_TENSOR_CORE_CODE 0
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 // Rows [r0, r0 + ROWS) of a [len, D] operand (row stride `stride`) into shared
 // rows of `ld` elements, 16 bytes per cp.async; rows past `len` are zero-filled
@@ -292,5 +297,82 @@ template <> __device__ __forceinline__ void blockc_mma_16816<__nv_bfloat16>(floa
                "{%0, %1, %2, %3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#elif defined(BLOCKC_EMU) && BLOCKC_EMU
+// The same operations emulated (the emulator runs no inline PTX), so the
+// tensor-core kernels run on the CPU against the reference. cp.async is a
+// synchronous 16-byte copy, which the kernel's wait and barrier then order as
+// on a GPU. ldmatrix and mma.sync are warp-collective through shuffles, with
+// the fragment layouts of the PTX ISA (a lane's group g = lane / 4 and index
+// t = lane % 4): ldmatrix gives lane i the elements (i / 4, 2(i % 4) + {0, 1})
+// of each 8x8 matrix whose rows lanes 8j..8j+7 address (.trans: their
+// transpose); mma.m16n8k16's A fragment holds A[g][2t..], A[g+8][2t..],
+// A[g][2t+8..], A[g+8][2t+8..], its B fragment B[2t..][g], B[2t+8..][g], and
+// its accumulator C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. Products
+// and sums are float32 (a tensor core's order of summation may differ).
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void blockc_cp_async_rows(T* dst, int ld, const T* src, long long stride, long long r0,
+                                                     long long len) {
+  constexpr int E = 16 / (int)sizeof(T), CHUNKS = D / E;
+  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
+    const int r = e / CHUNKS, c = (e % CHUNKS) * E;
+    unsigned* d = reinterpret_cast<unsigned*>(dst + r * ld + c);
+    const bool ok = r0 + r < len;
+    const unsigned* s = reinterpret_cast<const unsigned*>(src + (ok ? (r0 + r) * stride + c : 0));
+    for (int w = 0; w < 4; ++w) d[w] = ok ? s[w] : 0u;  // word by word: the race checker sees each store
+  }
+}
+__device__ __forceinline__ void blockc_cp_async_wait_all() {}
+
+__device__ __forceinline__ void blockc_ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < 4; ++j) {
+    const unsigned short* row = static_cast<const unsigned short*>(__shfl_sync(0xffffffffu, p, 8 * j + lane / 4));
+    r[j] = (unsigned)row[2 * (lane % 4)] | ((unsigned)row[2 * (lane % 4) + 1] << 16);
+  }
+}
+__device__ __forceinline__ void blockc_ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < 4; ++j) {
+    const unsigned short* lo = static_cast<const unsigned short*>(__shfl_sync(0xffffffffu, p, 8 * j + 2 * (lane % 4)));
+    const unsigned short* hi =
+        static_cast<const unsigned short*>(__shfl_sync(0xffffffffu, p, 8 * j + 2 * (lane % 4) + 1));
+    r[j] = (unsigned)lo[lane / 4] | ((unsigned)hi[lane / 4] << 16);
+  }
+}
+
+__device__ __forceinline__ float blockc_emu_b16(unsigned bits, __half) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+__device__ __forceinline__ float blockc_emu_b16(unsigned bits, __nv_bfloat16) {
+  return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
+}
+template <typename T>
+__device__ __forceinline__ void blockc_mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  float arow[2][16], bcol[2][16];  // rows g and g + 8 of A; columns 2t and 2t + 1 of B
+  for (int j = 0; j < 4; ++j) {    // lane j of a quad holds columns (rows of B) 2j, 2j + 1, 2j + 8, 2j + 9
+    unsigned x[4];
+    for (int i = 0; i < 4; ++i) x[i] = __shfl_sync(0xffffffffu, a[i], (lane & ~3) + j);
+    for (int h = 0; h < 2; ++h) {
+      arow[h][2 * j] = blockc_emu_b16(x[h] & 0xffffu, T());
+      arow[h][2 * j + 1] = blockc_emu_b16(x[h] >> 16, T());
+      arow[h][2 * j + 8] = blockc_emu_b16(x[h + 2] & 0xffffu, T());
+      arow[h][2 * j + 9] = blockc_emu_b16(x[h + 2] >> 16, T());
+    }
+    for (int e = 0; e < 2; ++e) {  // column 2t + e of B lies in the quad of lanes 4(2t + e)..
+      const unsigned y0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * t + e) + j);
+      const unsigned y1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * t + e) + j);
+      bcol[e][2 * j] = blockc_emu_b16(y0 & 0xffffu, T());
+      bcol[e][2 * j + 1] = blockc_emu_b16(y0 >> 16, T());
+      bcol[e][2 * j + 8] = blockc_emu_b16(y1 & 0xffffu, T());
+      bcol[e][2 * j + 9] = blockc_emu_b16(y1 >> 16, T());
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int e = 0; e < 2; ++e) {
+      float sum = 0.0f;
+      for (int k = 0; k < 16; ++k) sum += arow[h][k] * bcol[e][k];
+      c[2 * h + e] += sum;
+    }
+  }
 }
 #endif

@@ -40,7 +40,11 @@
  *   BLOCKC_CUDA_CHECK_LAUNCHES=1  wait for each launch and check it, so that a
  *                                 fault inside a kernel, not only a launch CUDA
  *                                 refuses, names its kernel (slow: for debugging;
- *                                 no graphs).
+ *                                 no graphs);
+ *   BLOCKC_CUDA_TENSOR_CORES=0    attention always on its float32 SIMT kernel, not
+ *                                 the mma.sync one (1, the default on a GPU: the
+ *                                 mma.sync kernel where dtype, head size and
+ *                                 alignment allow; the emulator runs it only at 1).
  * A launch CUDA refuses is named by its kernel and the IR nodes it computes:
  * "launch 3 of 12, kernel add_layernorm_f32_768 (IR nodes %5 %6: add_layernorm): ...";
  * a fault inside a kernel only by the launch it was seen after, unless
