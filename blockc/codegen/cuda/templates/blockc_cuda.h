@@ -252,22 +252,13 @@ inline size_t blockc_dynamic_shared_limit(K* kernel) {
 #define BLOCKC_TENSOR_CORE_CODE 0
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-// Rows [r0, r0 + ROWS) of a [len, D] operand (row stride `stride`) into shared
-// rows of `ld` elements, 16 bytes per cp.async; rows past `len` are zero-filled
-// (a source size of 0 reads nothing). Commits one group.
-template <int ROWS, int D, typename T>
-__device__ __forceinline__ void blockc_cp_async_rows(T* dst, int ld, const T* src, long long stride, long long r0,
-                                                     long long len) {
-  constexpr int E = 16 / (int)sizeof(T), CHUNKS = D / E;
-  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
-    const int r = e / CHUNKS, c = (e % CHUNKS) * E;
-    const bool ok = r0 + r < len;
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst + r * ld + c);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
-                 "l"(ok ? src + (r0 + r) * stride + c : src), "r"(ok ? 16 : 0));
-  }
-  asm volatile("cp.async.commit_group;\n" ::);
+// One 16-byte cp.async into shared memory: from `src`, or zeros where !ok
+// (a source size of 0 reads nothing); a group is committed after a batch.
+__device__ __forceinline__ void blockc_cp_async16(void* dst, const void* src, bool ok) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
 }
+__device__ __forceinline__ void blockc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void blockc_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
@@ -310,18 +301,12 @@ template <> __device__ __forceinline__ void blockc_mma_16816<__nv_bfloat16>(floa
 // A[g][2t+8..], A[g+8][2t+8..], its B fragment B[2t..][g], B[2t+8..][g], and
 // its accumulator C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. Products
 // and sums are float32 (a tensor core's order of summation may differ).
-template <int ROWS, int D, typename T>
-__device__ __forceinline__ void blockc_cp_async_rows(T* dst, int ld, const T* src, long long stride, long long r0,
-                                                     long long len) {
-  constexpr int E = 16 / (int)sizeof(T), CHUNKS = D / E;
-  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
-    const int r = e / CHUNKS, c = (e % CHUNKS) * E;
-    unsigned* d = reinterpret_cast<unsigned*>(dst + r * ld + c);
-    const bool ok = r0 + r < len;
-    const unsigned* s = reinterpret_cast<const unsigned*>(src + (ok ? (r0 + r) * stride + c : 0));
-    for (int w = 0; w < 4; ++w) d[w] = ok ? s[w] : 0u;  // word by word: the race checker sees each store
-  }
+__device__ __forceinline__ void blockc_cp_async16(void* dst, const void* src, bool ok) {
+  unsigned* d = static_cast<unsigned*>(dst);
+  const unsigned* from = static_cast<const unsigned*>(src);
+  for (int w = 0; w < 4; ++w) d[w] = ok ? from[w] : 0u;  // word by word: the race checker sees each store
 }
+__device__ __forceinline__ void blockc_cp_async_commit() {}
 __device__ __forceinline__ void blockc_cp_async_wait_all() {}
 
 __device__ __forceinline__ void blockc_ldmatrix_x4(unsigned (&r)[4], const void* p) {
@@ -374,5 +359,21 @@ __device__ __forceinline__ void blockc_mma_16816(float (&c)[4], const unsigned (
       c[2 * h + e] += sum;
     }
   }
+}
+#endif
+#if BLOCKC_TENSOR_CORE_CODE
+// Rows [r0, r0 + ROWS) of a [len, D] operand (row stride `stride`) into shared
+// rows of `ld` elements, 16 bytes per cp.async; rows past `len` are zero-filled.
+// Commits one group.
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void blockc_cp_async_rows(T* dst, int ld, const T* src, long long stride, long long r0,
+                                                     long long len) {
+  constexpr int E = 16 / (int)sizeof(T), CHUNKS = D / E;
+  for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
+    const int r = e / CHUNKS, c = (e % CHUNKS) * E;
+    const bool ok = r0 + r < len;
+    blockc_cp_async16(dst + r * ld + c, ok ? src + (r0 + r) * stride + c : src, ok);
+  }
+  blockc_cp_async_commit();
 }
 #endif
