@@ -11,9 +11,11 @@ returns the whole buffer as the present::
 
 Its meaning is a copy with the rows replaced; what makes it in place is the
 runtime: ONNX Runtime's ``ScatterElements`` writes straight into its input
-when the output is bound to the same buffer (IO binding), so the step costs
-the rows written, not the cache. Targets without a lowering decompose it into
-the slices around the rows and a concat.
+when the output is bound to the same buffer (IO binding), and the generated
+CUDA skips its copy when the C API is given the cache's own buffer as the
+output (``codegen/cuda/kernels/copy.py``), so the step costs the rows
+written, not the cache. Targets without a lowering decompose it into the
+slices around the rows and a concat.
 
 ``cache_attention`` (made by ``passes/fuse_cache_attention.py``) is the
 write of keys and values, the read of the first ``total`` rows and the
@@ -41,7 +43,7 @@ from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_gro
 from .registry import DIM, INT, REQUIRED, NotApplicable, define
 
 cache_write = define("cache_write", ("cache", "update"), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED)},
-                     flops=0, doc="cache with update written at [start, start+len(update)) along axis")
+                     flops=0, cuda="copy", doc="cache with update written at [start, start+len(update)) along axis")
 
 
 @cache_write.infer

@@ -15,7 +15,9 @@ Two calls, one protocol (the spec's ``call``):
   their files. With ``spec["time"]`` the run is instead timed by blockc's one
   timing loop (``runtime/timing.py``'s ``measure``) on the device's clock:
   CUDA events recorded on the run's stream before and after each run. The
-  per-run seconds go into the result.
+  per-run seconds go into the result. An output with ``"alias": k`` is
+  written into input k's device buffer (a decode step's cache in place),
+  and read back from there.
 
 The result file gets ``{"rc", "where", "error", "times", "counters"}``:
 ``rc`` 0, or the non-zero status the library returned from the function
@@ -126,7 +128,7 @@ def call_model(lib, spec: dict) -> dict:
             p = device_buffer(len(data))
             check("blockc_copy_to_device", to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
             ins.append(p)
-        outs = [device_buffer(item["nbytes"]) for item in spec["outputs"]]
+        outs = [ins[item["alias"]] if "alias" in item else device_buffer(item["nbytes"]) for item in spec["outputs"]]
         dims = longs(spec["dims"])
         in_arr = (vp * max(len(ins), 1))(*ins)
         out_arr = (vp * max(len(outs), 1))(*outs)

@@ -254,6 +254,18 @@ def write_weights(model: CudaModel, directory: str) -> str:
     return path
 
 
+def _in_place_input(model: CudaModel, output: str, input_name: str, in_names: list) -> int:
+    """The position of the input ``output`` is written into, once their types agree."""
+    if input_name not in in_names:
+        raise BlockcError(f"in_place: {output!r} -> {input_name!r}, which is not an input of the model")
+    out_t = dict(model.outputs)[output].type
+    in_t = model.inputs[in_names.index(input_name)][1].type
+    if out_t != in_t:
+        raise BlockcError(f"in_place: output {output!r} is {out_t}, input {input_name!r} is {in_t}: "
+                          f"an output can share only a buffer of its own type")
+    return in_names.index(input_name)
+
+
 @dataclass
 class ModelRun:
     """What ``run_model`` gives back."""
@@ -268,7 +280,8 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
               emulated: bool, timeout: float = 300.0, time: dict | None = None, sanitize: str | None = "auto",
               weights: str | None = None, bindings: Mapping[str, int] | None = None,
               reserve: Mapping[str, int] | None = None, runs: int = 1, graphs: bool | None = None,
-              check_launches: bool | None = None, tensor_cores: bool | None = None) -> ModelRun:
+              check_launches: bool | None = None, tensor_cores: bool | None = None,
+              in_place: Mapping[str, str] | None = None) -> ModelRun:
     """Run ``model``'s library ``so_path`` (``emulated_library`` or
     ``gpu_library``) on ``feeds`` in a child process.
 
@@ -284,6 +297,9 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
     a caller that runs many times; None writes it for this run.
     ``bindings``: the sizes ``feeds`` bind, from a caller that has checked
     them against the graph already (``Compiled.check``); None checks them here.
+    ``in_place``: output name -> input name, each output written into that
+    input's device buffer (``present.0.key`` -> ``past.0.key``: a KV cache
+    updated in place, as a C API user passes it); of the same type.
     """
     if bindings is None:
         bindings = bind_inputs(model.graph, feeds)
@@ -302,9 +318,12 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
             path = os.path.join(io, f"in{k}")
             Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
             spec["inputs"].append({"path": path})
-        for k, (_, dtype, shape) in enumerate(shapes):
+        in_names = [name for name, _ in model.inputs]
+        for k, (name, dtype, shape) in enumerate(shapes):
             spec["outputs"].append({"path": os.path.join(io, f"out{k}"),
                                     "nbytes": int(np.prod(shape, dtype=np.int64)) * dtype.itemsize})
+            if in_place and name in in_place:
+                spec["outputs"][-1]["alias"] = _in_place_input(model, name, in_place[name], in_names)
         result = run_child(so_path, spec, io, what=f"the model {model.graph.name!r}", timeout=timeout,
                            sanitize=sanitize, emulated=emulated, switches=switches)
         outputs = {name: np.fromfile(out["path"], dtype=dtype.numpy).reshape(shape)

@@ -1,6 +1,12 @@
-"""Data movement: transpose, slice, split, concat and gather (embedding
-lookup) as index-mapped copies. (``reshape`` needs no kernel: the output
-aliases its input's buffer.)"""
+"""Data movement: transpose, slice, split, concat, gather (embedding
+lookup) and a KV cache's write as index-mapped copies. (``reshape`` needs no
+kernel: the output aliases its input's buffer.)
+
+``cache_write`` is two launches: the cache copied whole into the output, and
+the step's rows written over it. Where the caller passes the cache's own
+buffer as the output (a decode step's past and present as one device
+buffer, through the C API), the first is skipped at run time, so the step
+costs its rows, not the cache."""
 from __future__ import annotations
 
 from ....ir.graph import Node, Value
@@ -111,4 +117,17 @@ def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCo
         title = f"lookup along axis 0 (an out-of-range id gives {'NaN' if out.dtype.is_float else 0} and is reported)"
         return [_copy(name, title, labels, ctx, table, out, out.shape, "", "i", node.op, value=value, index=ids,
                       check=check, flag=flag)]
+    if node.op == "cache_write":
+        cache, update = node.inputs
+        out = node.outputs[0]
+        axis = node.attrs["axis"] % out.type.rank
+        whole = _copy(f"copy_{dt}_{shape_class(out.shape)}", "a copy (a cache written elsewhere than in place)",
+                      labels, ctx, cache, out, out.shape, "i", "i", node.op)
+        whole.call = f"if ((const void*){ctx.ptr(out)} != (const void*){ctx.ptr(cache)}) {whole.call}"
+        off = _linear(_strides(out.shape, ctx), update.shape) + \
+            f" + {ctx.dim(node.attrs['start'])} * {_strides(out.shape, ctx)[axis]}"
+        rows = _copy(f"cache_rows_axis{axis}_{dt}_{shape_class(update.shape)}",
+                     f"a step's rows written into a cache along axis {axis}", labels, ctx, update, out, update.shape,
+                     "i", off, node.op)
+        return [whole, rows]
     raise CudaCodegenError(f"no copy kernel for {node.op}")
