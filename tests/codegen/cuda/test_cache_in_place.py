@@ -74,3 +74,25 @@ def test_in_place_needs_an_input_of_the_same_type(step):
         run_model(cm, so, f, emulated=True, in_place={"present.0.key": "nope"})
     with pytest.raises(BlockcError, match="its own type"):
         run_model(cm, so, f, emulated=True, in_place={"logits": "past.0.key"})
+
+
+@pytest.mark.skipif(toolchain.find_nvcc().path is None, reason="no nvcc")
+def test_the_decode_step_compiles_for_the_gpu_without_warnings_or_spills(tmp_path):
+    """The whole llama-tiny decode step as a GPU build (cuBLASLt): the
+    in-place cache write, the decode split of attention and the host code
+    around them, for sm_80 and sm_90 with warnings as errors."""
+    from blockc.codegen.cuda import build as cuda_build
+    try:
+        toolchain.find_cublas()
+    except toolchain.ToolchainError as e:
+        pytest.skip(str(e))
+    model = blockc.build_model("llama-tiny")
+    graph = blockc.to_form(blockc.trace(model.for_cache("decode", cache_len=CACHE_LEN)), "fused")
+    cm = generate(graph, dict(blockc.init_weights(model)), gemm="cublas")
+    cuda_build.write_build(cm, str(tmp_path))
+    result = toolchain.compile_nvcc(str(tmp_path / "model.cu"), ["sm_80", "sm_90"], werror=True,
+                                    extra_flags=[f"-I{tmp_path}"] + cuda_build.library_flags(cm.gemm, link=False))
+    names = {k.short_name for k in result.kernels}
+    assert any(n.startswith("cache_rows") for n in names) and any(n.endswith("_decode_split") for n in names)
+    assert all(k.spill_store_bytes == 0 and k.spill_load_bytes == 0 for k in result.kernels), \
+        [(k.short_name, k.arch) for k in result.kernels if k.spill_store_bytes or k.spill_load_bytes]
