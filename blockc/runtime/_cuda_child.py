@@ -19,6 +19,15 @@ Two calls, one protocol (the spec's ``call``):
   written into input k's device buffer (a decode step's cache in place),
   and read back from there.
 
+* ``session``: a generated model kept loaded between runs, for a step run
+  again and again with state carried from each run to the next (a KV cache,
+  ``cuda_runner.CudaSession``): ``spec["carry"]`` maps output positions to
+  input positions whose buffer they share, those inputs' first values are
+  ``spec["state"]`` files, and then each line on standard input is a command
+  (``run``, ``read`` or ``close``, JSON) answered by one line on standard
+  output that starts with ``blockc-session``. A carried buffer is the same
+  device memory as input and output, so the cache never leaves the device.
+
 The result file gets ``{"rc", "where", "error", "times", "counters"}``:
 ``rc`` 0, or the non-zero status the library returned from the function
 ``where`` (with its error text); ``counters``, from an emulated library, what
@@ -84,24 +93,34 @@ def call_entry(lib, spec: dict) -> dict:
     return {}
 
 
-def call_model(lib, spec: dict) -> dict:
+def _model_api(lib) -> tuple:
+    """The C API's functions (blockc_model.h), typed for ctypes, in the order
+    call_model and call_session unpack them, and ``check(where, rc)``, which
+    raises Failed with the calling thread's last error where rc is not 0."""
     vp, size = ctypes.c_void_p, ctypes.c_size_t
-    create = _function(lib, "blockc_create", vp, [ctypes.c_char_p])
-    last_error = _function(lib, "blockc_last_error", ctypes.c_char_p, [])
-    model_error = _function(lib, "blockc_model_error", ctypes.c_char_p, [vp])
-    alloc = _function(lib, "blockc_device_alloc", vp, [size])
-    free = _function(lib, "blockc_device_free", None, [vp])
-    to_device = _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size])
-    to_host = _function(lib, "blockc_copy_to_host", ctypes.c_int, [vp, vp, size])
     dims_type = ctypes.POINTER(ctypes.c_longlong)
-    reserve = _function(lib, "blockc_reserve", ctypes.c_int, [vp, dims_type])
-    run = _function(lib, "blockc_run", ctypes.c_int, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp), dims_type, vp])
-    sync = _function(lib, "blockc_synchronize", ctypes.c_int, [])
-    destroy = _function(lib, "blockc_destroy", None, [vp])
+    last_error = _function(lib, "blockc_last_error", ctypes.c_char_p, [])
 
     def check(where: str, rc: int) -> None:
         if rc != 0:
             raise Failed(where, rc, last_error().decode(errors="replace"))
+
+    return (_function(lib, "blockc_create", vp, [ctypes.c_char_p]), last_error,
+            _function(lib, "blockc_model_error", ctypes.c_char_p, [vp]),
+            _function(lib, "blockc_device_alloc", vp, [size]),
+            _function(lib, "blockc_device_free", None, [vp]),
+            _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size]),
+            _function(lib, "blockc_copy_to_host", ctypes.c_int, [vp, vp, size]),
+            _function(lib, "blockc_reserve", ctypes.c_int, [vp, dims_type]),
+            _function(lib, "blockc_run", ctypes.c_int, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp), dims_type, vp]),
+            _function(lib, "blockc_synchronize", ctypes.c_int, []),
+            _function(lib, "blockc_destroy", None, [vp]), check)
+
+
+def call_model(lib, spec: dict) -> dict:
+    vp = ctypes.c_void_p
+    create, last_error, model_error, alloc, free, to_device, to_host, reserve, run, sync, destroy, check = \
+        _model_api(lib)
 
     model = create(spec["weights"].encode())
     if not model:
@@ -165,6 +184,99 @@ def call_model(lib, spec: dict) -> dict:
         destroy(model)
 
 
+def call_session(lib, spec: dict) -> dict:
+    vp = ctypes.c_void_p
+    create, last_error, model_error, alloc, free, to_device, to_host, reserve, run, sync, destroy, check = \
+        _model_api(lib)
+
+    def longs(values):
+        return (ctypes.c_longlong * max(len(values), 1))(*values)
+
+    def to_new_buffer(path: str):
+        data = _read(path)
+        p = alloc(max(len(data), 1))
+        if not p:
+            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % len(data))
+        check("blockc_copy_to_device", to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
+        return p
+
+    def answer(reply: dict) -> None:
+        sys.stdout.write("blockc-session " + json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+    model = create(spec["weights"].encode())
+    if not model:
+        raise Failed("blockc_create", 1, last_error().decode(errors="replace"))
+    carry = {int(o): int(i) for o, i in spec["carry"].items()}      # output position -> input position
+    state = {int(i): to_new_buffer(path) for i, path in spec["state"].items()}
+    reserved = [0] * len(spec["reserve"])
+    try:
+        answer({"ok": True, "addresses": {str(i): p for i, p in state.items()}})
+        for line in sys.stdin:
+            command = json.loads(line)
+            if command["op"] == "close":
+                break
+            temporary = []
+            try:
+                if command["op"] == "read":
+                    k = int(command["input"])
+                    buf = ctypes.create_string_buffer(max(command["nbytes"], 1))
+                    check("blockc_synchronize", sync())
+                    check("blockc_copy_to_host", to_host(buf, state[k], command["nbytes"]))
+                    _write(command["path"], buf.raw[:command["nbytes"]])
+                    answer({"ok": True})
+                    continue
+                dims = command["dims"]
+                if any(d > r for d, r in zip(dims, reserved)):   # reserve more, never less
+                    reserved = [max(d, r) for d, r in zip(dims, reserved)]
+                    rc = reserve(model, longs(reserved))
+                    if rc != 0:
+                        raise Failed("blockc_reserve", rc, model_error(model).decode(errors="replace"))
+                ins = []
+                for k, path in enumerate(command["inputs"]):
+                    if k in state:
+                        ins.append(state[k])
+                    else:
+                        ins.append(to_new_buffer(path))
+                        temporary.append(ins[-1])
+                outs = []
+                for k, item in enumerate(command["outputs"]):
+                    if k in carry:
+                        outs.append(state[carry[k]])
+                    else:
+                        p = alloc(max(item["nbytes"], 1))
+                        if not p:
+                            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % item["nbytes"])
+                        temporary.append(p)
+                        outs.append(p)
+                in_arr = (vp * max(len(ins), 1))(*ins)
+                out_arr = (vp * max(len(outs), 1))(*outs)
+                counted = _counters(lib)   # what this run does, not the session so far
+                rc = run(model, in_arr, out_arr, longs(dims), None)
+                if rc != 0:
+                    raise Failed("blockc_run", rc, model_error(model).decode(errors="replace"))
+                check("blockc_synchronize", sync())
+                for k, item in enumerate(command["outputs"]):
+                    if k not in carry:
+                        buf = ctypes.create_string_buffer(max(item["nbytes"], 1))
+                        check("blockc_copy_to_host", to_host(buf, outs[k], item["nbytes"]))
+                        _write(item["path"], buf.raw[:item["nbytes"]])
+                reply = {"ok": True}
+                if counted is not None:
+                    reply["counters"] = {k: v - counted[k] for k, v in _counters(lib).items()}
+                answer(reply)
+            except Failed as e:
+                answer({"ok": False, "rc": e.rc, "where": e.where, "error": e.error})
+            finally:
+                for p in temporary:
+                    free(p)
+    finally:
+        for p in state.values():
+            free(p)
+        destroy(model)
+    return {}
+
+
 def _event_clock(lib, timing, events: list, check):
     """``timing.event_clock`` on the library's CUDA events, recorded on the
     stream the runs use (the legacy default stream); ``events`` keeps them
@@ -213,7 +325,7 @@ def main() -> int:
         spec = json.load(f)
     lib = ctypes.CDLL(spec["so"])
     try:
-        result = {"entry": call_entry, "model": call_model}[spec["call"]](lib, spec)
+        result = {"entry": call_entry, "model": call_model, "session": call_session}[spec["call"]](lib, spec)
         result.update(rc=0, where="", error="")
     except Failed as e:
         result = {"rc": e.rc, "where": e.where, "error": e.error}

@@ -137,9 +137,10 @@ class CachedStep:
     runtime memory overrides ``Compiled.cached`` to keep the state where it
     lives: ONNX Runtime binds each carried output to the OrtValue its input
     was read from (``ort_runner.OrtCachedStep``), so a graph that writes its
-    cache in place (``cache_write``) never copies it; the CUDA backend would
-    keep the cache in its arena and pass the same device pointer as the
-    step's input and output, with no host copy between steps.
+    cache in place (``cache_write``) never copies it; the CUDA backends keep
+    the cache in device buffers passed as the step's input and its output
+    alike, in one process for every step (``backends/cuda.CudaCachedStep``),
+    with no host copy between steps.
     """
 
     def __init__(self, compiled: Compiled, carry: Mapping[str, str], state: Feeds):

@@ -254,6 +254,145 @@ def write_weights(model: CudaModel, directory: str) -> str:
     return path
 
 
+class CudaSession:
+    """A generated model loaded once, in one child process, for a step run
+    again and again with state carried from each run to the next (a KV
+    cache): ``carry`` maps each carried output to the input it feeds, of the
+    same type, and the two share one device buffer, so the state is written
+    in place and never leaves the device between runs (``_cuda_child``'s
+    ``session``). ``state`` holds the carried inputs' first values.
+    ``run(feeds)`` takes the other inputs and returns the other outputs;
+    ``read(name)`` copies a carried input's buffer to the host, and
+    ``address(name)`` says where it lives on the device. A crash or a hang
+    of the child is a ``CudaRunCrash`` / ``CudaRunTimeout``, as for
+    ``run_model``; ``close()`` ends it."""
+
+    def __init__(self, model: CudaModel, so_path: str | os.PathLike, carry: Mapping[str, str],
+                 state: Mapping[str, np.ndarray], *, emulated: bool, weights: str, timeout: float = 300.0,
+                 sanitize: str | None = "auto"):
+        self.model, self.emulated, self.timeout = model, emulated, timeout
+        self._so = Path(so_path).resolve()
+        self._in_names = [name for name, _ in model.inputs]
+        self._outputs = [name for name, _ in model.outputs]
+        self._carry = {self._outputs.index(out): _in_place_input(model, out, inp, self._in_names)
+                       for out, inp in carry.items()}
+        self._dir = tempfile.TemporaryDirectory(prefix="blockc-cuda-session-")
+        folder = self._dir.name
+        state_files, self._shapes = {}, {}
+        for k in self._carry.values():
+            name = self._in_names[k]
+            self._shapes[name] = np.shape(state[name])
+            path = os.path.join(folder, f"state{k}")
+            Path(path).write_bytes(np.ascontiguousarray(state[name], model.inputs[k][1].dtype.numpy).tobytes())
+            state_files[str(k)] = path
+        spec = {"call": "session", "so": str(self._so), "weights": weights, "result": os.path.join(folder, "result"),
+                "timing_module": timing.__file__, "carry": {str(o): i for o, i in self._carry.items()},
+                "state": state_files, "reserve": [0] * len(model.symbols)}
+        spec_path = os.path.join(folder, "spec.json")
+        Path(spec_path).write_text(json.dumps(spec))
+        if sanitize == "auto":
+            sanitize = linked_sanitizer(self._so)
+        self._stderr = open(os.path.join(folder, "stderr"), "w+")
+        self._proc = subprocess.Popen([sys.executable, "-I", str(_CHILD), spec_path], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                                      env=_child_env(sanitize))
+        self.counters: dict = {}
+        self._addresses = {self._in_names[int(k)]: v for k, v in self._reply("loading the model")["addresses"].items()}
+
+    def run(self, feeds: Mapping[str, np.ndarray], bindings: Mapping[str, int]) -> dict[str, np.ndarray]:
+        """The outputs that are not carried, for ``feeds`` (the inputs that are
+        not carried, checked already: ``bindings`` are the sizes they bind)."""
+        folder = self._dir.name
+        inputs = []
+        for k, name in enumerate(self._in_names):
+            if k in self._carry.values():
+                inputs.append(None)
+                continue
+            path = os.path.join(folder, f"in{k}")
+            Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
+            inputs.append(path)
+        shapes, outputs = {}, []
+        for k, (name, v) in enumerate(self.model.outputs):
+            shape = tuple(evaluate(d, bindings) for d in v.shape)
+            shapes[k] = (name, v.dtype, shape)
+            outputs.append({"path": os.path.join(folder, f"out{k}"),
+                            "nbytes": int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize})
+        reply = self._command({"op": "run", "dims": [bindings[sym] for sym in self.model.symbols],
+                               "inputs": inputs, "outputs": outputs}, "a run")
+        self.counters = reply.get("counters", {})
+        return {name: np.fromfile(outputs[k]["path"], dtype=dtype.numpy).reshape(shape)
+                for k, (name, dtype, shape) in shapes.items() if k not in self._carry}
+
+    def read(self, name: str) -> np.ndarray:
+        """The carried input ``name`` as the next run will read it, copied to the host."""
+        v, shape = dict(self.model.inputs)[name], self._shapes[name]
+        path = os.path.join(self._dir.name, "read")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize
+        self._command({"op": "read", "input": self._in_names.index(name), "path": path, "nbytes": nbytes},
+                      f"reading {name!r}")
+        return np.fromfile(path, dtype=v.dtype.numpy).reshape(shape)
+
+    def address(self, name: str) -> int:
+        """The device address of the carried input ``name``'s buffer (fixed for the session)."""
+        return int(self._addresses[name])
+
+    def _command(self, command: dict, what: str) -> dict:
+        if self._proc.poll() is not None:
+            raise CudaRunError(f"{what}: the session's child process has ended", self._read_stderr())
+        self._proc.stdin.write(json.dumps(command) + "\n")
+        self._proc.stdin.flush()
+        return self._reply(what)
+
+    def _reply(self, what: str) -> dict:
+        import selectors
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._proc.stdout, selectors.EVENT_READ)
+            while True:
+                if not sel.select(timeout=self.timeout):
+                    self._proc.kill()
+                    self._proc.wait()
+                    raise CudaRunTimeout(f"{what} in {self._so.name} did not finish within {self.timeout:g} s "
+                                         "(an endless loop in a kernel?)", self._read_stderr())
+                line = self._proc.stdout.readline()
+                if not line:   # end of output: the child died
+                    rc = self._proc.wait()
+                    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+                    raise CudaRunCrash(f"{what} in {self._so.name}: the {'emulator' if self.emulated else 'CUDA'} "
+                                       f"process {how}", self._read_stderr(), rc)
+                if line.startswith("blockc-session "):
+                    break
+        reply = json.loads(line[len("blockc-session "):])
+        if not reply["ok"]:
+            raise CudaRunError(f"{reply['where']} in {self._so.name} returned {reply['rc']} ({reply['error']})",
+                               self._read_stderr(), reply["rc"])
+        return reply
+
+    def _read_stderr(self) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def close(self) -> None:
+        proc, self._proc = getattr(self, "_proc", None), None
+        if proc is not None:
+            if proc.poll() is None:
+                try:
+                    proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+                    proc.stdin.flush()
+                    proc.wait(timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    proc.kill()
+                    proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                f.close()
+        if getattr(self, "_stderr", None) is not None:
+            self._stderr.close()
+            self._stderr = None
+        if getattr(self, "_dir", None) is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
 def _in_place_input(model: CudaModel, output: str, input_name: str, in_names: list) -> int:
     """The position of the input ``output`` is written into, once their types agree."""
     if input_name not in in_names:

@@ -9,7 +9,7 @@ not around the child process.
 from __future__ import annotations
 
 from ...errors import BlockcError
-from ..backend import Backend, Compiled, register
+from ..backend import Backend, CachedStep, Compiled, register
 from ..timing import Timing
 
 # The code generator, the toolchain and the runner are imported when used:
@@ -44,8 +44,55 @@ class CudaCompiled(Compiled):
                            time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
         return Timing.of(run.times)
 
+    def cached(self, carry, state):
+        """A step whose carried state stays on the device: one child process
+        runs every step (``cuda_runner.CudaSession``), each carried output
+        written into its input's buffer through the C API, as a C user keeps
+        a KV cache in place (``cache_write`` then writes only the step's
+        rows). A carried output of another type than its input (the concat
+        cache, one row longer each step) is carried through the host."""
+        types = {name: v.type for name, v in self.model.inputs} | {name: v.type for name, v in self.model.outputs}
+        if any(types.get(out) != types.get(inp) for out, inp in carry.items()):
+            return super().cached(carry, state)
+        return CudaCachedStep(self, carry, state)
+
     def close(self):
         self._dir.cleanup()
+        super().close()
+
+
+class CudaCachedStep(CachedStep):
+    """``Compiled.cached`` on the generated CUDA: the state in device buffers
+    shared by each carried input and its output (see ``CudaCompiled.cached``)."""
+
+    def __init__(self, compiled: CudaCompiled, carry, state):
+        import numpy as np
+
+        from ..cuda_runner import CudaSession
+        super().__init__(compiled, carry, state)
+        self._session = CudaSession(compiled.model, compiled.library, self.carry, self.state,
+                                    emulated=compiled.emulated, weights=compiled._weights,
+                                    sanitize=compiled.sanitize)
+        # what the feeds are checked with: the carried inputs' shapes, no data on the host
+        self.state = {name: np.broadcast_to(np.zeros((), a.dtype), a.shape) for name, a in self.state.items()}
+
+    def run(self, feeds):
+        bindings = self.compiled.check({**feeds, **self.state})
+        return self._session.run(feeds, bindings)
+
+    @property
+    def counters(self) -> dict:
+        """What the emulator counted in the last run (empty on a GPU)."""
+        return self._session.counters
+
+    def value(self, name):
+        return self._session.read(name)
+
+    def address(self, name):
+        return self._session.address(name)
+
+    def close(self):
+        self._session.close()
         super().close()
 
 
