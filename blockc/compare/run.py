@@ -391,7 +391,10 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     estimate and a run's need (``one_run``, a run's activations and outputs
     by ``memory.run_bytes``, or the most a check run was measured to take),
     would pass the budget. The need counted is the largest of three
-    transients: a run's; a session's preparation (it holds more than it
+    transients: the group's runs (the sum of what each session's check run
+    took beyond what it kept -- each runtime's allocator may keep its run's
+    temporaries until the group closes -- ``one_run`` for one not yet
+    checked); a session's preparation (it holds more than it
     keeps: an ONNX Runtime session is made from a serialized copy of the
     model), the larger of its estimate (``memory.build_bytes``) and the most
     one was measured to take beyond what it kept; and a group's timing, the
@@ -411,6 +414,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
     order = np.random.default_rng(o.seed + 1)
     largest, groups, serial, one_build, one_timing = 0, [], 0, 0, 0
+    run_need: dict[str, int] = {}   # what each session's check run took beyond what it kept
     for block in range(o.blocks):
         pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
         for key in too_big:
@@ -422,7 +426,11 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             ready = {}
             for i, key in enumerate(keys):
                 c = by_key[key]
-                transient = max(one_run, one_build, one_timing, c.build)
+                # Timing the group runs each session in turn, and each runtime's allocator (an ONNX Runtime
+                # arena, glibc's arena of the thread that ran it) may keep its run's temporaries until the
+                # group closes: what the group's runs take is counted as the sum of their measured needs.
+                timing = sum(run_need.get(k, one_run) for k in keys[:i + 1])
+                transient = max(timing, one_build, one_timing, c.build)
                 if i and _would_pass_budget(plan, watch, c.estimate + transient):
                     # what is ready already holds more than estimated: time it, the rest form the next group
                     pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
@@ -440,7 +448,8 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                         c.row["kernels"] = compiled.kernels
                         c.row["max_abs_error"] = _max_error(compiled.run(feeds), oracle)
                         # what the run took beyond what stays (an arena made on the first run stays)
-                        one_run = max(one_run, _beyond_kept(watch, f"holding {key} {where}"))
+                        run_need[key] = _beyond_kept(watch, f"holding {key} {where}")
+                        one_run = max(one_run, run_need[key])
                     ready[key] = compiled
                 except (BlockcError, MemoryError) as e:
                     c.row.update(status="error", error=(f"block {block + 1}: " if block else "")
