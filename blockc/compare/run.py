@@ -328,7 +328,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
                    "planned_s": planned_seconds(plan), "elapsed_s": 0.0},
         "memory": {"budget_bytes": None if plan.budget is None else plan.budget + plan.holding,
                    "holding_bytes": plan.holding, "largest_group_bytes": 0, "peak_growth_bytes": None,
-                   "peak_at": None},
+                   "peak_at": None, "groups": []},
         "shapes": plan.shapes,
         "forms": {f: {"ir_nodes": len(g.nodes), "ops": g.op_counts()} for f, g in plan.graphs.items()},
         "backends": [_listing(b, ok, why, o.threads) for b, ok, why in plan.backends],
@@ -344,7 +344,8 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         feeds = _feeds(plan, shape)
         oracle = _oracle(plan.graphs["standard"], weights, feeds)
         one_run = max(memory.run_bytes(g, shape) for g in plan.graphs.values())
-        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), watch, one_run)
+        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), watch, one_run,
+                                  report["memory"]["groups"])
         report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], largest)
         rows = [c.row for c in contestants if not c.key.endswith(AA)]
         _latencies(contestants, times, peak)
@@ -381,7 +382,8 @@ def _oracle(graph: Graph, weights, feeds) -> dict[str, np.ndarray]:
 
 
 def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: _Steps,
-             where: str, watch: memory.Watch, one_run: int) -> tuple[dict[str, list], int]:
+             where: str, watch: memory.Watch, one_run: int,
+             log: list | None = None) -> tuple[dict[str, list], int]:
     """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
     within the memory budget (``compare/memory.py``). The first block also
     checks each session's outputs against ``oracle`` (its row's error and
@@ -403,7 +405,9 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     with glibc until the group closes). Later blocks start from the first
     block's groups and cut them again where they must.
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
-    ``.group``, unique across blocks) and the largest group's estimate."""
+    ``.group``, unique across blocks) and the largest group's estimate;
+    ``log`` gets, per group timed, what the cut planned the process would
+    grow to at most and how far it grew while the group was timed."""
     o = plan.options
     by_key = {c.key: c for c in contestants}
     queue, too_big = memory.plan_groups({c.key: c.estimate for c in contestants}, plan.budget,
@@ -423,7 +427,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             group = pending.pop(0)
             keys = list(group.keys)
             order.shuffle(keys)    # no one always gets the first, or the last, memory
-            ready = {}
+            ready, planned = {}, None
             for i, key in enumerate(keys):
                 c = by_key[key]
                 # Timing the group runs each session in turn, and each runtime's allocator (an ONNX Runtime
@@ -436,6 +440,8 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                     pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
                     keys = keys[:i]
                     break
+                growth = watch.growth()
+                planned = None if growth is None else growth + c.estimate + transient
                 progress.step(f"block {block + 1}/{o.blocks}: preparing {key} {where}")
                 if c.row["status"] != "ok":
                     continue
@@ -472,6 +478,9 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             peak = watch.stretch(f"releasing {where}")
             if None not in (peak, held, watch.start):
                 one_timing = max(one_timing, peak - watch.start - held)
+            if log is not None:
+                log.append({"at": f"block {block + 1} {where}", "sessions": list(ready), "planned_bytes": planned,
+                            "peak_bytes": None if None in (peak, watch.start) else peak - watch.start})
             ready = None
             memory.release_freed()
     return times, largest

@@ -338,6 +338,10 @@ def test_each_sessions_run_counts_in_the_groups_cut(monkeypatch):
     report = run_comparison(_plan(max_memory=8 << 30))
     assert all(r["status"] == "ok" for r in report["results"])
     assert max(sizes) == 2, sizes
+    # the report lists each group timed, with what its cut planned for (a run's 3 GiB per session)
+    groups = report["memory"]["groups"]
+    assert [len(g["sessions"]) for g in groups] == sizes
+    assert all(g["planned_bytes"] >= (3 << 30) * len(g["sessions"]) for g in groups)
 
 
 def test_closed_sessions_caught_in_reference_cycles_are_freed_between_groups():
