@@ -111,6 +111,30 @@ def _child_env(sanitize: str | None, switches: Mapping[str, str] | None = None) 
     return env
 
 
+def _timed_out(what: str, so_path: Path, timeout: float, stderr: str) -> CudaRunTimeout:
+    return CudaRunTimeout(f"{what} in {so_path.name} did not finish within {timeout:g} s "
+                          "(an endless loop in a kernel?)", stderr)
+
+
+def _crashed(what: str, so_path: Path, emulated: bool, returncode: int, stderr: str) -> CudaRunCrash:
+    how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with status {returncode}"
+    if "Sanitizer" in stderr:
+        how += " after a sanitizer report"
+    return CudaRunCrash(f"{what} in {so_path.name}: the {'emulator' if emulated else 'CUDA'} process {how}",
+                        stderr, returncode)
+
+
+def _output_files(model: CudaModel, bindings: Mapping[str, int], folder: str) -> list[tuple]:
+    """Per output of ``model`` at ``bindings``: (name, dtype, shape, the
+    child's ``{"path", "nbytes"}`` for it in ``folder``)."""
+    files = []
+    for k, (name, v) in enumerate(model.outputs):
+        shape = tuple(evaluate(d, bindings) for d in v.shape)
+        files.append((name, v.dtype, shape, {"path": os.path.join(folder, f"out{k}"),
+                                             "nbytes": int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize}))
+    return files
+
+
 def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str, timeout: float,
               sanitize: str | None = "auto", emulated: bool = True,
               switches: Mapping[str, str] | None = None) -> dict:
@@ -135,17 +159,9 @@ def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str,
                               timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        raise CudaRunTimeout(f"{what} in {so_path.name} did not finish within {timeout:g} s "
-                             "(an endless loop in a kernel?)", err) from None
+        raise _timed_out(what, so_path, timeout, err) from None
     if proc.returncode != 0:
-        if proc.returncode < 0:
-            how = f"killed by {signal.Signals(-proc.returncode).name}"
-        else:
-            how = f"exited with status {proc.returncode}"
-        if "Sanitizer" in proc.stderr:
-            how += " after a sanitizer report"
-        raise CudaRunCrash(f"{what} in {so_path.name}: the {'emulator' if emulated else 'CUDA'} process {how}",
-                           proc.stderr, proc.returncode)
+        raise _crashed(what, so_path, emulated, proc.returncode, proc.stderr)
     with open(result_path) as f:
         result = json.load(f)
     if result["rc"] != 0:
@@ -311,17 +327,12 @@ class CudaSession:
             path = os.path.join(folder, f"in{k}")
             Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
             inputs.append(path)
-        shapes, outputs = {}, []
-        for k, (name, v) in enumerate(self.model.outputs):
-            shape = tuple(evaluate(d, bindings) for d in v.shape)
-            shapes[k] = (name, v.dtype, shape)
-            outputs.append({"path": os.path.join(folder, f"out{k}"),
-                            "nbytes": int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize})
+        files = _output_files(self.model, bindings, folder)
         reply = self._command({"op": "run", "dims": [bindings[sym] for sym in self.model.symbols],
-                               "inputs": inputs, "outputs": outputs}, "a run")
+                               "inputs": inputs, "outputs": [f for *_, f in files]}, "a run")
         self.counters = reply.get("counters", {})
-        return {name: np.fromfile(outputs[k]["path"], dtype=dtype.numpy).reshape(shape)
-                for k, (name, dtype, shape) in shapes.items() if k not in self._carry}
+        return {name: np.fromfile(f["path"], dtype=dtype.numpy).reshape(shape)
+                for k, (name, dtype, shape, f) in enumerate(files) if k not in self._carry}
 
     def read(self, name: str) -> np.ndarray:
         """The carried input ``name`` as the next run will read it, copied to the host."""
@@ -351,14 +362,10 @@ class CudaSession:
                 if not sel.select(timeout=self.timeout):
                     self._proc.kill()
                     self._proc.wait()
-                    raise CudaRunTimeout(f"{what} in {self._so.name} did not finish within {self.timeout:g} s "
-                                         "(an endless loop in a kernel?)", self._read_stderr())
+                    raise _timed_out(what, self._so, self.timeout, self._read_stderr())
                 line = self._proc.stdout.readline()
                 if not line:   # end of output: the child died
-                    rc = self._proc.wait()
-                    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
-                    raise CudaRunCrash(f"{what} in {self._so.name}: the {'emulator' if self.emulated else 'CUDA'} "
-                                       f"process {how}", self._read_stderr(), rc)
+                    raise _crashed(what, self._so, self.emulated, self._proc.wait(), self._read_stderr())
                 if line.startswith("blockc-session "):
                     break
         reply = json.loads(line[len("blockc-session "):])
@@ -446,8 +453,8 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
                                                      ("BLOCKC_CUDA_CHECK_LAUNCHES", check_launches),
                                                      ("BLOCKC_CUDA_TENSOR_CORES", tensor_cores))
                 if on is not None}
-    shapes = [(name, v.dtype, tuple(evaluate(d, bindings) for d in v.shape)) for name, v in model.outputs]
     with tempfile.TemporaryDirectory(prefix="blockc-cuda-run-") as io:
+        files = _output_files(model, bindings, io)
         if weights is None:
             weights = write_weights(model, io)
         spec = {"call": "model", "weights": weights, "dims": [bindings[s] for s in model.symbols],
@@ -458,13 +465,11 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
             Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
             spec["inputs"].append({"path": path})
         in_names = [name for name, _ in model.inputs]
-        for k, (name, dtype, shape) in enumerate(shapes):
-            spec["outputs"].append({"path": os.path.join(io, f"out{k}"),
-                                    "nbytes": int(np.prod(shape, dtype=np.int64)) * dtype.itemsize})
+        for name, _, _, f in files:
+            spec["outputs"].append(dict(f))
             if in_place and name in in_place:
                 spec["outputs"][-1]["alias"] = _in_place_input(model, name, in_place[name], in_names)
         result = run_child(so_path, spec, io, what=f"the model {model.graph.name!r}", timeout=timeout,
                            sanitize=sanitize, emulated=emulated, switches=switches)
-        outputs = {name: np.fromfile(out["path"], dtype=dtype.numpy).reshape(shape)
-                   for (name, dtype, shape), out in zip(shapes, spec["outputs"])}
+        outputs = {name: np.fromfile(f["path"], dtype=dtype.numpy).reshape(shape) for name, dtype, shape, f in files}
         return ModelRun(outputs, result.get("times", []), result.get("counters", {}))

@@ -11,7 +11,7 @@ the launcher picks on sm_80+ when every operand row is 16-byte aligned and
 the model's ``BLOCKC_CUDA_TENSOR_CORES`` allows (the emulator runs it too,
 through ``blockc_cuda.h``'s emulated ``mma.sync``, when that switch is 1).
 
-A decode step (at most ``SPLIT_ROWS`` query rows against a long key axis)
+A decode step (at most ``SIMT_ROWS`` query rows against a long key axis)
 is split over the keys instead, as flash-decoding does: one block per batch
 entry and run of key tiles keeps its rows' running sum, max and total in a
 scratch buffer of the arena (``attention_scratch``), and a combine kernel
@@ -35,7 +35,7 @@ from ..views import View, contiguous
 MAX_HEAD_DIM = 256
 MMA_HEAD_DIMS = {64: 64, 128: 32}   # head size -> keys per tile (Q, K, V tiles within 48 KiB)
 SHARED_BYTES = 48 * 1024
-SPLIT_ROWS = 16      # the SIMT kernel's query tile: a decode step's rows must fit one
+SIMT_ROWS = 16       # the SIMT kernel's query tile (4 warps of 4 rows): a decode step's rows must fit one
 MAX_SPLITS = 32      # runs of key tiles a decode step is cut into, at most (the scratch holds this many)
 
 
@@ -49,12 +49,12 @@ def _simt_key_tile(dk: int, dv: int) -> int:
 def _may_split(q_len, k_len, bk: int) -> bool:
     """Whether some run of this attention may take the split (decode) path:
     its rows may fit one query tile and its keys make four tiles or more."""
-    return (not isinstance(q_len, int) or q_len <= SPLIT_ROWS) and (not isinstance(k_len, int) or k_len > 3 * bk)
+    return (not isinstance(q_len, int) or q_len <= SIMT_ROWS) and (not isinstance(k_len, int) or k_len > 3 * bk)
 
 
 def attention_scratch(node: Node) -> TensorType | None:
     """The arena scratch a decode-split run of ``node`` writes its partial
-    rows to (``[batch dims..., MAX_SPLITS, SPLIT_ROWS, dv + 2]`` float32: each
+    rows to (``[batch dims..., MAX_SPLITS, SIMT_ROWS, dv + 2]`` float32: each
     row's unnormalised sum, max and total), or None where no run can split."""
     q, k, v = node.inputs[:3]
     dk, dv = q.shape[-1], v.shape[-1]
@@ -62,7 +62,7 @@ def attention_scratch(node: Node) -> TensorType | None:
         return None   # emit_attention refuses it by name
     if not _may_split(q.shape[-2], k.shape[-2], _simt_key_tile(dk, dv)):
         return None
-    return TensorType(DType.float32, tuple(node.outputs[0].shape[:-2]) + (MAX_SPLITS, SPLIT_ROWS, dv + 2))
+    return TensorType(DType.float32, tuple(node.outputs[0].shape[:-2]) + (MAX_SPLITS, SIMT_ROWS, dv + 2))
 
 
 def _score(attrs) -> str:
@@ -127,7 +127,7 @@ def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCo
     source = render("attention.cu.j2", name=name, title=title, T=ctype(dtype), MT=mask_t,
                     nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=attrs["causal"], dk=dk, dv=dv,
                     nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
-                    split=part is not None, max_splits=MAX_SPLITS,
+                    bq=SIMT_ROWS, split=part is not None, max_splits=MAX_SPLITS,
                     score=_score(attrs),
                     causal_end=CExpr("last") + causal_offset(CExpr("q_len"), CExpr("k_len")) + 1)
     layout = (f"{name}_layout{{{{{', '.join(fields['dims'])}}}, "

@@ -124,8 +124,8 @@ def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCo
         whole = _copy(f"copy_{dt}_{shape_class(out.shape)}", "a copy (a cache written elsewhere than in place)",
                       labels, ctx, cache, out, out.shape, "i", "i", node.op)
         whole.call = f"if ((const void*){ctx.ptr(out)} != (const void*){ctx.ptr(cache)}) {whole.call}"
-        off = _linear(_strides(out.shape, ctx), update.shape) + \
-            f" + {ctx.dim(node.attrs['start'])} * {_strides(out.shape, ctx)[axis]}"
+        strides = _strides(out.shape, ctx)
+        off = _linear(strides, update.shape) + f" + {ctx.dim(node.attrs['start'])} * {strides[axis]}"
         rows = _copy(f"cache_rows_axis{axis}_{dt}_{shape_class(update.shape)}",
                      f"a step's rows written into a cache along axis {axis}", labels, ctx, update, out, update.shape,
                      "i", off, node.op)
