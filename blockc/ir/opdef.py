@@ -24,6 +24,10 @@ about it, attached to its ``OpDef`` by decorators or keywords:
 * ``indexes``   -- which inputs hold ids that pick entries of another input
   (a ``gather``'s indices, a ``rotary``'s positions): ``ops/limits.py``
   range-checks a graph input used so, on every backend;
+* ``bounds``    -- which symbolic ends must fit a fixed axis of an input (a
+  ``slice`` up to ``seq`` of a 1024-row table, a cache written up to
+  ``total`` of a 1001-position buffer): ``ops/limits.py`` refuses a dim past
+  them, on every backend, before any run;
 * ``fused``     -- whether the fusion passes make it: reports draw it, ONNX
   export writes it in a fused-op encoding, ``blockc compare`` times it alone.
 
@@ -76,6 +80,7 @@ class OpDef:
     fused: bool = False                    # made by the fusion passes
     colour: str | None = None              # a fused op's colour in report pictures (else a spare one)
     indexes: Callable | None = None        # fn(node) -> [(ids value, table value, axis)] (ops/limits.py)
+    bounds: Callable | None = None         # fn(node) -> [(end dim, value, axis)]: end <= value's axis (ops/limits.py)
 
     # -- decorators used by the op modules --------------------------------
     def infer(self, fn):
@@ -190,7 +195,8 @@ OPS: dict[str, OpDef] = {}
 
 def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str | None = None,
            cuda_expr: str | Callable | None = None, flops: int | Callable = 1, fused: bool = False,
-           colour: str | None = None, indexes: Callable | None = None, traffic: Callable | None = None) -> OpDef:
+           colour: str | None = None, indexes: Callable | None = None, bounds: Callable | None = None,
+           traffic: Callable | None = None) -> OpDef:
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
@@ -199,7 +205,7 @@ def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str
     if (cuda == "elementwise") != (cuda_expr is not None):
         raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
     op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,
-               flops=flops, fused=fused, colour=colour, indexes=indexes, traffic=traffic)
+               flops=flops, fused=fused, colour=colour, indexes=indexes, bounds=bounds, traffic=traffic)
     OPS[name] = op
     return op
 

@@ -43,7 +43,9 @@ from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_gro
 from .registry import DIM, INT, REQUIRED, NotApplicable, define
 
 cache_write = define("cache_write", ("cache", "update"), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED)},
-                     flops=0, cuda="copy", doc="cache with update written at [start, start+len(update)) along axis")
+                     flops=0, cuda="copy", doc="cache with update written at [start, start+len(update)) along axis",
+                     bounds=lambda n: [(n.attrs["start"] + n.inputs[1].shape[n.attrs["axis"]], n.inputs[0],
+                                        n.attrs["axis"])])
 
 
 @cache_write.infer
@@ -109,6 +111,7 @@ def _(e, node, ins):
 cache_attention = define(
     "cache_attention", ("q", "k", "v", "cache_k", "cache_v", "*mask"), outputs=3,
     attrs={**_MASK_ATTRS, "start": (DIM, REQUIRED)}, fused=True, colour="#E45756", flops=0,
+    bounds=lambda n: [(n.attrs["start"] + n.inputs[1].shape[2], cache, 2) for cache in n.inputs[3:5]],
     doc="write k, v into the caches at [start, start+seq) along axis 2, then attention of q over their first "
         "start+seq rows; returns the output and both caches. q is [b, heads, seq, d] or grouped "
         "[b, kv_heads, group, seq, d] (the cache then read as [b, kv_heads, 1, total, d])")

@@ -10,8 +10,10 @@ generated C API) enforces the same ones, whatever model the graph came from:
   ``rows`` may be symbolic: a generation step gathers positions from the
   table's first ``past+seq`` rows, so each position must lie below
   ``past+seq`` (checked once the feeds bind the dims).
-* **dims**: a ``slice`` of a fixed-size axis up to a symbolic end (the
-  position table sliced to ``seq``) bounds that end: ``seq <= 1024``.
+* **dims**: an op that reads or writes a fixed-size axis up to a symbolic
+  end (its declaration's ``bounds``: the position table sliced to ``seq``,
+  a preallocated cache written up to ``total``) bounds that end:
+  ``seq <= 1024``, ``total <= 1001``.
 
 ``runtime/bindings.input_problems`` checks feeds against them before any
 run, and the CLI checks ``--dim`` sizes with ``dims_over``;
@@ -61,6 +63,22 @@ def _table(v) -> str:
     return repr(v.name) if v.name else "a table"
 
 
+def _named(v):
+    """``v``, or where it has no name the named value it is a copy or a
+    part of (a cache written in place is its past buffer)."""
+    while not v.name and v.producer is not None and v.producer.op in ("cache_write", "slice"):
+        v = v.producer.inputs[0]
+    return v
+
+
+def _holds(x, axis: int, size: int) -> str:
+    """Why an end along ``axis`` of ``x`` is at most ``size``."""
+    named = _named(x)
+    if axis % x.type.rank == 0:
+        return f"{_table(named)} has {size} rows"
+    return f"{_table(named)} holds {size} positions on axis {axis % x.type.rank}"
+
+
 def _indexes(table, rows: Dim) -> str:
     """Why ids of a gather from ``table`` must lie below ``rows``."""
     source = table.producer.inputs[0] if table.producer is not None and table.producer.op == "slice" else None
@@ -90,9 +108,9 @@ def graph_limits(graph: Graph) -> Limits:
             rows = data.shape[axis % data.type.rank]
             if idx.kind == "input" and _tighter(rows, ids.get(idx.name, (None,))[0]):
                 ids[idx.name] = (rows, _indexes(data, rows))
-        if n.op == "slice":
-            x, end = n.inputs[0], n.attrs["end"]
-            size = x.shape[n.attrs["axis"] % x.type.rank]
+        bounds = get(n.op).bounds
+        for end, x, axis in bounds(n) if bounds else ():
+            size = x.shape[axis % x.type.rank]
             if isinstance(size, int) and isinstance(end, Sym) and (end not in dims or size < dims[end].limit):
-                dims[end] = DimLimit(end, size, f"{_table(x)} has {size} rows")
+                dims[end] = DimLimit(end, size, _holds(x, axis, size))
     return Limits(ids, list(dims.values()))

@@ -180,7 +180,7 @@ def _(b, node, xs):
 
 # ---- slice -----------------------------------------------------------------------
 slice_ = define("slice", ("x",), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED), "end": (DIM, REQUIRED)},
-                cuda="copy", flops=0,
+                cuda="copy", flops=0, bounds=lambda n: [(n.attrs["end"], n.inputs[0], n.attrs["axis"])],
                 doc="x[start:end] along one axis; start/end may be symbolic (e.g. end=past+seq)")
 
 

@@ -68,6 +68,23 @@ def test_a_sequence_longer_than_the_position_table_is_refused_everywhere(tiny, b
 
 
 @needs_gxx
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form", ["standard", "fused"])
+def test_a_step_past_a_preallocated_cache_is_refused_everywhere(backend, form):
+    # The fused step writes and reads its cache inside one op (cache_attention), with no slice to
+    # bound it: the op's own bounds must, in the same words as the unfused graph's.
+    model = blockc.build_model("llama-tiny", TINY)
+    graph = blockc.to_form(blockc.trace(model.for_cache("decode", cache_len=16)), form)
+    assert [(str(d.dim), d.limit) for d in graph_limits(graph).dims] == [("total", 16)]
+    total = 20
+    feeds = {"input_ids": np.array([[3]], np.int64), "attention_mask": np.ones((1, total), np.int64),
+             "position_ids": np.array([[total - 1]], np.int64),
+             **{v.name: np.zeros((1, 2, 16, 16), np.float32) for v in graph.inputs if v.name.startswith("past")}}
+    with pytest.raises(InputsError, match=r"^dimension 'total' is 20, over the model's maximum of 16 "
+                                          r"\('past.0.key' holds 16 positions on axis 2\)$"):
+        make_backend(backend).run(graph, dict(blockc.init_weights(model)), feeds)
+
+
 def test_the_c_api_checks_dims_against_the_model_limits(tiny):
     """blockc_run, called directly (no Python check in front), returns an error
     and a message for seq over the position table instead of reading past it."""
