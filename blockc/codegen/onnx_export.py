@@ -30,6 +30,7 @@ from ..files import replace_together
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ops.registry import fused_ops
+from ..passes.read_whole_tables import read_whole_tables
 from ..progress import CHECKING_ONNX, WRITING_WEIGHTS, Progress, ticker
 from .fused_encodings import FusedLowering, check_encoding, pick_opset
 from .onnx_emitter import OnnxEmitter, lower_composites, lower_nodes, name_outputs
@@ -103,6 +104,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     check_encoding(fused_as, provider, opset)
     _check_names(graph)
     graph = lower_composites(graph, keep=fused_ops())
+    graph = read_whole_tables(graph).graph   # ONNX Runtime's Slice copies: ids read the whole table
     if opset is None:
         opset = pick_opset(graph, fused_as, provider, DEFAULT_OPSET)
 

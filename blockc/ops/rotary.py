@@ -52,7 +52,7 @@ rotary = define(
     fused=True, colour="#17BECF",
     # a multiply, a multiply-add per turned element; the rest is copied
     flops=lambda node, bindings: 3 * numel(node.outputs[0].shape[:-1], bindings) * node.inputs[1].shape[-1],
-    indexes=lambda node: [(node.inputs[3], node.inputs[1], 0)])
+    indexes=lambda node: [(node.inputs[3], node.inputs[1], 0), (node.inputs[3], node.inputs[2], 0)])
 
 
 @rotary.infer
