@@ -16,11 +16,14 @@ contestant that alone would exceed the budget is not run; its row says why.
 Estimates are checked as the run goes: before each session after a
 group's first, the process's resident memory (``resident_bytes``) is
 measured, and where its growth since compare started, with that session's
-estimate and the larger of one run's need and one preparation's, would pass
+estimate (plus the most a checked session held beyond its own: an
+estimate that falls short once falls short for the next) and the larger
+of one run's need and one preparation's, would pass
 the budget, the group is cut there: what is ready is timed and closed
 first. A run's need is the larger of its estimate (activations and outputs)
 and the most any run of the shape has been measured to take beyond what
-stays resident after it (the first block's check run of each session, its
+stays resident after it (the first block's check run of each session and
+a second run, where ONNX Runtime's arena reaches the size it keeps, their
 peak read from the kernel's high-water mark: an interpreter's temporaries
 are not in the model); a preparation's, likewise, the larger of its
 estimate and the most one was measured to take beyond what it kept. The

@@ -119,7 +119,7 @@ class OrtOptimizerPeer(Backend):
     row_backend = "ort-cpu"   # the backend column of its rows: it runs where ort-cpu does
     variants = ("basic", "all")
     weight_copies = 5.0   # the exported and the optimized onnx models, both serialized, and the session
-    arena_copies = 1.3    # ONNX Runtime's CPU arena, as ort-cpu's
+    arena_copies = OrtBackend.arena_copies   # ONNX Runtime's CPU arena, as ort-cpu's
     build_copies = 2.0    # measured 1.94x more while the optimizer runs and the session is made
 
     def __init__(self, model, fused: Graph):

@@ -387,21 +387,23 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
     within the memory budget (``compare/memory.py``). The first block also
     checks each session's outputs against ``oracle`` (its row's error and
-    kernel count) and how much memory that run took at its peak; before
-    each session after a group's first it measures the process's growth
-    (``watch``), and cuts the group there where that, with the session's
-    estimate and a run's need (``one_run``, a run's activations and outputs
-    by ``memory.run_bytes``, or the most a check run was measured to take),
-    would pass the budget. The need counted is the largest of three
-    transients: the group's runs (the sum of what each session's check run
-    took beyond what it kept -- each runtime's allocator may keep its run's
-    temporaries until the group closes -- ``one_run`` for one not yet
-    checked); a session's preparation (it holds more than it
-    keeps: an ONNX Runtime session is made from a serialized copy of the
-    model), the larger of its estimate (``memory.build_bytes``) and the most
-    one was measured to take beyond what it kept; and a group's timing, the
-    most one was measured to take beyond what its sessions held when it
-    began (later runs grow ONNX Runtime's arenas; freed temporaries stay
+    kernel count), runs it once more (where ONNX Runtime's arena reaches
+    the size it keeps) and measures how much memory those runs took at
+    their peak. Before each session after a group's first it measures the
+    process's growth (``watch``), and cuts the group there where that, with
+    what the session will hold (its estimate, plus the most a checked
+    session was measured to hold beyond its own estimate) and a run's need
+    (``one_run``, a run's activations and outputs by ``memory.run_bytes``,
+    or the most a check was measured to take), would pass the budget. The
+    need counted is the largest of three transients: the group's runs (the
+    sum of what each session's check runs took beyond what it kept -- each
+    runtime's allocator may keep its run's temporaries until the group
+    closes -- ``one_run`` for one not yet checked); a session's preparation
+    (it holds more than it keeps: an ONNX Runtime session is made from a
+    serialized copy of the model), the larger of its estimate
+    (``memory.build_bytes``) and the most one was measured to take beyond
+    what it kept; and a group's timing, the most one was measured to take
+    beyond what its sessions held when it began (freed temporaries stay
     with glibc until the group closes). Later blocks start from the first
     block's groups and cut them again where they must.
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
@@ -417,7 +419,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                                                                                   plan.budget + plan.holding))
     times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
     order = np.random.default_rng(o.seed + 1)
-    largest, groups, serial, one_build, one_timing = 0, [], 0, 0, 0
+    largest, groups, serial, one_build, one_timing, one_over = 0, [], 0, 0, 0, 0
     run_need: dict[str, int] = {}   # what each session's check run took beyond what it kept
     for block in range(o.blocks):
         pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
@@ -435,13 +437,15 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                 # group closes: what the group's runs take is counted as the sum of their measured needs.
                 timing = sum(run_need.get(k, one_run) for k in keys[:i + 1])
                 transient = max(timing, one_build, one_timing, c.build)
-                if i and _would_pass_budget(plan, watch, c.estimate + transient):
+                # what the session will hold: its estimate, and the most a checked session held beyond its own
+                holds = c.estimate + one_over
+                if i and _would_pass_budget(plan, watch, holds + transient):
                     # what is ready already holds more than estimated: time it, the rest form the next group
                     pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
                     keys = keys[:i]
                     break
                 growth = watch.growth()
-                planned = None if growth is None else growth + c.estimate + transient
+                planned = None if growth is None else growth + holds + transient
                 progress.step(f"block {block + 1}/{o.blocks}: preparing {key} {where}")
                 if c.row["status"] != "ok":
                     continue
@@ -453,9 +457,16 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                         one_build = max(one_build, _beyond_kept(watch, f"checking {key} {where}"))
                         c.row["kernels"] = compiled.kernels
                         c.row["max_abs_error"] = _max_error(compiled.run(feeds), oracle)
-                        # what the run took beyond what stays (an arena made on the first run stays)
+                        # and again: ONNX Runtime allocates on its second run the memory pattern its first
+                        # recorded, beside the first run's blocks, so only then does its arena reach the
+                        # size it keeps while the group is timed (and the next session's cut sees it)
+                        compiled.run(feeds)
+                        # what the runs took beyond what stays (an arena made by the runs stays)
                         run_need[key] = _beyond_kept(watch, f"holding {key} {where}")
                         one_run = max(one_run, run_need[key])
+                        kept = watch.growth()
+                        if None not in (growth, kept):
+                            one_over = max(one_over, kept - growth - c.estimate)
                     ready[key] = compiled
                 except (BlockcError, MemoryError) as e:
                     c.row.update(status="error", error=(f"block {block + 1}: " if block else "")
