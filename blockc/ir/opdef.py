@@ -15,7 +15,7 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   raising ``NotApplicable`` with the reason;
 * ``torch``     -- the PyTorch call a PyTorch user would write for it;
 * ``cuda``      -- which CUDA kernel family computes it (``elementwise`` with
-  its C expression, ``row_norm``, ``softmax``, ``attention``, ``gemm``, ``copy``, ``alias``,
+  its C expression, ``row_norm``, ``softmax``, ``attention``, ``rotary``, ``gemm``, ``copy``, ``alias``,
   ``inline``), or nothing: the CUDA backend then legalizes it by decomposition;
 * ``flops``     -- floating-point operations per output element (or a rule);
 * ``traffic``   -- bytes an ideal kernel reads and writes, where that is not
@@ -188,7 +188,7 @@ def _coerce(op: str, key: str, kind: str, v):
 # The CUDA backend's kernel families (blockc/codegen/cuda/kernels/): what an
 # op's ``cuda`` names. ``inline`` ops make no kernel: their value is written
 # into the elementwise kernels that read it (a scalar constant, the causal mask).
-CUDA_KERNELS = ("elementwise", "row_norm", "softmax", "attention", "gemm", "copy", "alias", "inline")
+CUDA_KERNELS = ("elementwise", "row_norm", "softmax", "attention", "rotary", "gemm", "copy", "alias", "inline")
 
 OPS: dict[str, OpDef] = {}
 

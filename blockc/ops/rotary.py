@@ -49,7 +49,7 @@ rotary = define(
     "rotary", ("x", "cos", "sin", "position_ids"), attrs={"interleaved": (BOOL, False)},
     doc="rotary position embedding of x [batch, heads, seq, head_dim] by the cos/sin table rows of position_ids; "
         "the first cos.shape[-1] dims of each head turn, the rest pass through",
-    fused=True, colour="#17BECF",
+    fused=True, colour="#17BECF", cuda="rotary",
     # a multiply, a multiply-add per turned element; the rest is copied
     flops=lambda node, bindings: 3 * numel(node.outputs[0].shape[:-1], bindings) * node.inputs[1].shape[-1],
     indexes=lambda node: [(node.inputs[3], node.inputs[1], 0), (node.inputs[3], node.inputs[2], 0)])

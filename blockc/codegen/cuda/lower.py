@@ -41,6 +41,7 @@ from .kernels.attention import attention_scratch, emit_attention
 from .kernels.copy import emit_copy, own_indices
 from .kernels.elementwise import emit_elementwise
 from .kernels.gemm import EMULATED_GEMM, GemmChoice, emit_gemm, epilogue_nodes, gemm_runtime
+from .kernels.rotary import emit_rotary
 from .kernels.rows import emit_row_norm, emit_softmax
 from .memory_plan import MemoryPlan, plan_memory
 from .templates import render
@@ -334,6 +335,7 @@ EMITTERS = {
     "gemm": lambda nodes, ctx, labels, gemm: [emit_gemm(nodes, ctx, labels, gemm)],
     "copy": lambda nodes, ctx, labels, gemm: emit_copy(nodes[-1], ctx, labels),
     "attention": lambda nodes, ctx, labels, gemm: [emit_attention(nodes[-1], ctx, labels)],
+    "rotary": lambda nodes, ctx, labels, gemm: [emit_rotary(nodes[-1], ctx, labels)],
 }
 
 
@@ -398,7 +400,7 @@ def _id_limits(g: Graph, ctx: LowerContext) -> list[dict]:
     limits = []
     for key in ctx.checked_ids:
         if isinstance(key, Node):
-            table, v = key.inputs
+            v, table, _ = registry.get(key.op).indexes(key)[0]
             limits.append({"ids": ctx.ptr(v), "ctype": ctype(v.dtype), "rows": ctx.dim(table.shape[0]),
                            "node": c_string(f"{key.op} {' '.join(_labels(key, index_of[id(key)]))}")})
         else:

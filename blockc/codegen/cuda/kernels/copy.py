@@ -10,6 +10,7 @@ costs its rows, not the cache."""
 from __future__ import annotations
 
 from ....ir.graph import Node, Value
+from ....ops.registry import get
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines, shape_class
 from ..templates import render
 
@@ -23,11 +24,14 @@ def _strides(shape, ctx: LowerContext) -> list[str]:
 
 
 def own_indices(node: Node) -> Value | None:
-    """The indices ``node`` checks in its own slot of ``id_errors``: a
-    gather's that are not a graph input. An input's ids have a range of their
-    own (``ops/limits.py``), which Python checks before a run and every gather
-    of it flags in the input's slot; computed ones nobody checks beforehand."""
-    return node.inputs[1] if node.op == "gather" and node.inputs[1].kind != "input" else None
+    """The indices ``node`` checks in its own slot of ``id_errors``: ids it
+    reads (its declaration's ``indexes``: a gather's, a rotary's positions)
+    that are not a graph input. An input's ids have a range of their own
+    (``ops/limits.py``), which Python checks before a run and every kernel
+    reading them flags in the input's slot; computed ones nobody checks
+    beforehand."""
+    indexes = get(node.op).indexes
+    return next((ids for ids, _, _ in (indexes(node) if indexes else ()) if ids.kind != "input"), None)
 
 
 def _copy(name, title, labels, ctx, in_v, out_v, iter_shape, in_off, out_off, op, value=None, index=None,
