@@ -8,13 +8,18 @@ once each (a well-tiled GEMM's DRAM traffic, ignoring re-reads). Nodes that
 depend only on parameters and constants (the transposed tied head, the
 concatenated QKV weights) run once at load time and are not counted. An op
 whose ideal kernel moves less declares how much (its ``traffic`` in the
-registry): a causal softmax reads only the scores its rows can see.
+registry): a causal softmax reads only the scores its rows can see. An op
+that picks entries of a table by ids (its declaration's ``indexes``: an
+embedding lookup, a rotary's positions) reads of that table only the
+entries its ids pick, at most the whole table: GPT-2's lookup of 128
+tokens reads 128 rows of its 50257, not 154 MB.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..ir.dims import evaluate
 from ..ir.graph import Graph, Node
 from ..ir.load_time import load_time_nodes
 from ..ir.opdef import get
@@ -39,13 +44,27 @@ def node_traffic(node: Node, bindings: Mapping[str, int]) -> NodeTraffic:
     rule = get(node.op).traffic
     if rule is not None:
         return NodeTraffic(node, *rule(node, bindings))
+    picked = _picked_bytes(node, bindings)
     seen, read = set(), 0
     for v in node.inputs:
         if id(v) not in seen:
             seen.add(id(v))
-            read += v.type.nbytes(bindings)
+            read += picked.get(id(v), v.type.nbytes(bindings))
     written = sum(o.type.nbytes(bindings) for o in node.outputs)
     return NodeTraffic(node, read, written)
+
+
+def _picked_bytes(node: Node, bindings: Mapping[str, int]) -> dict[int, int]:
+    """For each table ``node`` indexes by ids, the bytes of the entries they
+    pick (one entry per id, at most the whole table), by ``id(table)``."""
+    indexes = get(node.op).indexes
+    picked: dict[int, int] = {}
+    for ids, table, axis in indexes(node) if indexes else ():
+        whole = table.type.nbytes(bindings)
+        entries = evaluate(table.shape[axis % table.type.rank], bindings)
+        count = ids.type.nbytes(bindings) // ids.dtype.itemsize
+        picked[id(table)] = min(whole, whole // entries * count) if entries else whole
+    return picked
 
 
 def graph_traffic(graph: Graph, bindings: Mapping[str, int]) -> list[NodeTraffic]:

@@ -45,3 +45,22 @@ def test_a_causal_attention_reads_q_k_v_whole_and_its_mask_where_seen():
     # q, k and v are [.., 4, 4] too: shaped like the scores, but read whole (the mask is what is skipped)
     t = node_traffic(g.nodes[0], {})
     assert t.read == 3 * 128 + 64 * 10 // 16 and t.written == 128
+
+
+def test_a_lookup_reads_only_the_entries_its_ids_pick():
+    # GPT-2's embedding: 4 tokens read 4 rows of the table, not all 50257; a rotary reads each table's
+    # rows at its positions; ids that would pick more entries than the table holds read it once
+    g = blockc.parse_graph("""graph g(%ids: i64[2,2], %many: i64[70000], %x: f32[2,3,2,8], %pos: i64[2,2]) {
+  param @wte: f32[50257,768]
+  param @cos: f32[64,8]
+  param @sin: f32[64,8]
+  %0:f32[2,2,768] = gather @wte, %ids {axis=0}
+  %1:f32[70000,768] = gather @wte, %many {axis=0}
+  %2:f32[2,3,2,8] = rotary %x, @cos, @sin, %pos {interleaved=false}
+  return e=%0, m=%1, r=%2
+}
+""")
+    lookup, many, rotary = (node_traffic(n, {}) for n in g.nodes)
+    assert lookup.read == 4 * 768 * 4 + 4 * 8 and lookup.written == 4 * 768 * 4
+    assert many.read == 50257 * 768 * 4 + 70000 * 8
+    assert rotary.read == 2 * 3 * 2 * 8 * 4 + 2 * (4 * 8 * 4) + 4 * 8 and rotary.written == 2 * 3 * 2 * 8 * 4
