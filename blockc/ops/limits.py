@@ -64,9 +64,10 @@ def _table(v) -> str:
 
 
 def _named(v):
-    """``v``, or where it has no name the named value it is a copy or a
-    part of (a cache written in place is its past buffer)."""
-    while not v.name and v.producer is not None and v.producer.op in ("cache_write", "slice"):
+    """``v``, or where it has no name the named value it is a part or a
+    written copy of: what made it is an op with ``bounds`` (a slice, a
+    cache write), whose first input it comes from."""
+    while not v.name and v.producer is not None and get(v.producer.op).bounds is not None:
         v = v.producer.inputs[0]
     return v
 
