@@ -11,7 +11,8 @@ Hugging Face's at every past.
 A decode step at a given past is measured on a cache of that length (random
 keys and values: the step's cost does not depend on them), not by
 generating a thousand tokens: the same step, repeated. blockc's step is
-what the generation loop runs (``blockc.generate``): the cache is kept by
+what the generation loop runs for one prompt (``blockc.generate``): the
+unpadded graphs (no key mask: no row has a pad), the cache kept by
 the compiled graph between steps (``Compiled.cached``); with ``--cache
 concat`` instead it is the plain decode graph, its cache fed as numpy
 arrays and returned as new ones (the loop before the in-place cache).
@@ -59,7 +60,7 @@ from blockc.compare.machine import cpu_name  # noqa: E402
 from blockc.frontends import build_model, trace  # noqa: E402
 from blockc.frontends.hf_gpt2 import load_hf_gpt2_state_dict  # noqa: E402
 from blockc.frontends.hf_llama import load_hf_llama_state_dict  # noqa: E402
-from blockc.generate.loop import cache_names, into_cache  # noqa: E402
+from blockc.generate.loop import cache_names, into_cache, padded  # noqa: E402
 from blockc.passes.forms import to_form  # noqa: E402
 from blockc.runtime.ort_runner import OrtCachedStep, session_options  # noqa: E402
 from blockc.runtime.timing import measure_in_blocks, paired_speedup, ratio_interval  # noqa: E402
@@ -200,10 +201,13 @@ def measure_model(spec, args):
     if cache_len > model.cfg.max_positions:
         raise SystemExit(f"{spec}: past {max(pasts)} needs max_positions > {max(pasts)} (--models {name}:max_positions=...)")
     graphs, protos = {}, {}
+    # one prompt, no pads: the unpadded graphs, as generate() picks them (no key mask)
+    pad = padded([[0] * args.prompt])
     for form in FORMS:
-        graphs[form] = to_form(trace(model.for_cache("prefill")), form)
+        graphs[form] = to_form(trace(model.for_cache("prefill", padded=pad)), form)
         protos[f"prefill-{form}"] = export_onnx(graphs[form], weights).SerializeToString()
-        decode = model.for_cache("decode") if args.cache == "concat" else model.for_cache("decode", cache_len=cache_len)
+        decode = model.for_cache("decode", padded=pad) if args.cache == "concat" else \
+            model.for_cache("decode", cache_len=cache_len, padded=pad)
         graphs[f"decode-{form}"] = to_form(trace(decode), form)
         protos[f"decode-{form}"] = export_onnx(graphs[f"decode-{form}"], weights).SerializeToString()
     sessions = Sessions(protos, args.threads)

@@ -148,6 +148,15 @@ class DecoderLM(Model):
       and attends to the first ``total`` (``layers.KVCache``). A runtime
       that binds each present to its past's buffer never copies the cache.
 
+    ``padded=False`` (either step) is for rows without left padding, every
+    token so far a real one (one prompt, or prompts of one length): the
+    step has no key mask, only the causal one, and ``attention_mask`` gives
+    the length (``past+seq``) but its values are not read. That spares a
+    step the additive mask every layer's attention would otherwise build and
+    apply over every key so far (ONNX Runtime's ``GroupQueryAttention``
+    reads it as its ``attention_bias``). ``generate`` picks it where no
+    prompt is padded (``generate.loop.padded``).
+
     Positions come from ``position_ids`` whatever the position kind (learned
     tables are gathered as rotary ones are), from the tables' first
     ``past+seq`` rows: so ``past+seq`` is at most ``max_positions`` and each
@@ -156,7 +165,7 @@ class DecoderLM(Model):
     """
 
     def __init__(self, cfg: DecoderConfig, name: str = "decoder", cache: str | None = None,
-                 cache_len: int | None = None):
+                 cache_len: int | None = None, padded: bool = True):
         super().__init__()
         cfg.check()
         if cache is not None and cache not in CACHE_MODES:
@@ -166,7 +175,10 @@ class DecoderLM(Model):
             raise ModelError(f"cache_len must be a positive integer, for a decode step; got {cache_len!r} "
                              f"with cache={cache!r}")
         self.cfg, self.name, self.dtype, self.cache = cfg, name, DType.parse(cfg.dtype), cache
-        self.cache_len = cache_len
+        if not isinstance(padded, bool) or (not padded and cache is None):
+            raise ModelError(f"padded must be True or False, for a prefill or decode step; got {padded!r} "
+                             f"with cache={cache!r}")
+        self.cache_len, self.padded = cache_len, padded
         self.tok = Embedding(cfg.vocab, cfg.d_model)
         if cfg.positions == "rope":
             self.rope = RotaryEmbedding(cfg.head_size, cfg.max_positions, cfg.rotary_dim, cfg.rope_theta,
@@ -182,11 +194,12 @@ class DecoderLM(Model):
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.d_model, cfg.vocab, bias=False)
 
-    def for_cache(self, mode: str, cache_len: int | None = None) -> "DecoderLM":
+    def for_cache(self, mode: str, cache_len: int | None = None, padded: bool = True) -> "DecoderLM":
         """This model's ``"prefill"`` or ``"decode"`` step (see the class
-        docstring); a decode step with ``cache_len`` keeps its cache in place."""
-        suffix = f"-{cache_len}" if cache_len is not None else ""
-        return DecoderLM(self.cfg, f"{self.name}-{mode}{suffix}", cache=mode, cache_len=cache_len)
+        docstring); a decode step with ``cache_len`` keeps its cache in place;
+        ``padded=False``: for rows without left padding, no key mask."""
+        suffix = (f"-{cache_len}" if cache_len is not None else "") + ("" if padded else "-unpadded")
+        return DecoderLM(self.cfg, f"{self.name}-{mode}{suffix}", cache=mode, cache_len=cache_len, padded=padded)
 
     @property
     def kv_shape(self) -> tuple:
@@ -233,8 +246,8 @@ class DecoderLM(Model):
         else:
             x = x + self.pos.lookup(position_ids, total)
         # [batch, past+seq] -> [batch, 1, 1, past+seq]: one key mask for every head and query; the
-        # blocks' causal mask, aligned to the last key, adds "no later token".
-        mask = attention_mask.cast("bool").reshape(0, 1, 1, -1)
+        # blocks' causal mask, aligned to the last key, adds "no later token" (alone where unpadded).
+        mask = attention_mask.cast("bool").reshape(0, 1, 1, -1) if self.padded else None
         written = total if self.cache_len else None
         caches = [KVCache((past[2 * i], past[2 * i + 1]) if past else None, written) for i in range(len(self.blocks))]
         for block, cache in zip(self.blocks, caches):

@@ -8,7 +8,9 @@ padded row generates what it would alone. The prefill graph
 keys and values; each decode step feeds the last picked tokens, the mask
 one column longer and the next positions, and reads the cache that the
 step before left. Both graphs are compiled once, through the ``Backend``
-interface, so every backend generates.
+interface, so every backend generates. Where no prompt is padded (one
+prompt, or prompts of one length) the graphs are the unpadded ones
+(``for_cache(..., padded=False)``): no key mask, only the causal one.
 
 The cache. By default (``cache="inplace"``) the decode graph takes each
 layer's cache as a buffer preallocated to ``cache_len`` positions (the
@@ -111,6 +113,11 @@ def cache_names(layers: int) -> list[tuple[str, str]]:
     return [(f"past.{i}.{kv}", f"present.{i}.{kv}") for i in range(layers) for kv in ("key", "value")]
 
 
+def padded(prompts: Sequence[Sequence[int]]) -> bool:
+    """Whether ``left_pad`` pads any of ``prompts``: they differ in length."""
+    return len({len(p) for p in prompts}) > 1
+
+
 def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(input_ids, attention_mask, position_ids)``, each int64 ``[batch, longest]``,
     the prompts aligned to the right (pads: id 0, mask 0, position 0)."""
@@ -192,8 +199,10 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     target.require()
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
-    prefill_graph = to_form(trace(model.for_cache("prefill")), form)
-    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length)), form) if max_new > 1 else None
+    unpadded = not padded(prompts)   # no key mask to build and apply where no row has a pad
+    prefill_graph = to_form(trace(model.for_cache("prefill", padded=not unpadded)), form)
+    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length, padded=not unpadded)), form) \
+        if max_new > 1 else None
     with target.compile(prefill_graph, weights) as prefill:
         decode = target.compile(decode_graph, weights) if decode_graph is not None else None
         try:

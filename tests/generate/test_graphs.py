@@ -104,3 +104,42 @@ def test_a_cache_longer_than_the_position_table_is_refused_everywhere(backend):
 def test_unknown_cache_mode_is_refused():
     with pytest.raises(ModelError, match="cache must be one of prefill, decode"):
         DecoderLM(build_model("tiny").cfg, cache="both")
+
+
+def test_unpadded_is_only_for_a_step():
+    with pytest.raises(ModelError, match="padded must be True or False, for a prefill or decode step"):
+        DecoderLM(build_model("tiny").cfg, padded=False)
+
+
+@pytest.mark.parametrize("kind", [("prefill", None), ("decode", None), ("decode", 16)])
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+def test_an_unpadded_step_has_no_key_mask_and_the_same_numbers_without_pads(name, kind):
+    """Rows without pads (a mask of ones): the unpadded step gives what the
+    padded one does, with no key mask to build: attention is causal alone,
+    and ONNX Runtime's GroupQueryAttention gets no attention_bias."""
+    mode, cache_len = kind
+    model = build_model(name, {"layers": "1"})
+    weights = dict(init_weights(model))
+    padded, unpadded = (optimize(trace(model.for_cache(mode, cache_len=cache_len, padded=p))).graph
+                        for p in (True, False))
+    assert unpadded.name.endswith("-unpadded")
+    attention = [n for n in unpadded.nodes if n.op in ("attention", "cache_attention")]
+    assert attention and all(n.attrs["mask"] == "none" for n in attention)
+    assert all(n.attrs["mask"] == "bool" for n in padded.nodes if n.op in ("attention", "cache_attention"))
+    rng = np.random.default_rng(0)
+    past, seq = (0, 5) if mode == "prefill" else (6, 1)
+    feeds = {"input_ids": rng.integers(0, model.cfg.vocab, (2, seq)), "attention_mask": np.ones((2, past + seq), np.int64),
+             "position_ids": np.broadcast_to(past + np.arange(seq), (2, seq)).astype(np.int64)}
+    for v in padded.inputs:
+        if v.name.startswith("past."):
+            shape = (2, model.cfg.kv_heads or model.cfg.heads, cache_len or past, model.cfg.head_size)
+            feeds[v.name] = rng.standard_normal(shape).astype(np.float32)
+            feeds[v.name][:, :, past:] = 0
+    for backend in ("reference", "ort-cpu"):
+        want = make_backend(backend).run(padded, weights, feeds)
+        got = make_backend(backend).run(unpadded, weights, feeds)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{backend} {k}")
+    if cache_len:
+        gqa = [n for n in export_onnx(unpadded, weights).graph.node if n.op_type == "GroupQueryAttention"]
+        assert gqa and all(len(n.input) < 11 or not n.input[10] for n in gqa)

@@ -67,6 +67,23 @@ def test_padded_batch_equals_each_prompt_alone(name):
     assert batch == [generate(model, weights, [p], 6).tokens[0] for p in PROMPTS + [[9]]]
 
 
+def test_the_graphs_have_a_key_mask_only_where_a_prompt_is_padded(monkeypatch):
+    # one prompt, or prompts of one length: no row has a pad, so no key mask to build and apply
+    from blockc.frontends.models import DecoderLM
+    asked, real = [], DecoderLM.for_cache
+
+    def for_cache(self, mode, cache_len=None, padded=True):
+        asked.append((mode, padded))
+        return real(self, mode, cache_len, padded)
+    monkeypatch.setattr(DecoderLM, "for_cache", for_cache)
+    model = build_model("llama-tiny")
+    weights = weights_of(model)
+    for prompts, padded in (([[5, 17, 99]], False), ([[5, 17, 99], [1, 2, 3]], False), (PROMPTS, True)):
+        asked.clear()
+        generate(model, weights, prompts, 3)
+        assert asked == [("prefill", padded), ("decode", padded)], prompts
+
+
 def test_cuda_emu_generates_as_reference():
     backend = make_backend("cuda-emu")
     ok, why = backend.availability()
