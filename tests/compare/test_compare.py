@@ -351,9 +351,9 @@ def test_what_a_sessions_runs_keep_is_seen_before_the_next_session_joins(monkeyp
     each session twice before the next may join, and counts the most a
     checked session came to hold beyond its estimate for every later one.
     Here each session's second run keeps 3 GiB, with a budget of 8 GiB:
-    groups of two, and the process never passes the budget (checked once,
-    the third session would have joined at 6 GiB and grown it to 9; not at
-    all, every session would have joined one group and grown it to 21)."""
+    groups of two, and the process never passes the budget (with one run
+    checked, or with the runs' keep not counted for the next session, a
+    third session joins and the group grows to 9 GiB)."""
     from blockc.runtime.ort_runner import OrtSession
     state = {"held": 0, "peak": 0}
     kept: dict[int, int] = {}
