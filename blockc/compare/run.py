@@ -420,7 +420,7 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
     times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
     order = np.random.default_rng(o.seed + 1)
     largest, groups, serial, one_build, one_timing, one_over = 0, [], 0, 0, 0, 0
-    run_need: dict[str, int] = {}   # what each session's check run took beyond what it kept
+    run_need: dict[str, int] = {}   # what each session's check runs took beyond what it kept
     for block in range(o.blocks):
         pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
         for key in too_big:

@@ -199,9 +199,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     target.require()
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
-    unpadded = not padded(prompts)   # no key mask to build and apply where no row has a pad
-    prefill_graph = to_form(trace(model.for_cache("prefill", padded=not unpadded)), form)
-    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length, padded=not unpadded)), form) \
+    pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
+    prefill_graph = to_form(trace(model.for_cache("prefill", padded=pads)), form)
+    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length, padded=pads)), form) \
         if max_new > 1 else None
     with target.compile(prefill_graph, weights) as prefill:
         decode = target.compile(decode_graph, weights) if decode_graph is not None else None

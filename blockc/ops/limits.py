@@ -74,10 +74,8 @@ def _named(v):
 
 def _holds(x, axis: int, size: int) -> str:
     """Why an end along ``axis`` of ``x`` is at most ``size``."""
-    named = _named(x)
-    if axis % x.type.rank == 0:
-        return f"{_table(named)} has {size} rows"
-    return f"{_table(named)} holds {size} positions on axis {axis % x.type.rank}"
+    named, axis = _named(x), axis % x.type.rank
+    return f"{_table(named)} has {size} rows" if axis == 0 else f"{_table(named)} holds {size} positions on axis {axis}"
 
 
 def _indexes(table, rows: Dim) -> str:

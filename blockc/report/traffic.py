@@ -23,6 +23,7 @@ from ..ir.dims import evaluate
 from ..ir.graph import Graph, Node
 from ..ir.load_time import load_time_nodes
 from ..ir.opdef import get
+from ..ops._rules import numel
 
 ZERO_COPY = frozenset({"reshape"})
 
@@ -62,8 +63,7 @@ def _picked_bytes(node: Node, bindings: Mapping[str, int]) -> dict[int, int]:
     for ids, table, axis in indexes(node) if indexes else ():
         whole = table.type.nbytes(bindings)
         entries = evaluate(table.shape[axis % table.type.rank], bindings)
-        count = ids.type.nbytes(bindings) // ids.dtype.itemsize
-        picked[id(table)] = min(whole, whole // entries * count) if entries else whole
+        picked[id(table)] = min(whole, whole // entries * numel(ids.shape, bindings)) if entries else whole
     return picked
 
 

@@ -93,69 +93,98 @@ def call_entry(lib, spec: dict) -> dict:
     return {}
 
 
-def _model_api(lib) -> tuple:
-    """The C API's functions (blockc_model.h), typed for ctypes, in the order
-    call_model and call_session unpack them, and ``check(where, rc)``, which
-    raises Failed with the calling thread's last error where rc is not 0."""
-    vp, size = ctypes.c_void_p, ctypes.c_size_t
-    dims_type = ctypes.POINTER(ctypes.c_longlong)
-    last_error = _function(lib, "blockc_last_error", ctypes.c_char_p, [])
+class _ModelApi:
+    """The C API (blockc_model.h), typed for ctypes, and the steps both
+    ``call_model`` and ``call_session`` take with it; each failure raises
+    Failed with the library's own message (the calling thread's last error,
+    or the model's)."""
 
-    def check(where: str, rc: int) -> None:
+    def __init__(self, lib):
+        vp, size = ctypes.c_void_p, ctypes.c_size_t
+        dims_type = ctypes.POINTER(ctypes.c_longlong)
+        self._create = _function(lib, "blockc_create", vp, [ctypes.c_char_p])
+        self._last_error = _function(lib, "blockc_last_error", ctypes.c_char_p, [])
+        self._model_error = _function(lib, "blockc_model_error", ctypes.c_char_p, [vp])
+        self._alloc = _function(lib, "blockc_device_alloc", vp, [size])
+        self.free = _function(lib, "blockc_device_free", None, [vp])
+        self._to_device = _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size])
+        self._to_host = _function(lib, "blockc_copy_to_host", ctypes.c_int, [vp, vp, size])
+        self._reserve = _function(lib, "blockc_reserve", ctypes.c_int, [vp, dims_type])
+        self._run = _function(lib, "blockc_run", ctypes.c_int,
+                              [vp, ctypes.POINTER(vp), ctypes.POINTER(vp), dims_type, vp])
+        self._sync = _function(lib, "blockc_synchronize", ctypes.c_int, [])
+        self.destroy = _function(lib, "blockc_destroy", None, [vp])
+
+    def check(self, where: str, rc: int) -> None:
         if rc != 0:
-            raise Failed(where, rc, last_error().decode(errors="replace"))
+            raise Failed(where, rc, self._last_error().decode(errors="replace"))
 
-    return (_function(lib, "blockc_create", vp, [ctypes.c_char_p]), last_error,
-            _function(lib, "blockc_model_error", ctypes.c_char_p, [vp]),
-            _function(lib, "blockc_device_alloc", vp, [size]),
-            _function(lib, "blockc_device_free", None, [vp]),
-            _function(lib, "blockc_copy_to_device", ctypes.c_int, [vp, vp, size]),
-            _function(lib, "blockc_copy_to_host", ctypes.c_int, [vp, vp, size]),
-            _function(lib, "blockc_reserve", ctypes.c_int, [vp, dims_type]),
-            _function(lib, "blockc_run", ctypes.c_int, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp), dims_type, vp]),
-            _function(lib, "blockc_synchronize", ctypes.c_int, []),
-            _function(lib, "blockc_destroy", None, [vp]), check)
+    def _model_failed(self, model, where: str, rc: int) -> None:
+        if rc != 0:   # the model keeps why its call failed
+            raise Failed(where, rc, self._model_error(model).decode(errors="replace"))
+
+    def create(self, weights: str):
+        model = self._create(weights.encode())
+        if not model:
+            raise Failed("blockc_create", 1, self._last_error().decode(errors="replace"))
+        return model
+
+    def buffer(self, nbytes: int):
+        """A device buffer of ``nbytes`` (at least one byte); the caller frees it."""
+        p = self._alloc(max(nbytes, 1))
+        if not p:
+            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % nbytes)
+        return p
+
+    def upload(self, path: str):
+        """A new device buffer holding the file at ``path``; the caller frees it."""
+        data = _read(path)
+        p = self.buffer(len(data))
+        self.check("blockc_copy_to_device", self._to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
+        return p
+
+    def download(self, p, path: str, nbytes: int) -> None:
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        self.check("blockc_copy_to_host", self._to_host(buf, p, nbytes))
+        _write(path, buf.raw[:nbytes])
+
+    def reserve(self, model, dims) -> None:
+        self._model_failed(model, "blockc_reserve", self._reserve(model, longs(dims)))
+
+    def runner(self, model, ins: list, outs: list, dims: list):
+        """A call that runs ``model`` once on these device buffers, its
+        arguments made once (what a timing loop calls)."""
+        vp = ctypes.c_void_p
+        in_arr, out_arr = (vp * max(len(ins), 1))(*ins), (vp * max(len(outs), 1))(*outs)
+        dims = longs(dims)
+        return lambda: self._model_failed(model, "blockc_run", self._run(model, in_arr, out_arr, dims, None))
+
+    def synchronize(self) -> None:
+        self.check("blockc_synchronize", self._sync())
+
+
+def longs(values):
+    return (ctypes.c_longlong * max(len(values), 1))(*values)
 
 
 def call_model(lib, spec: dict) -> dict:
-    vp = ctypes.c_void_p
-    create, last_error, model_error, alloc, free, to_device, to_host, reserve, run, sync, destroy, check = \
-        _model_api(lib)
-
-    model = create(spec["weights"].encode())
-    if not model:
-        raise Failed("blockc_create", 1, last_error().decode(errors="replace"))
+    api = _ModelApi(lib)
+    model = api.create(spec["weights"])
     device, events = [], []
-
-    def device_buffer(nbytes: int):
-        p = alloc(max(nbytes, 1))
-        if not p:
-            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % nbytes)
-        device.append(p)
-        return p
-
-    def longs(values):
-        return (ctypes.c_longlong * max(len(values), 1))(*values)
-
     try:
-        rc = reserve(model, longs(spec.get("reserve") or spec["dims"]))
-        if rc != 0:
-            raise Failed("blockc_reserve", rc, model_error(model).decode(errors="replace"))
+        api.reserve(model, spec.get("reserve") or spec["dims"])
         ins = []
         for item in spec["inputs"]:
-            data = _read(item["path"])
-            p = device_buffer(len(data))
-            check("blockc_copy_to_device", to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
-            ins.append(p)
-        outs = [ins[item["alias"]] if "alias" in item else device_buffer(item["nbytes"]) for item in spec["outputs"]]
-        dims = longs(spec["dims"])
-        in_arr = (vp * max(len(ins), 1))(*ins)
-        out_arr = (vp * max(len(outs), 1))(*outs)
-
-        def run_once() -> None:
-            rc = run(model, in_arr, out_arr, dims, None)
-            if rc != 0:  # the model keeps why its run failed
-                raise Failed("blockc_run", rc, model_error(model).decode(errors="replace"))
+            device.append(api.upload(item["path"]))
+            ins.append(device[-1])
+        outs = []
+        for item in spec["outputs"]:
+            if "alias" in item:
+                outs.append(ins[item["alias"]])
+            else:
+                device.append(api.buffer(item["nbytes"]))
+                outs.append(device[-1])
+        run_once = api.runner(model, ins, outs, spec["dims"])
 
         result = {}
         counted = _counters(lib)
@@ -164,53 +193,38 @@ def call_model(lib, spec: dict) -> dict:
             t = spec["time"]
             result["times"] = timing.measure(run_once, warmup=int(t["warmup"]), min_repeats=int(t["min_repeats"]),
                                              min_time_s=float(t["min_time_s"]),
-                                             clock=_event_clock(lib, timing, events, check)).samples
+                                             clock=_event_clock(lib, timing, events, api.check)).samples
         else:
             for _ in range(int(spec.get("runs", 1))):
                 run_once()
-        check("blockc_synchronize", sync())
+        api.synchronize()
         if counted is not None:
             result["counters"] = {k: v - counted[k] for k, v in _counters(lib).items()}
         for item, p in zip(spec["outputs"], outs):
-            buf = ctypes.create_string_buffer(max(item["nbytes"], 1))
-            check("blockc_copy_to_host", to_host(buf, p, item["nbytes"]))
-            _write(item["path"], buf.raw[:item["nbytes"]])
+            api.download(p, item["path"], item["nbytes"])
         return result
     finally:
         for e in events:
             lib.blockc_event_destroy(e)
         for p in device:
-            free(p)
-        destroy(model)
+            api.free(p)
+        api.destroy(model)
 
 
 def call_session(lib, spec: dict) -> dict:
-    vp = ctypes.c_void_p
-    create, last_error, model_error, alloc, free, to_device, to_host, reserve, run, sync, destroy, check = \
-        _model_api(lib)
-
-    def longs(values):
-        return (ctypes.c_longlong * max(len(values), 1))(*values)
-
-    def to_new_buffer(path: str):
-        data = _read(path)
-        p = alloc(max(len(data), 1))
-        if not p:
-            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % len(data))
-        check("blockc_copy_to_device", to_device(p, ctypes.create_string_buffer(data, len(data)), len(data)))
-        return p
+    api = _ModelApi(lib)
 
     def answer(reply: dict) -> None:
         sys.stdout.write("blockc-session " + json.dumps(reply) + "\n")
         sys.stdout.flush()
 
-    model = create(spec["weights"].encode())
-    if not model:
-        raise Failed("blockc_create", 1, last_error().decode(errors="replace"))
+    model = api.create(spec["weights"])
     carry = {int(o): int(i) for o, i in spec["carry"].items()}      # output position -> input position
-    state = {int(i): to_new_buffer(path) for i, path in spec["state"].items()}
-    reserved = [0] * len(spec["reserve"])
+    state = {}
     try:
+        for i, path in spec["state"].items():
+            state[int(i)] = api.upload(path)
+        reserved = [0] * len(spec["reserve"])
         answer({"ok": True, "addresses": {str(i): p for i, p in state.items()}})
         for line in sys.stdin:
             command = json.loads(line)
@@ -219,48 +233,30 @@ def call_session(lib, spec: dict) -> dict:
             temporary = []
             try:
                 if command["op"] == "read":
-                    k = int(command["input"])
-                    buf = ctypes.create_string_buffer(max(command["nbytes"], 1))
-                    check("blockc_synchronize", sync())
-                    check("blockc_copy_to_host", to_host(buf, state[k], command["nbytes"]))
-                    _write(command["path"], buf.raw[:command["nbytes"]])
+                    api.synchronize()
+                    api.download(state[int(command["input"])], command["path"], command["nbytes"])
                     answer({"ok": True})
                     continue
                 dims = command["dims"]
                 if any(d > r for d, r in zip(dims, reserved)):   # reserve more, never less
                     reserved = [max(d, r) for d, r in zip(dims, reserved)]
-                    rc = reserve(model, longs(reserved))
-                    if rc != 0:
-                        raise Failed("blockc_reserve", rc, model_error(model).decode(errors="replace"))
+                    api.reserve(model, reserved)
                 ins = []
                 for k, path in enumerate(command["inputs"]):
-                    if k in state:
-                        ins.append(state[k])
-                    else:
-                        ins.append(to_new_buffer(path))
-                        temporary.append(ins[-1])
+                    if k not in state:
+                        temporary.append(api.upload(path))
+                    ins.append(state[k] if k in state else temporary[-1])
                 outs = []
                 for k, item in enumerate(command["outputs"]):
-                    if k in carry:
-                        outs.append(state[carry[k]])
-                    else:
-                        p = alloc(max(item["nbytes"], 1))
-                        if not p:
-                            raise Failed("blockc_device_alloc", 2, "device allocation of %d bytes failed" % item["nbytes"])
-                        temporary.append(p)
-                        outs.append(p)
-                in_arr = (vp * max(len(ins), 1))(*ins)
-                out_arr = (vp * max(len(outs), 1))(*outs)
+                    if k not in carry:
+                        temporary.append(api.buffer(item["nbytes"]))
+                    outs.append(state[carry[k]] if k in carry else temporary[-1])
                 counted = _counters(lib)   # what this run does, not the session so far
-                rc = run(model, in_arr, out_arr, longs(dims), None)
-                if rc != 0:
-                    raise Failed("blockc_run", rc, model_error(model).decode(errors="replace"))
-                check("blockc_synchronize", sync())
+                api.runner(model, ins, outs, dims)()
+                api.synchronize()
                 for k, item in enumerate(command["outputs"]):
                     if k not in carry:
-                        buf = ctypes.create_string_buffer(max(item["nbytes"], 1))
-                        check("blockc_copy_to_host", to_host(buf, outs[k], item["nbytes"]))
-                        _write(item["path"], buf.raw[:item["nbytes"]])
+                        api.download(outs[k], item["path"], item["nbytes"])
                 reply = {"ok": True}
                 if counted is not None:
                     reply["counters"] = {k: v - counted[k] for k, v in _counters(lib).items()}
@@ -269,11 +265,11 @@ def call_session(lib, spec: dict) -> dict:
                 answer({"ok": False, "rc": e.rc, "where": e.where, "error": e.error})
             finally:
                 for p in temporary:
-                    free(p)
+                    api.free(p)
     finally:
         for p in state.values():
-            free(p)
-        destroy(model)
+            api.free(p)
+        api.destroy(model)
     return {}
 
 

@@ -124,15 +124,25 @@ def _crashed(what: str, so_path: Path, emulated: bool, returncode: int, stderr: 
                         stderr, returncode)
 
 
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
 def _output_files(model: CudaModel, bindings: Mapping[str, int], folder: str) -> list[tuple]:
     """Per output of ``model`` at ``bindings``: (name, dtype, shape, the
     child's ``{"path", "nbytes"}`` for it in ``folder``)."""
     files = []
     for k, (name, v) in enumerate(model.outputs):
         shape = tuple(evaluate(d, bindings) for d in v.shape)
-        files.append((name, v.dtype, shape, {"path": os.path.join(folder, f"out{k}"),
-                                             "nbytes": int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize}))
+        files.append((name, v.dtype, shape, {"path": os.path.join(folder, f"out{k}"), "nbytes": _nbytes(shape, v.dtype)}))
     return files
+
+
+def _input_file(folder: str, k: int, array: np.ndarray) -> str:
+    """Input ``k``'s bytes, as the child reads them, in ``folder``."""
+    path = os.path.join(folder, f"in{k}")
+    Path(path).write_bytes(np.ascontiguousarray(array).tobytes())
+    return path
 
 
 def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str, timeout: float,
@@ -324,9 +334,7 @@ class CudaSession:
             if k in self._carry.values():
                 inputs.append(None)
                 continue
-            path = os.path.join(folder, f"in{k}")
-            Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
-            inputs.append(path)
+            inputs.append(_input_file(folder, k, feeds[name]))
         files = _output_files(self.model, bindings, folder)
         reply = self._command({"op": "run", "dims": [bindings[sym] for sym in self.model.symbols],
                                "inputs": inputs, "outputs": [f for *_, f in files]}, "a run")
@@ -338,8 +346,8 @@ class CudaSession:
         """The carried input ``name`` as the next run will read it, copied to the host."""
         v, shape = dict(self.model.inputs)[name], self._shapes[name]
         path = os.path.join(self._dir.name, "read")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize
-        self._command({"op": "read", "input": self._in_names.index(name), "path": path, "nbytes": nbytes},
+        self._command({"op": "read", "input": self._in_names.index(name), "path": path,
+                       "nbytes": _nbytes(shape, v.dtype)},
                       f"reading {name!r}")
         return np.fromfile(path, dtype=v.dtype.numpy).reshape(shape)
 
@@ -400,15 +408,24 @@ class CudaSession:
             self._dir = None
 
 
+def in_place_problem(model: CudaModel, output: str, input_name: str) -> str | None:
+    """Why ``output`` cannot be written into ``input_name``'s device buffer
+    (not an input; another type than the output), or None where it can."""
+    inputs = dict(model.inputs)
+    if input_name not in inputs:
+        return f"in_place: {output!r} -> {input_name!r}, which is not an input of the model"
+    out_t, in_t = dict(model.outputs)[output].type, inputs[input_name].type
+    if out_t != in_t:
+        return (f"in_place: output {output!r} is {out_t}, input {input_name!r} is {in_t}: "
+                f"an output can share only a buffer of its own type")
+    return None
+
+
 def _in_place_input(model: CudaModel, output: str, input_name: str, in_names: list) -> int:
     """The position of the input ``output`` is written into, once their types agree."""
-    if input_name not in in_names:
-        raise BlockcError(f"in_place: {output!r} -> {input_name!r}, which is not an input of the model")
-    out_t = dict(model.outputs)[output].type
-    in_t = model.inputs[in_names.index(input_name)][1].type
-    if out_t != in_t:
-        raise BlockcError(f"in_place: output {output!r} is {out_t}, input {input_name!r} is {in_t}: "
-                          f"an output can share only a buffer of its own type")
+    problem = in_place_problem(model, output, input_name)
+    if problem:
+        raise BlockcError(problem)
     return in_names.index(input_name)
 
 
@@ -461,9 +478,7 @@ def run_model(model: CudaModel, so_path: str | os.PathLike, feeds: Mapping[str, 
                 "reserve": [reserve[s] for s in model.symbols] if reserve is not None else None,
                 "runs": runs, "inputs": [], "outputs": [], "time": time}
         for k, (name, _) in enumerate(model.inputs):
-            path = os.path.join(io, f"in{k}")
-            Path(path).write_bytes(np.ascontiguousarray(feeds[name]).tobytes())
-            spec["inputs"].append({"path": path})
+            spec["inputs"].append({"path": _input_file(io, k, feeds[name])})
         in_names = [name for name, _ in model.inputs]
         for name, _, _, f in files:
             spec["outputs"].append(dict(f))

@@ -51,8 +51,8 @@ class CudaCompiled(Compiled):
         a KV cache in place (``cache_write`` then writes only the step's
         rows). A carried output of another type than its input (the concat
         cache, one row longer each step) is carried through the host."""
-        types = {name: v.type for name, v in self.model.inputs} | {name: v.type for name, v in self.model.outputs}
-        if any(types.get(out) != types.get(inp) for out, inp in carry.items()):
+        from ..cuda_runner import in_place_problem
+        if any(in_place_problem(self.model, out, inp) for out, inp in carry.items()):
             return super().cached(carry, state)
         return CudaCachedStep(self, carry, state)
 

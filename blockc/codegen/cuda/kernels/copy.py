@@ -9,6 +9,8 @@ buffer, through the C API), the first is skipped at run time, so the step
 costs its rows, not the cache."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ....ir.graph import Node, Value
 from ....ops.registry import get
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines, shape_class
@@ -32,6 +34,30 @@ def own_indices(node: Node) -> Value | None:
     beforehand."""
     indexes = get(node.op).indexes
     return next((ids for ids, _, _ in (indexes(node) if indexes else ()) if ids.kind != "input"), None)
+
+
+@dataclass(frozen=True)
+class IdCheck:
+    """How a kernel reads an id ``given`` (a C expression) into a table of
+    ``rows`` entries, as the op's numpy meaning does (np.take): negative ids
+    count from the end (``at``); ``ok`` where the meaning has an entry.
+    ``in_range`` is what the run must hold, reported through ``flag``: an
+    input's ids lie in [0, rows) (ops/limits.py), flagged in the input's
+    slot; computed ones (own_indices) keep the meaning's [-rows, rows), each
+    node in a slot of its own."""
+
+    at: str
+    ok: str
+    in_range: str
+    flag: str | None
+
+
+def id_check(ctx: LowerContext, node: Node, ids: Value, given: str, rows: str) -> IdCheck:
+    ok = f"({given} >= -{rows} && {given} < {rows})"
+    flag, in_range = ctx.id_flag(ids), f"({given} >= 0 && {given} < {rows})"
+    if flag is None:
+        flag, in_range = ctx.id_flag(node), ok
+    return IdCheck(f"({given} < 0 ? {given} + {rows} : (long long){given})", ok, in_range, flag)
 
 
 def _copy(name, title, labels, ctx, in_v, out_v, iter_shape, in_off, out_off, op, value=None, index=None,
@@ -100,24 +126,18 @@ def emit_copy(node: Node, ctx: LowerContext, labels: list[str]) -> list[KernelCo
         inner = " + ".join(f"idx{lead + a}" if st == "1LL" else f"idx{lead + a} * {st}"
                            for a, st in enumerate(inner_strides)) or "0"
         rows, width = ctx.dim(table.shape[0]), ctx.numel(table.shape[1:])
-        # Negative ids count from the end, as the op's numpy meaning (np.take) does.
-        at = f"(index[{ids_off}] < 0 ? index[{ids_off}] + {rows} : (long long)index[{ids_off}])"
-        ok = f"(index[{ids_off}] >= -{rows} && index[{ids_off}] < {rows})"
+        ids_check = id_check(ctx, node, ids, f"index[{ids_off}]", rows)
         T = ctype(out.dtype)
         missing = f"blockc_from_compute<{T}>(NAN)" if out.dtype.is_float else f"({T})0"
-        value = f"{ok} ? in[{at} * {width} + {inner}] : {missing}"
+        value = f"{ids_check.ok} ? in[{ids_check.at} * {width} + {inner}] : {missing}"
         name = f"gather_rows_{dt}_{shape_class(out.shape)}"
         # Every gather reports a bad id to blockc_run, which refuses the run:
         # its first position goes to first_bad (once per id, from its entry's
-        # first element). An input's ids lie in [0, rows) (ops/limits.py);
-        # every gather of it checks its own table, and the smallest (the range
-        # the error names) flags first. Computed indices (own_indices) keep
-        # the op's meaning, [-rows, rows), each gather in a slot of its own.
-        flag, in_range = ctx.id_flag(ids), f"(index[{ids_off}] >= 0 && index[{ids_off}] < {rows})"
-        if flag is None:
-            flag, in_range = ctx.id_flag(node), ok
+        # first element). Every gather of an input's ids checks its own table,
+        # and the smallest (the range the error names) flags first.
+        flag = ids_check.flag
         first = f"({inner}) == 0 && " if rank > lead else ""
-        check = f"if ({first}!{in_range}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
+        check = f"if ({first}!{ids_check.in_range}) atomicMin(first_bad, (unsigned long long)({ids_off}));"
         title = f"lookup along axis 0 (an out-of-range id gives {'NaN' if out.dtype.is_float else 0} and is reported)"
         return [_copy(name, title, labels, ctx, table, out, out.shape, "", "i", node.op, value=value, index=ids,
                       check=check, flag=flag)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ....ir.graph import Node
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines
 from ..templates import render
+from .copy import id_check
 
 
 def emit_rotary(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
@@ -24,14 +25,8 @@ def emit_rotary(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
     rd, head = cos.shape[1], x.shape[3]
     if not isinstance(rd, int) or not isinstance(head, int):
         raise CudaCodegenError(f"rotary: the CUDA backend needs a fixed head size and rotary_dim, got {x}, {cos}")
-    # As a gather's ids (kernels/copy.py): an input's positions lie in [0, rows) (ops/limits.py) and
-    # are flagged in the input's slot; computed ones keep the op's meaning, [-rows, rows), in the node's.
-    rows = ctx.dim(cos.shape[0])
-    ok = f"given >= -{rows} && given < {rows}"
-    flag, in_range = ctx.id_flag(pos), f"given >= 0 && given < {rows}"
-    if flag is None:
-        flag, in_range = ctx.id_flag(node), ok
-    if flag is None:
+    positions = id_check(ctx, node, pos, "given", ctx.dim(cos.shape[0]))   # as a gather's ids
+    if positions.flag is None:
         raise CudaCodegenError("rotary: its positions have no slot to report a bad one in")
     # [batch, seq] positions: the row of (idx0, idx2); [seq]: of idx2 alone
     pos_offset = f"idx0 * {ctx.dim(pos.shape[1])} + idx2" if pos.type.rank == 2 else "idx2"
@@ -41,8 +36,8 @@ def emit_rotary(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
     source = render("rotary.cu.j2", name=name, nodes=c_comment(" ".join(labels)), T=ctype(out.dtype),
                     index_t=ctype(pos.dtype), title=f"rotary embedding of {rd} of {head} dims, turned in {form}",
                     index_lines=index_lines(out.shape, ctx, f"idx3 {pos_offset}"), pos_offset=pos_offset,
-                    rows=rows, ok=ok, in_range=in_range, rd=rd, interleaved=node.attrs["interleaved"],
-                    symbols=ctx.symbols)
-    args = [ctx.ptr(x), ctx.ptr(cos), ctx.ptr(sin), ctx.ptr(pos), flag, ctx.ptr(out), ctx.numel(out.shape)]
+                    ids=positions, rd=rd, interleaved=node.attrs["interleaved"], symbols=ctx.symbols)
+    args = [ctx.ptr(x), ctx.ptr(cos), ctx.ptr(sin), ctx.ptr(pos), positions.flag, ctx.ptr(out),
+            ctx.numel(out.shape)]
     call = f"{name}_launch({', '.join(args + [f'dim_{s}' for s in ctx.symbols])}, stream);"
     return KernelCode(name, source, call, labels, [node.op], [name])
