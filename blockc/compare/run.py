@@ -490,8 +490,10 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
             if None not in (peak, held, watch.start):
                 one_timing = max(one_timing, peak - watch.start - held)
             if log is not None:
-                log.append({"at": f"block {block + 1} {where}", "sessions": list(ready), "planned_bytes": planned,
-                            "peak_bytes": None if None in (peak, watch.start) else peak - watch.start})
+                # growth, as peak_growth counts it: at least 0 (the process may shrink below where it began)
+                log.append({"at": f"block {block + 1} {where}", "sessions": list(ready),
+                            "planned_bytes": None if planned is None else max(0, planned),
+                            "peak_bytes": None if None in (peak, watch.start) else max(0, peak - watch.start)})
             ready = None
             memory.release_freed()
     return times, largest

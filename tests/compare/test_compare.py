@@ -384,6 +384,20 @@ def test_what_a_sessions_runs_keep_is_seen_before_the_next_session_joins(monkeyp
     assert report["memory"]["peak_growth_bytes"] <= report["memory"]["budget_bytes"]
 
 
+def test_a_process_that_shrinks_below_its_start_reports_no_negative_growth(monkeypatch):
+    """Memory freed after compare began (a closed group's, the oracle's) can
+    take the process below where it started: every growth the report gives
+    (each group's planned and peak, the run's peak) is then 0, never below,
+    as the schema says."""
+    readings = iter([6 << 30] + [1 << 30] * 10 ** 6)   # at the start, then 5 GiB less at every reading
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    monkeypatch.setattr(memory, "peak_resident", lambda: 1 << 30)
+    report = run_comparison(_plan(max_memory=8 << 30))
+    groups = report["memory"]["groups"]
+    assert groups and all(g["planned_bytes"] == 0 and g["peak_bytes"] == 0 for g in groups)
+    jsonschema.validate(json.loads(json.dumps({k: v for k, v in report.items() if not k.startswith("_")})), _schema())
+
+
 def test_closed_sessions_caught_in_reference_cycles_are_freed_between_groups():
     """A torch session's fx module (its parameters, a folded transposed
     embedding among them) sits in reference cycles, which Python frees only
