@@ -401,3 +401,56 @@ def test_generate_gives_the_same_ids_whatever_the_cache(capsys):
 def test_generate_refuses_bad_input_in_one_line(capsys, argv, message):
     code, out, err = run(capsys, "generate", *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def hf_padding_attention_file(path):
+    """One attention layer as Hugging Face's BERT exports it: the padding mask
+    an additive bias holding float32's lowest on the masked keys."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    consts = {**{f"w{p}": rng.standard_normal((8, 8)) / 3 for p in "qkv"}, "heads": np.array([0, 0, 2, 4]),
+              "joined": np.array([0, 0, 8]), "root": np.array(2.0), "one": np.array(1.0),
+              "lowest": np.array(np.finfo(np.float32).min), "axes": np.array([1, 2])}
+    init = [numpy_helper.from_array(a.astype(np.int64 if a.dtype.kind == "i" else np.float32), n)
+            for n, a in consts.items()]
+    nodes = []
+    for p, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}2"]),
+                  helper.make_node("Reshape", [f"{p}2", "heads"], [f"{p}3"]),
+                  helper.make_node("Transpose", [f"{p}3"], [p], perm=perm)]
+    steps = [("Cast", ["attention_mask"], "m", {"to": TensorProto.FLOAT}), ("Sub", ["one", "m"], "pads", {}),
+             ("Mul", ["pads", "lowest"], "bias2", {}), ("Unsqueeze", ["bias2", "axes"], "bias", {}),
+             ("MatMul", ["q", "k"], "qk", {}), ("Div", ["qk", "root"], "scaled", {}),
+             ("Add", ["scaled", "bias"], "scores", {}), ("Softmax", ["scores"], "probs", {"axis": -1}),
+             ("MatMul", ["probs", "v"], "o", {}), ("Transpose", ["o"], "o2", {"perm": [0, 2, 1, 3]}),
+             ("Reshape", ["o2", "joined"], "out", {})]
+    nodes += [helper.make_node(op, ins, [out], **attrs) for op, ins, out, attrs in steps]
+    graph = helper.make_graph(nodes, "hf_padding", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "seq", 8])], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return str(path)
+
+
+def test_check_and_run_check_catch_a_fused_op_that_zeroes_fully_masked_rows(tmp_path, capsys, monkeypatch):
+    """Without clamping the mask, ONNX Runtime's opset-23 Attention reads
+    float32's lowest as -inf and gives zeros on a fully masked row, where the
+    file averages the values: the masks ``check`` and ``run --check`` sample
+    hold such rows, so both show it."""
+    from blockc.ops import fused_onnx
+    args = [hf_padding_attention_file(tmp_path / "hf.onnx"), "--backend", "ort", "--fused-as", "onnx23"]
+
+    def run_error() -> float:
+        code, out, _ = run(capsys, "run", *args, "--form", "fused", "--check")
+        assert code == 0
+        return float(out.splitlines()[-1].split()[-1])
+
+    code, out, _ = run(capsys, "check", *args)
+    assert code == 0 and "FAIL" not in out
+    assert run_error() < 1e-5
+    monkeypatch.setattr(fused_onnx, "clamp_bias", lambda e, bias, big: bias)
+    code, out, _ = run(capsys, "check", *args)
+    assert code == 1 and re.search(r"fuse_attention .* FAIL", out)
+    assert run_error() > 0.1

@@ -173,8 +173,8 @@ class InputSpec:
 
     ``kind`` is "float" (standard normal), "ids" (ints in [0, high)),
     "positions" (each row ``0, 1, ..., seq-1``: a batch of unpadded
-    sequences; any values in [0, high) are valid) or "mask" (1s with a
-    random-length tail of 0s per row, at least one 1).
+    sequences; any values in [0, high) are valid) or "mask" (per row along
+    the last axis, 1s over a random span and 0s around it: ``padding_rows``).
     """
 
     name: str
@@ -199,13 +199,27 @@ class InputSpec:
         if self.kind == "positions":
             return np.broadcast_to(np.arange(shape[-1]), shape).astype(self.dtype.numpy)
         if self.kind == "mask":
-            keep = np.ones(shape, dtype=np.int64)
-            if len(shape) >= 1 and shape[-1] > 1:
-                flat = keep.reshape(-1, shape[-1])
-                for row in flat:
-                    row[rng.integers(1, shape[-1] + 1):] = 0
-            return keep.astype(self.dtype.numpy)
+            return padding_rows(shape, rng).astype(self.dtype.numpy)
         return rng.standard_normal(shape).astype(self.dtype.numpy)
+
+
+def padding_rows(shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """A 0/1 mask of ``shape`` whose rows (along the last axis) hold every
+    padding a check must see: the first row left-padded (a causal model's
+    first queries there see no key at all) and maybe right-padded, the last
+    of two or more fully masked, those between 1s over a random span. A
+    fused op that does not average a fully masked row as the others do
+    differs on both ends (Hugging Face's masks put float32's lowest there)."""
+    keep = np.zeros(shape, dtype=np.int64)
+    if not keep.size:
+        return keep
+    rows, n = keep.reshape(-1, shape[-1]), shape[-1]
+    for i, row in enumerate(rows):
+        if i == len(rows) - 1 and i > 0:
+            continue                                # fully masked
+        start = rng.integers(1 if i == 0 and n > 1 else 0, n)
+        row[start:rng.integers(start + 1, n + 1)] = 1
+    return keep
 
 
 class Model(Module):

@@ -22,7 +22,12 @@ and the bias emitted is ``MASK_BIAS`` itself, not ``fill``: ONNX Runtime's
 ``Attention`` treats float32's lowest value like -inf and outputs zeros for a
 fully masked row. Boolean masks are turned into such a bias for the same
 reason (a boolean ``attn_mask`` row of all False gives zeros, not the
-average).
+average), and an additive mask is clamped to it from below (``Max``): a
+Hugging Face export's mask holds float32's lowest value on its pads, which
+the op would read as -inf, giving zeros for a left-padded row's first
+queries, where the fused op (and the original file) averages the values.
+Entries that low all swamp any score, so the clamp changes only a row of
+nothing else, which it averages as the reference does.
 """
 from __future__ import annotations
 
@@ -194,12 +199,19 @@ def _check_fill(node, op_type: str, dtype: DType, bias: bool) -> None:
         raise NotApplicable(f"a {dtype.name} mask bias cannot hold {MASK_BIAS:g}")
 
 
-def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: bool | None = None,
+def clamp_bias(e, bias: str, big: str) -> str:
+    """An additive mask held at ``MASK_BIAS`` (``big``) from below: float32's
+    lowest, which Hugging Face's masks hold, would read as -inf to the
+    runtime ops, giving zeros on a fully masked row."""
+    return e.emit("Max", [bias, big])
+
+
+def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len,
                mask: tuple[str, tuple] | None = None) -> str:
-    """The node's mask, causal mask (``causal``: None for the node's own
-    flag) and fill as one additive bias of shape [batch or 1, heads or 1,
-    q_len, k_len] (the runtime ops want the last two dims exact). ``mask``:
-    the mask input and its 4-D shape, when not the node's own (``_Heads.mask``)."""
+    """The node's mask, causal mask and fill as one additive bias of shape
+    [batch or 1, heads or 1, q_len, k_len] (the runtime ops want the last two
+    dims exact). ``mask``: the mask input and its 4-D shape, when not the
+    node's own (``_Heads.mask``)."""
     keep = add = None
     mask_shape = ()
     if node.attrs["mask"] != "none":
@@ -208,10 +220,12 @@ def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len, causal: b
             keep = name
         else:
             add = name
-    if node.attrs["causal"] if causal is None else causal:
+    if node.attrs["causal"]:
         tril = emit_causal_mask(e, q_len, k_len)
         keep = tril if keep is None else e.emit("And", [keep, tril])
     big = e.const(np.array(MASK_BIAS, dtype.numpy))
+    if add is not None:
+        add = clamp_bias(e, add, big)
     if keep is None:
         bias = add
     else:
@@ -310,19 +324,16 @@ def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
     if shapes.q_len != shapes.k_len:
         raise NotApplicable(f"GroupQueryAttention without a past takes as many keys as queries; got "
                             f"{shapes.q_len} queries on {shapes.k_len} keys")
-    if node.attrs["mask"] == "bool":
+    if node.attrs["mask"] != "none":
         # Its causal mask is not part of the bias: it leaves out the keys after a row's own, so a row whose
-        # every key the boolean mask hides averages the keys up to its own, where the op averages them all.
-        raise NotApplicable("GroupQueryAttention masks causally apart from its bias: a row a boolean mask "
-                            "hides entirely would average only the keys up to its own, not all of them")
-    bias = None
-    if node.attrs["mask"] == "additive":
-        bias = _mask_bias(e, node, ins, dtype, shapes.batch, shapes.heads, shapes.q_len, shapes.k_len,
-                          causal=False, mask=shapes.mask(e, node, ins))
+        # every key the mask hides (a left-padded row's first queries: float32's lowest in a Hugging Face
+        # mask, a False in a boolean one) averages the keys up to its own, where the op averages them all.
+        raise NotApplicable(f"GroupQueryAttention masks causally apart from its bias: a row the {node.attrs['mask']} "
+                            "mask hides entirely would average only the keys up to its own, not all of them")
     out, _, _ = emit_group_query_attention(
         e, shapes.query(e, ins[0]), shapes.key_value(e, ins[1], shapes.head), shapes.key_value(e, ins[2], shapes.head),
         heads=shapes.heads, kv_heads=shapes.kv_heads, size=shapes.head, total=shapes.k_len,
-        scale=node.attrs["scale"], bias=bias)
+        scale=node.attrs["scale"])
     return [shapes.output(e, out)]
 
 

@@ -26,7 +26,9 @@ from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
 from blockc.ir.types import TensorType
+from blockc.ops.fused import group_heads, ungroup_heads
 from blockc.ops.registry import fused_ops
+from blockc.passes.forms import to_form
 from blockc.passes.manager import optimize
 from blockc.runtime.ort_runner import OrtSession
 from blockc.runtime.reference import run_reference
@@ -328,6 +330,68 @@ def test_qkv_attention_fill_an_added_bias_cannot_express_falls_back(form):
     _, decisions = run_small(qkv_attentions(fill=-1e4), form, [{"batch": 2, "seq": 3}])
     assert [d["form"] for d in decisions] == [form, "function", "function", "function", form]
     assert all("fill=-10000" in d["reason"] for d in decisions[1:4])
+
+
+# ---- Hugging Face's padding masks: float32's lowest, left-padded and fully masked rows ----------
+def padding_bias(keep: np.ndarray) -> np.ndarray:
+    """An additive mask as Hugging Face's exports make it: float32's lowest on the masked keys."""
+    return np.where(keep, 0, np.finfo(np.float32).min).astype(np.float32)
+
+
+def hf_padding_masks() -> Graph:
+    """Each attention that takes an additive mask, as an exported Hugging Face
+    model feeds it: over the keys ([batch,1,1,seq]), with the causal mask
+    merged in ([batch,1,seq,seq], GPT-2 and Llama), grouped, and through the
+    packed projection."""
+    g = Graph("hf_padding")
+    q, k, v = (g.add_input(n, T(F32, "batch", 4, "seq", 8)) for n in "qkv")
+    k2, v2 = (g.add_input(n, T(F32, "batch", 2, "seq", 8)) for n in ("k2", "v2"))
+    x = g.add_input("x", T(F32, "batch", "seq", 6))
+    keys = g.add_input("keys", T(F32, "batch", 1, 1, "seq"))
+    merged = g.add_input("merged", T(F32, "batch", 1, "seq", "seq"))
+    w, b = g.add_param("w", T(F32, 6, 48)), g.add_param("b", T(F32, 48))
+    reshape = lambda t, dims: g.op("reshape", t, shape=dims)   # noqa: E731
+    gq, gk, gv, gm = group_heads(q, k2, v2, keys, 2, reshape)
+    grouped = g.op("attention", gq, gk, gv, gm, mask="additive", causal=True, scale=0.4)
+    g.set_outputs([("by_key", g.op("attention", q, k, v, keys, mask="additive", scale=0.4)),
+                   ("keys_causal", g.op("attention", q, k, v, keys, mask="additive", causal=True, scale=0.4)),
+                   ("causal_merged", g.op("attention", q, k, v, merged, mask="additive", scale=0.4)),
+                   ("grouped", ungroup_heads(grouped, reshape)),
+                   ("qkv", g.op("qkv_attention", x, w, b, keys, mask="additive", causal=True, heads=2,
+                                sizes=[16, 16, 16], scale=0.3))])
+    return g
+
+
+def hf_padding_feeds(g: Graph) -> dict:
+    """Batch rows right-padded, left-padded (its first queries see no key
+    under a causal mask) and fully masked."""
+    feeds = small_feeds(g, {"batch": 3, "seq": 5})
+    keep = np.ones((3, 5), bool)
+    keep[0, 3:] = keep[1, :2] = keep[2] = False
+    feeds["keys"] = padding_bias(keep[:, None, None, :])
+    feeds["merged"] = padding_bias(keep[:, None, None, :] & np.tril(np.ones((5, 5), bool)))
+    return feeds
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_float32_lowest_in_an_additive_mask_averages_fully_masked_rows(form):
+    """ONNX Runtime's Attention reads float32's lowest as -inf, which gives
+    zeros for a row with every key masked; the fused op, the float64
+    reference and the original graph on ONNX Runtime average the values."""
+    g = hf_padding_masks()
+    rng = np.random.default_rng(1)
+    weights = {n: rng.uniform(-1, 1, v.type.concrete_shape({})).astype(np.float32) for n, v in g.params.items()}
+    feeds = hf_padding_feeds(g)
+    decisions: list = []
+    got = ort_run(export_onnx(g, weights, fused_as=form, decisions=decisions), feeds)
+    if form != "function":   # the runtime ops are what is checked: only GroupQueryAttention falls back
+        gqa = [d for d in decisions if d["requested"] == "contrib" and d["kind"] == "attention/grouped"]
+        assert all("GroupQueryAttention masks causally apart from its bias" in d["reason"] for d in gqa)
+        assert [d["form"] for d in decisions if d not in gqa] == [d["requested"] for d in decisions if d not in gqa]
+        assert [d["form"] for d in gqa] == ["function" if form == "contrib" else "onnx23"] * len(gqa)
+    unfused = ort_run(export_onnx(to_form(g, "decomposed"), weights), feeds)
+    assert_close(got, unfused, f"{form} against the unfused graph on ONNX Runtime")
+    assert_close(got, run_reference(g, weights, feeds, float64=True), f"{form} against float64")
 
 
 # ---- choosing the form and the opset -------------------------------------------------------
