@@ -60,6 +60,7 @@ from blockc.ir.dims import parse_dim  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
 from blockc.ir.graph import Graph  # noqa: E402
 from blockc.ir.types import TensorType  # noqa: E402
+from blockc.ops.activations import ACTIVATIONS  # noqa: E402
 from blockc.runtime.backend import make_backend  # noqa: E402
 from blockc.runtime.timing import measure_interleaved  # noqa: E402
 
@@ -179,7 +180,7 @@ def cases():
     yield qkv_attention(4, 128, 768, 12)
     yield qkv_attention(8, 128, 768, 12)
     yield masked_softmax(4, 12, 128, 64)
-    for act in ("gelu", "gelu_tanh", "relu"):
+    for act in ACTIVATIONS:
         yield matmul_bias_act(act, 4, 128, 768, 3072)
     # Llama-7B's heads (32 of 128) whole, and GPT-J's pairs over 64 of 256
     yield rotary(4, 32, 128, 128, 128, False)

@@ -12,8 +12,9 @@ or fused.) ``export_onnx(..., fused_as=ENCODING)`` writes every fused node
   graph, as ``cache_attention``'s start does, has the same ops written
   inline: a function's attributes are constants);
 * ``contrib``  -- ONNX Runtime's ``com.microsoft`` op where one exists
-  (SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
-  FastGelu, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding);
+  (SkipLayerNormalization, SkipSimplifiedLayerNormalization, an
+  activation's own (``Activation.contrib``: BiasGelu, FastGelu),
+  MultiHeadAttention, GroupQueryAttention, RotaryEmbedding);
 * ``onnx23``   -- opset-23 ``Attention``, ``RMSNormalization`` and
   ``RotaryEmbedding`` where they fit;
 * ``auto``     -- per execution provider and fused-op kind, the encoding measured
@@ -64,7 +65,7 @@ ENCODING_MIN_OPSET = {"onnx23": 23}
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_encodings_table.json")
 
 # Table entries are per op, and per variant where the runtime ops differ:
-# matmul_bias_act's by activation (BiasGelu, FastGelu, none for relu);
+# matmul_bias_act's by activation (its contrib op, or none: ops/activations.py);
 # grouped attention (rank 5, ops.fused.group_heads) apart from attention, as
 # GroupQueryAttention and Attention with fewer K/V heads, whose cost is their own.
 _TABLE_VARIANT = {"matmul_bias_act": lambda node: node.attrs["activation"],

@@ -20,17 +20,14 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..ir.dtypes import DType
+from ..ops.activations import ACTIVATIONS
 from .module import Model
 from .weights import check_weights
 
 
 # A Hugging Face activation name (``hidden_act``, GPT-2's ``activation_function``)
-# -> the blockc activation that computes the same function. gelu_new, gelu_fast and
-# gelu_pytorch_tanh are all 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), blockc's
-# gelu_tanh; "gelu" is the erf form (the two differ by up to ~1e-3, enough to fail
-# a parity check).
-HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                  "gelu": "gelu", "relu": "relu"}
+# -> the blockc activation that computes the same function (``Activation.hf_names``).
+HF_ACTIVATIONS = {hf: act.name for act in ACTIVATIONS.values() for hf in act.hf_names}
 
 
 def hf_setting(cfg: Any, key: str, default=None):

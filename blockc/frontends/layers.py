@@ -16,12 +16,12 @@ from ..errors import ModelError, ShapeError, at_user_line
 from ..ir.dims import Dim
 from ..ir.dtypes import DType
 from ..ops._rules import broadcast_shapes, fmt
+from ..ops.activations import ACTIVATIONS
 from ..ops.fused import group_heads, ungroup_heads
 from .module import Module, Parameter
 from .rotary import Rotary
-from .tensor import Tensor, cache_write, causal_mask, concat, constant, gather, layer_norm, rms_norm, where
+from .tensor import Tensor, apply, cache_write, causal_mask, concat, constant, gather, layer_norm, rms_norm, where
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 QK_NORMS = ("none", "head", "full")
 
 
@@ -318,7 +318,8 @@ class MultiHeadAttention(Module):
 
 
 class FeedForward(Module):
-    """``act(x W1 + b1) W2 + b2``; act is relu, gelu (erf), gelu_tanh or silu.
+    """``act(x W1 + b1) W2 + b2``; act one of ``ops/activations.py``'s
+    (relu, gelu (erf), gelu_tanh, silu).
 
     ``gated=True`` is the gated form ``down(act(gate(x)) * up(x))``: with
     silu, the SwiGLU of Llama, Qwen and Mistral (Shazeer 2020, "GLU Variants
@@ -341,11 +342,8 @@ class FeedForward(Module):
             self.fc2 = Linear(d_ff, d_model, bias)
 
     def act(self, h: Tensor) -> Tensor:
-        if self.activation == "relu":
-            return h.relu()
-        if self.activation == "silu":
-            return h.silu()
-        return h.gelu("tanh" if self.activation == "gelu_tanh" else "none")
+        act = ACTIVATIONS[self.activation]
+        return apply(act.op, h, **act.attrs)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gated:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from ..errors import ModelError
 from ..ir.dims import Sym
 from ..ir.dtypes import DType
-from .layers import (ACTIVATIONS, QK_NORMS, Embedding, KVCache, LearnedPositionEmbedding, Linear,
+from ..ops.activations import ACTIVATIONS
+from .layers import (QK_NORMS, Embedding, KVCache, LearnedPositionEmbedding, Linear,
                      SinusoidalPositionEmbedding, TransformerBlock, heads_problem, make_norm)
 from .rotary import RotaryEmbedding, rotary_problem
 from .module import InputSpec, Model, ModuleList

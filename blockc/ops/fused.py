@@ -17,14 +17,12 @@ from ..ir.dims import evaluate
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
 from ._rules import broadcast_shapes, elementwise, fmt, matmul_flops, numel, same_dtype
+from .activations import ACTIVATIONS
 from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, causal_visible, fill_for
 from .nn import torch_causal_mask, torch_layernorm, torch_rmsnorm
 from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define, get
 
 MASK_KINDS = ("none", "additive", "bool")
-# matmul_bias_act's activations, each as the op (and attributes) it applies
-ACTIVATIONS = {"relu": ("relu", {}), "gelu": ("gelu", {"approximate": "none"}),
-               "gelu_tanh": ("gelu", {"approximate": "tanh"})}
 
 
 def _mask_rule(op: str, scores: TensorType, masks: list[TensorType], attrs) -> None:
@@ -411,7 +409,7 @@ add_rmsnorm.torch(_add_norm_torch(torch_rmsnorm))
 
 # ---- matmul_bias_act -----------------------------------------------------------------
 matmul_bias_act = define("matmul_bias_act", ("x", "w", "bias"), attrs={"activation": (STR, "relu")},
-                         doc="act(x @ w + bias) with act in relu, gelu, gelu_tanh",
+                         doc="act(x @ w + bias), act one of ops/activations.py's ACTIVATIONS",
                          fused=True, colour="#EECA3B", cuda="gemm",
                          # the GEMM plus bias and activation per element
                          flops=lambda node, bindings: matmul_flops(node, bindings)
@@ -431,16 +429,14 @@ def _(types, attrs):
 
 @matmul_bias_act.numpy
 def _(xs, attrs, env):
-    y = xs[0] @ xs[1] + xs[2]
-    op, op_attrs = ACTIVATIONS[attrs["activation"]]
-    return get(op).numpy_fn([y], op_attrs, env)
+    act = ACTIVATIONS[attrs["activation"]]
+    return get(act.op).numpy_fn([xs[0] @ xs[1] + xs[2]], dict(act.attrs), env)
 
 
 @matmul_bias_act.decompose
 def _(b, node, ins):
-    y = b.op("add", b.op("matmul", ins[0], ins[1]), ins[2])
-    op, op_attrs = ACTIVATIONS[node.attrs["activation"]]
-    return [b.op(op, y, **op_attrs)]
+    act = ACTIVATIONS[node.attrs["activation"]]
+    return [b.op(act.op, b.op("add", b.op("matmul", ins[0], ins[1]), ins[2]), **act.attrs)]
 
 
 @matmul_bias_act.torch
@@ -452,5 +448,5 @@ def _(b, node, xs):
         y = b.call(b.F.linear, x, b.method("t", w), bias)
     else:
         y = b.call(b.torch.add, b.call(b.torch.matmul, x, w), bias)
-    op, op_attrs = ACTIVATIONS[node.attrs["activation"]]
-    return b.call(getattr(b.F, op), y, **op_attrs)   # F.relu, F.gelu
+    act = ACTIVATIONS[node.attrs["activation"]]
+    return b.call(getattr(b.F, act.torch), y, **act.attrs)   # F.relu, F.gelu, F.silu

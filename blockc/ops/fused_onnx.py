@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.dtypes import DType
+from .activations import ACTIVATIONS
 from .fused import add_layernorm, add_rmsnorm, attention, masked_softmax, matmul_bias_act, qkv_attention
 from .nn import emit_causal_mask
 from .registry import NotApplicable
@@ -90,12 +91,11 @@ def _(e, node, ins):
 # ---- matmul_bias_act ---------------------------------------------------------------
 @matmul_bias_act.onnx_encoding("contrib")
 def _(e, node, ins):
-    act = node.attrs["activation"]
-    if act == "relu":
-        raise NotApplicable("com.microsoft has no bias + ReLU op (FusedMatMul takes no bias, FusedGemm is 2-D only)")
-    op_type = "BiasGelu" if act == "gelu" else "FastGelu"  # FastGelu is the tanh approximation
-    _dtype(node, op_type)
-    return [e.emit(op_type, [e.emit("MatMul", ins[:2]), ins[2]], domain=MS)]
+    act = ACTIVATIONS[node.attrs["activation"]]
+    if act.contrib is None:
+        raise NotApplicable(f"com.microsoft has no bias + {act.title} op")
+    _dtype(node, act.contrib)
+    return [e.emit(act.contrib, [e.emit("MatMul", ins[:2]), ins[2]], domain=MS)]
 
 
 matmul_bias_act.onnx_encoding("onnx23")(_never("ONNX has no fused matmul + bias + activation op"))

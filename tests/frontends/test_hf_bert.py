@@ -167,8 +167,8 @@ def test_configs_blockc_cannot_express_are_listed_at_once():
         bert_config_from_hf(dict(model_type="bert", hidden_act="quick_gelu", is_decoder=True,
                                  position_embedding_type="relative_key"))
     assert str(info.value) == (
-        "BERT config not supported by blockc's Encoder: hidden_act='quick_gelu' (supported: gelu_new, "
-        "gelu_pytorch_tanh, gelu_fast, gelu, relu); position_embedding_type='relative_key' (supported: "
+        "BERT config not supported by blockc's Encoder: hidden_act='quick_gelu' (supported: relu, gelu, "
+        "gelu_new, gelu_pytorch_tanh, gelu_fast, silu, swish); position_embedding_type='relative_key' (supported: "
         "'absolute'); is_decoder=True (blockc's encoder attends both ways)")
     with pytest.raises(ModelError, match="not a BERT config: model_type is 'gpt2'"):
         bert_config_from_hf(transformers.GPT2Config())

@@ -1,4 +1,4 @@
-"""fuse_bias_activation: golden IR text for relu, gelu and tanh-gelu with the
+"""fuse_bias_activation: golden IR text for relu, gelu, tanh-gelu and silu with the
 bias on either side; sites whose intermediates are used elsewhere are
 rejected with a reason and the graph is left as it was."""
 import pytest
@@ -36,6 +36,7 @@ def test_golden_docstring_example():
     ("relu", "", "relu"),
     ("gelu", ' {approximate="none"}', "gelu"),
     ("gelu", ' {approximate="tanh"}', "gelu_tanh"),
+    ("silu", "", "silu"),
 ])
 @pytest.mark.parametrize("add", ["%0, @bias", "@bias, %0"])
 def test_golden_each_activation_and_bias_side(act, attrs, activation, add):

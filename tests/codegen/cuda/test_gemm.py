@@ -174,7 +174,8 @@ def test_bias_and_residual_in_the_tiled_epilogue_match_the_reference(keep_sum):
 
 
 @pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
-@pytest.mark.parametrize("act", ["relu %1", "gelu %1 {approximate=\"none\"}", "gelu %1 {approximate=\"tanh\"}"])
+@pytest.mark.parametrize("act", ["relu %1", "gelu %1 {approximate=\"none\"}", "gelu %1 {approximate=\"tanh\"}",
+                                 "silu %1"])
 def test_an_activation_after_the_bias_is_the_epilogue(act):
     from blockc.runtime.cuda_runner import emulated_library, run_model
     g = blockc.parse_graph(GRAPH.replace("add %r, %1", act).replace(", %r: f32[batch,5,16]", ""))
@@ -183,9 +184,11 @@ def test_an_activation_after_the_bias_is_the_epilogue(act):
     cm = generate(g, weights)
     assert [s.ops for s in cm.steps] == [["matmul", "add", act.split()[0]]]
     cublas = generate(g, weights, gemm="cublas").source
-    # cuBLASLt's GELU is the tanh form: erf-GELU keeps the bias epilogue and a pass of its own
+    # cuBLASLt's GELU is the tanh form: erf-GELU (and SiLU, which it lacks) keeps the bias epilogue and a
+    # pass of its own
     lt = "GELU_BIAS" if "tanh" in act else ("RELU_BIAS" if "relu" in act else "BIAS")
     assert f"CUBLASLT_EPILOGUE_{lt} }};" in cublas
+    assert ("_after" in cublas) == (lt == "BIAS")
     feeds = {"x": rng.standard_normal((2, 5, 24)).astype(np.float32)}
     out = run_model(cm, emulated_library(cm), feeds, emulated=True).outputs
     ref = blockc.run_reference(g, weights, feeds, float64=True)

@@ -4,9 +4,10 @@ Two implementations, chosen per build (``GemmChoice``):
 
 * ``cublas`` -- cuBLASLt (``cublasLtMatmul``), the default on a GPU: fp16 and
   bf16 on tensor cores with float32 accumulation, float32 in plain float32
-  (TF32 tensor cores only with ``tf32=True``); bias, ReLU and tanh-GELU in
-  cuBLASLt's epilogue, a residual through ``beta = 1``, batches as strided
-  batches. Each call site keeps its own plan (layouts, algorithm) in the
+  (TF32 tensor cores only with ``tf32=True``); the bias and the
+  activations cuBLASLt has (``Activation.epilogue``) in its epilogue, others
+  in one pass over the output after it, a residual through ``beta = 1``,
+  batches as strided batches. Each call site keeps its own plan (layouts, algorithm) in the
   model object, remade when the shape changes.
 * ``tiled`` -- a portable shared-memory SIMT kernel with the same epilogue;
   what emulation runs, and the fallback where one strided batch cannot
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from ....ir.dtypes import DType
 from ....ir.graph import Node, Value
-from ....ops.fused import ACTIVATIONS
+from ....ops.activations import ACTIVATIONS, activation_of
 from ..exprs import expr, is_inline
 from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype, shape_class
 from ..templates import render
@@ -51,13 +52,7 @@ class GemmChoice:
             raise CudaCodegenError("tf32 needs --gemm cublas: the tiled kernel computes in float32")
 
 
-# cuBLASLt's GELU epilogue is the tanh approximation (XLA fuses only that form
-# into it: CublasLtGemmRewriteTest.ApproxGeluActivation), so erf-GELU keeps the
-# bias epilogue and one elementwise pass over the output.
-LT_EPILOGUES = {"none": "CUBLASLT_EPILOGUE_BIAS", "relu": "CUBLASLT_EPILOGUE_RELU_BIAS",
-                "gelu_tanh": "CUBLASLT_EPILOGUE_GELU_BIAS", "gelu": "CUBLASLT_EPILOGUE_BIAS"}
 CUDA_TYPES = {DType.float32: "CUDA_R_32F", DType.float16: "CUDA_R_16F", DType.bfloat16: "CUDA_R_16BF"}
-DESCRIPTIONS = {"none": "", "relu": "ReLU", "gelu": "GELU", "gelu_tanh": "tanh-GELU"}
 
 
 @dataclass
@@ -71,7 +66,7 @@ class Epilogue:
     def describe(self) -> str:
         text = "A B" + (" + bias" if self.bias is not None else "")
         if self.activation != "none":
-            text = f"{DESCRIPTIONS[self.activation]}({text})"
+            text = f"{ACTIVATIONS[self.activation].title}({text})"
         return text + (" + residual" if self.residual is not None else "")
 
 
@@ -80,14 +75,6 @@ def _operand(v: Value, other: Value, gemm_out: Value) -> Value | None:
     if v is other or other.dtype != gemm_out.dtype or is_inline(other):
         return None
     return other
-
-
-def _activation_of(node: Node) -> str | None:
-    """The ``ACTIVATIONS`` name ``node`` computes, or None."""
-    for name, (op, attrs) in ACTIVATIONS.items():
-        if node.op == op and all(node.attrs.get(k) == v for k, v in attrs.items()):
-            return name
-    return None
 
 
 def epilogue_nodes(gemm: Node, runtime: set[int], outputs: set[int]) -> list[Node]:
@@ -116,8 +103,8 @@ def epilogue_nodes(gemm: Node, runtime: set[int], outputs: set[int]) -> list[Nod
                 has_residual = True
             else:
                 break
-        elif has_bias and not has_residual and _activation_of(user):
-            activation = _activation_of(user)
+        elif has_bias and not has_residual and activation_of(user):
+            activation = activation_of(user).name
         else:
             break
         nodes.append(user)
@@ -133,7 +120,7 @@ def _epilogue(nodes: list[Node]) -> Epilogue:
     v = gemm.outputs[0]
     for m in nodes[1:]:
         if m.op != "add":
-            ep.activation = _activation_of(m)
+            ep.activation = activation_of(m).name
         else:
             other = m.inputs[1] if m.inputs[0] is v else m.inputs[0]
             if ep.bias is None and tuple(other.shape) == (gemm.outputs[0].shape[-1],):
@@ -148,8 +135,20 @@ def _activation(activation: str, dtype: DType) -> str:
     """The epilogue statement applying ``activation`` to ``v``: its op's own C expression."""
     if activation == "none":
         return ""
-    op, attrs = ACTIVATIONS[activation]
-    return f"v = {expr(op, attrs, ['v'], dtype)};"
+    act = ACTIVATIONS[activation]
+    return f"v = {expr(act.op, dict(act.attrs), ['v'], dtype)};"
+
+
+def _lt_epilogue(ep: Epilogue, dtype: DType) -> tuple[str, str]:
+    """cuBLASLt's epilogue for ``ep``, and the statement of the pass over the
+    output after it: for an activation cuBLASLt lacks (erf-GELU: its GELU
+    epilogue is the tanh form), the bias epilogue, then the activation."""
+    if ep.bias is None:
+        return "CUBLASLT_EPILOGUE_DEFAULT", ""
+    act = ACTIVATIONS.get(ep.activation)
+    if act is None or act.epilogue is None:
+        return "CUBLASLT_EPILOGUE_BIAS", _activation(ep.activation, dtype)
+    return act.epilogue, ""
 
 
 def _cublas_batch(a, b, out, ctx):
@@ -222,11 +221,9 @@ def emit_gemm(nodes: list[Node], ctx: LowerContext, labels: list[str], choice: G
         batches, a_stride, b_stride = batch
         name = "cublaslt_" + name + ("_tf32" if choice.tf32 and dtype == DType.float32 else "")
         compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if choice.tf32 and dtype == DType.float32 else "CUBLAS_COMPUTE_32F"
-        # An activation cuBLASLt lacks (erf-GELU) runs as one pass over the output.
-        after = _activation(ep.activation, dtype) if ep.activation == "gelu" else ""
+        epilogue, after = _lt_epilogue(ep, dtype)
         source = render("gemm_cublaslt.cu.j2", name=name, **common, cuda_type=CUDA_TYPES[dtype], compute=compute,
-                        epilogue=LT_EPILOGUES[ep.activation] if ep.bias is not None else "CUBLASLT_EPILOGUE_DEFAULT",
-                        after=after, label=c_string(name))
+                        epilogue=epilogue, after=after, label=c_string(name))
         args = ["&m->gemm", str(ctx.gemm_site())] + operands + [M_expr, ctx.dim(N), ctx.dim(K), batches,
                                                                  a_stride, b_stride]
         return KernelCode(name, source, f"if ({name}_launch({', '.join(args)}, stream)) return 1;", labels,
