@@ -836,6 +836,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         _resolve_forms(args)
+        if hasattr(args, "seed"):   # before any work: numpy would refuse it at the first draw, as a traceback
+            from .frontends.module import check_seed
+            check_seed(args.seed, "--seed")
         _check_outputs(args)
         return args.fn(args)
     # The one place errors reach the terminal: names from weight files and

@@ -138,3 +138,18 @@ def test_fused_as_leaves_check_and_fusions_form_alone(capsys):
     assert code == 0 and "tiny (decomposed form)" in out
     with pytest.raises(SystemExit):  # nothing to fuse in a fused graph: not offered
         main(["check", "tiny", "--form", "fused"])
+
+
+# ---- --seed ------------------------------------------------------------------
+def required_args(command: str, tmp_path) -> list[str]:
+    """What ``command`` cannot run without besides MODEL (its required options)."""
+    values = {"--output": str(tmp_path / "out"), "--prompt-ids": "1"}
+    return [arg for action in subcommands()[command]._actions if action.required and action.option_strings
+            for arg in (action.option_strings[-1], values[action.option_strings[-1]])]
+
+
+@pytest.mark.parametrize("command", sorted(c for c, _ in options_by_flag()["--seed"]))
+def test_a_negative_seed_is_one_line_on_every_command(command, tmp_path, capsys):
+    code, out, err = run(capsys, command, "tiny", "--seed", "-1", *required_args(command, tmp_path))
+    assert code == 2 and err == "blockc: error: --seed must be a non-negative integer, got -1\n"
+    assert not list(tmp_path.iterdir())   # refused before anything is written

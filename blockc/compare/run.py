@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
+from ..frontends.module import check_seed
 from ..files import format_bytes
 from ..ir.graph import Graph
 from ..ops.limits import graph_limits
@@ -129,6 +130,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
                           "--min-time at least 0")
     if any(v <= 0 for v in o.dims.values()):
         raise BlockcError(f"--dim sizes must be positive, got {o.dims}")
+    check_seed(o.seed, "--seed")
     if o.peak_gbps is not None and not o.peak_gbps > 0:
         raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
 
