@@ -619,9 +619,20 @@ def _arch_list(text: str) -> str:
     return ",".join(archs)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with blockc's errors: a mistake in the arguments is a
+    ``BlockcError``, which ``main`` prints as its one line, ``blockc: error:
+    ...``, exit status 2 (argparse prints its usage block and, for a command,
+    ``blockc generate: error:``). The command's own parser raises it too:
+    ``add_subparsers`` makes them of the parser's class."""
+
+    def error(self, message: str):
+        raise BlockcError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .runtime.backend import backend_names, compare_backends
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="blockc", description="blockc: a compiler for transformer models. Declare or pick a model, "
         "see its IR, export ONNX, run it.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

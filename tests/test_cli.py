@@ -91,6 +91,54 @@ def test_console_script_entry_point_runs():
     assert proc.stderr.startswith("blockc: error:") and "Traceback" not in proc.stderr
 
 
+def value_option(command: str) -> list[str]:
+    """``command``'s first option that takes a value, given none: argparse's
+    own error, raised by the command's parser (none: an unknown flag)."""
+    parser = build_parser()._subparsers._group_actions[0].choices[command]
+    for action in parser._actions:
+        if action.option_strings and action.nargs is None and action.const is None and not action.choices:
+            return [command, action.option_strings[-1]]
+    return [command, "--no-such-flag"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_argument_error_is_one_line_on_every_command(command, capsys):
+    code, out, err = run(capsys, *value_option(command))
+    assert code == 2 and err.startswith("blockc: error: ") and err.count("\n") == 1, err
+    assert "usage:" not in err and f"blockc {command}: error" not in err
+
+
+def blockc_stderr(*argv, cwd=None) -> tuple[int, str]:
+    """The exit status and standard error of the real program: what ONNX
+    Runtime writes from C++ goes there too, past pytest's capture."""
+    proc = subprocess.run([sys.executable, "-m", "blockc.cli", *argv], capture_output=True, text=True, cwd=cwd)
+    return proc.returncode, proc.stderr
+
+
+def test_the_program_says_an_argument_error_in_one_line():
+    code, err = blockc_stderr("generate", "tiny", "--max-new", "x")
+    assert code == 2
+    assert err == "blockc: error: argument --max-new: invalid int value: 'x' (see blockc generate --help)\n"
+
+
+def test_an_onnx_runtime_failure_is_blockcs_one_line_alone(tmp_path):
+    """A gather out of range on ONNX Runtime: its error, said once by blockc,
+    with no coloured log line of ONNX Runtime's before it."""
+    import onnx
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3])
+    idx = helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("GatherND", ["x", "idx"], ["y"])], "g", [x, idx], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8   # onnxruntime reads at most 13; onnx writes 14
+    onnx.save(model, str(tmp_path / "gather.onnx"))
+    np.savez(tmp_path / "bad.npz", x=np.zeros((2, 4, 3), np.float32), idx=np.array([[0, 4]], np.int64))
+    code, err = blockc_stderr("run", "gather.onnx", "--backend", "ort", "--inputs", "bad.npz", cwd=tmp_path)
+    assert code == 2 and err.startswith("blockc: error: onnxruntime failed to run the model: ")
+    assert "out of data bounds" in err and err.count("\n") == 1, err
+
+
 def fused_counts(report):
     return {k: c["fused"] for k, c in report["counts"].items() if c["category"] == "fusion"}
 

@@ -136,8 +136,8 @@ def test_fused_as_leaves_check_and_fusions_form_alone(capsys):
     # These commands fuse whatever --form they start from: the rule does not apply.
     code, out, _ = run(capsys, "fusions", "tiny", "--form", "decomposed", "--fused-as", "contrib")
     assert code == 0 and "tiny (decomposed form)" in out
-    with pytest.raises(SystemExit):  # nothing to fuse in a fused graph: not offered
-        main(["check", "tiny", "--form", "fused"])
+    code, _, err = run(capsys, "check", "tiny", "--form", "fused")   # nothing to fuse in a fused graph: not offered
+    assert code == 2 and "argument --form: invalid choice: 'fused'" in err
 
 
 # ---- --seed ------------------------------------------------------------------
