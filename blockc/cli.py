@@ -639,6 +639,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise BlockcError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        """The arguments, with ``backend_options``: the backend flags as given,
+        read before ``_resolve_forms`` fills in their defaults."""
+        parsed = super().parse_args(args, namespace)
+        parsed.backend_options = _backend_options(parsed)
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     from .runtime.backend import backend_names, compare_backends
@@ -856,7 +863,6 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "fn", None):
             parser.print_help()
             return 0
-        args.backend_options = _backend_options(args)   # as given, before the defaults
         _resolve_forms(args)
         if hasattr(args, "seed"):   # before any work: numpy would refuse it at the first draw, as a traceback
             from .frontends.module import check_seed

@@ -313,12 +313,11 @@ def backend_options(name: str) -> frozenset[str]:
 def _not_taken(names: Sequence[str], option: str) -> BlockcError:
     """The one refusal of an option: who was given it, and who takes it."""
     who = f"backend {names[0]!r} does" if len(names) == 1 else f"backends {', '.join(map(repr, names))} do"
-    fixed = [f"{n!r} fixes {option}={_entry(n).fixed[option]!r}" for n in names if option in _entry(n).fixed]
+    notes = [f"{n!r} fixes {option}={_entry(n).fixed[option]!r}" for n in names if option in _entry(n).fixed]
     takers = [n for n in backend_names() if option in backend_options(n)]
+    notes.append(f"{', '.join(takers)} take{'s' if len(takers) == 1 else ''} it" if takers else "no backend takes it")
     own = f"; its options: {', '.join(sorted(backend_options(names[0]))) or 'none'}" if len(names) == 1 else ""
-    return BlockcError(f"{who} not take the option {option!r} ("
-                       + "; ".join(fixed + [f"{', '.join(takers)} take{'s' if len(takers) == 1 else ''} it"
-                                            if takers else "no backend takes it"]) + f"){own}")
+    return BlockcError(f"{who} not take the option {option!r} ({'; '.join(notes)}){own}")
 
 
 def make_backend(name: str, **options) -> Backend:
