@@ -560,8 +560,8 @@ def compare_options(args):
         dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats,
         min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
         max_memory=None if args.max_memory is None else parse_size(args.max_memory),
-        fused_as=args.backend_options.get("fused_as"), peak_gbps=args.peak_gbps, seed=args.seed, weights=args.weights,
-        kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
+        fused_as=args.backend_options.get("fused_as"), peak_gbps=args.peak_gbps, seed=args.seed,
+        weights=args.weights, kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
 
 
 def cmd_compare(args) -> int:

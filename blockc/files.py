@@ -286,10 +286,12 @@ def _place(targets: list[str], staged: list[str], staging: str) -> None:
                 aside.append((old, t))
         for t in targets[::-1]:   # the first target (the model) goes aside first and comes back last
             s = staged[targets.index(t)]
-            if t in through and os.path.exists(s):
+            if not os.path.exists(s):
+                continue
+            if t in through:
                 with open(s, "rb") as src, open(t, "wb") as dst:
                     shutil.copyfileobj(src, dst)
-            elif t not in through and os.path.exists(s):
+            else:
                 os.replace(s, t)
                 placed.append(t)
     except OSError:
