@@ -86,8 +86,10 @@ def _fused_as_arg(p: argparse.ArgumentParser, *, all_forms: bool = False, picks_
 
 
 def _provider_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default="cpu",
+    """--provider; None until ``_resolve_forms``, so that a backend gets it only where it was given."""
+    p.add_argument("--provider", choices=("cpu", "cuda", "auto"), default=None,
                    help="ONNX Runtime execution provider (default cpu)")
+    p.set_defaults(provider_default="cpu")
 
 
 def _weights_args(p: argparse.ArgumentParser, *, seeds: str = "the weights and inputs") -> None:
@@ -119,11 +121,16 @@ def _gemm_arg(p: argparse.ArgumentParser) -> None:
                         "--backend cuda --tf32 shows the error); float16/bfloat16 are unchanged")
 
 
-def _gemm_applies(args, backends) -> None:
-    """--gemm and --tf32 change only the CUDA backends: refused elsewhere rather than ignored."""
-    if (args.gemm or args.tf32) and not any(b.startswith("cuda") for b in backends):
-        raise BlockcError("--gemm and --tf32 choose the generated CUDA's GEMM: use them with --backend cuda "
-                          "(or cuda-emu, which runs --gemm tiled only)")
+# The flags that are backend options (``runtime/backend.py``), by option name.
+BACKEND_FLAGS = ("provider", "fused_as", "gemm", "tf32", "float64")
+
+
+def _backend_options(args) -> dict:
+    """The backend options the command line gave, read before ``_resolve_forms``
+    fills in defaults: each goes to the backend only when given, and a
+    backend refuses one it does not take (``make_backend``), rather than
+    ignoring it."""
+    return {k: getattr(args, k) for k in BACKEND_FLAGS if getattr(args, k, None) not in (None, False)}
 
 
 def _dtype_arg(p: argparse.ArgumentParser, *, choices: tuple[str, ...]) -> None:
@@ -137,7 +144,7 @@ def _json_arg(p: argparse.ArgumentParser, *, what: str, schema: str | None = Non
 
 
 def _resolve_forms(args) -> None:
-    """Give --form and --fused-as their values, knowing which were given.
+    """Give --form, --fused-as and --provider their values, knowing which were given.
 
     Where --form decides whether there are fused ops (export, run),
     ``--fused-as X`` alone means ``--form fused``, and an explicit unfused
@@ -154,6 +161,8 @@ def _resolve_forms(args) -> None:
         args.form = args.form_default
     if hasattr(args, "fused_as") and args.fused_as is None:
         args.fused_as = args.fused_as_default
+    if hasattr(args, "provider") and args.provider is None:
+        args.provider = args.provider_default
 
 
 def _optimize_args(p: argparse.ArgumentParser) -> None:
@@ -371,12 +380,10 @@ def cmd_run(args) -> int:
     from .report.numerics import max_abs_error
     from .runtime.backend import make_backend
     from .runtime.reference import run_reference
+    backend = make_backend(args.backend, **args.backend_options)   # an option it does not take: refused first
     model, graph = _graph(args)
     weights = _weights(args, model)
     feeds, bindings = _feeds(args, model, graph)
-    _gemm_applies(args, [args.backend])
-    backend = make_backend(args.backend, provider=args.provider, fused_as=args.fused_as, gemm=args.gemm,
-                           tf32=args.tf32, float64=args.float64)
     backend.require()
     t0 = time.perf_counter()
     outputs = backend.run(graph, weights, feeds)
@@ -476,17 +483,20 @@ def cmd_check(args) -> int:
     from .codegen.fused_encodings import ENCODINGS
     from .passes.forms import to_form
     from .report.numerics import check_fusions, format_check, fusion_variants
-    from .runtime.backend import make_backend
+    from .runtime.backend import backend_options, make_backend, split_options
+    given = split_options(args.backend, args.backend_options)   # an option none of them takes: refused first
     model, traced = _model(args)
     graph = to_form(traced, args.form)
     weights = dict(_weights(args, model))
     feeds = _feeds(args, model, graph)[0]
-    _gemm_applies(args, args.backend)
     ok, checked, variants = True, set(), None
     for name in args.backend:
-        # --fused-as all: each ONNX encoding in turn, where it changes what runs (the label says so)
-        for encoding in (ENCODINGS if args.fused_as == "all" else (args.fused_as,)):
-            backend = make_backend(name, provider=args.provider, fused_as=encoding, gemm=args.gemm, tf32=args.tf32)
+        options = {k: v for k, v in given[name].items() if k != "fused_as"}
+        # --fused-as all: each ONNX encoding in turn, on the backends that take one
+        encodings = (ENCODINGS if args.fused_as == "all" else (args.fused_as,)) \
+            if "fused_as" in backend_options(name) else (None,)
+        for encoding in encodings:
+            backend = make_backend(name, **options, **({"fused_as": encoding} if encoding else {}))
             if backend.label in checked:
                 continue
             checked.add(backend.label)
@@ -550,8 +560,8 @@ def compare_options(args):
         dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats,
         min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
         max_memory=None if args.max_memory is None else parse_size(args.max_memory),
-        fused_as=args.fused_as, peak_gbps=args.peak_gbps, seed=args.seed, weights=args.weights,
-        kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
+        fused_as=args.backend_options.get("fused_as"), peak_gbps=args.peak_gbps, seed=args.seed,
+        weights=args.weights, kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
 
 
 def cmd_compare(args) -> int:
@@ -619,9 +629,27 @@ def _arch_list(text: str) -> str:
     return ",".join(archs)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with blockc's errors: a mistake in the arguments is a
+    ``BlockcError``, which ``main`` prints as its one line, ``blockc: error:
+    ...``, exit status 2 (argparse prints its usage block and, for a command,
+    ``blockc generate: error:``). The command's own parser raises it too:
+    ``add_subparsers`` makes them of the parser's class."""
+
+    def error(self, message: str):
+        raise BlockcError(f"{message} (see {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        """The arguments, with ``backend_options``: the backend flags as given,
+        read before ``_resolve_forms`` fills in their defaults."""
+        parsed = super().parse_args(args, namespace)
+        parsed.backend_options = _backend_options(parsed)
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .runtime.backend import backend_names, compare_backends
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="blockc", description="blockc: a compiler for transformer models. Declare or pick a model, "
         "see its IR, export ONNX, run it.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -727,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="FILE.npz", help="write the outputs, by name, to this .npz file")
     _dim_arg(p, defaults={"batch": 2, "seq": 16})
     _weights_args(p, seeds="the weights, and of the inputs where --inputs gives none")
-    p.add_argument("--float64", action="store_true", help="reference backend: compute in float64")
+    p.add_argument("--float64", action="store_true", help="reference backend: compute in float64 (refused on others)")
     p.add_argument("--check", action="store_true", help="also report each output's max error against the "
                    "float64 reference")
     p.set_defaults(fn=cmd_run)
@@ -836,6 +864,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         _resolve_forms(args)
+        if hasattr(args, "seed"):   # before any work: numpy would refuse it at the first draw, as a traceback
+            from .frontends.module import check_seed
+            check_seed(args.seed, "--seed")
         _check_outputs(args)
         return args.fn(args)
     # The one place errors reach the terminal: names from weight files and

@@ -5,6 +5,11 @@
   ordinary new file gets (``mkstemp`` makes 0600). Every file blockc writes
   for a user goes through it, or through ``replace_together`` for files that
   belong together (an ONNX model and its external data).
+* Both write where a path leads (``output_target``): a symlink is followed,
+  and its target replaced, never the link; and only a regular file (or none)
+  is replaced by renaming. A device or a FIFO (``--save /dev/null``) is
+  written through (``writes_through``): a rename would swap ``/dev/null``
+  for a regular file.
 * Temporary names carry the writer's process id (``.NAME.PID.XXXX.tmp``), so
   the next writer of the same target removes what a killed run left
   (``remove_stale_partials``) without touching a live writer's files.
@@ -28,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
@@ -70,19 +76,41 @@ def _umask() -> int:
     return mask
 
 
+def output_target(path: str | os.PathLike) -> str:
+    """Where writing ``path`` lands, absolute: the file a symlink leads to
+    (which is what gets written or replaced; the link stays a link)."""
+    return os.path.realpath(os.fspath(path))
+
+
+def writes_through(target: str) -> bool:
+    """Whether writing ``target`` (an ``output_target``) goes into what is
+    there rather than replacing it: a device, a FIFO, a socket. Neither a
+    regular file nor a folder, nor missing."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     """A file object open on a temporary name beside ``path``; on a clean
     exit it is synced and renamed over ``path``, on any error removed (the
-    old ``path``, if any, untouched). An ``OSError`` becomes a ``BlockcError``
-    naming ``path``."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    old ``path``, if any, untouched). A symlink's target is what is written
+    and a device or FIFO is written through (``output_target``,
+    ``writes_through``). An ``OSError`` becomes a ``BlockcError`` naming ``path``."""
+    shown, path = os.fspath(path), output_target(path)
+    if writes_through(path):
+        with _opened(path, mode, shown) as f:
+            yield f
+        return
+    directory = os.path.dirname(path)
     remove_stale_partials(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=partial_prefix(path), suffix=".tmp")
     except OSError as e:
-        raise BlockcError(f"cannot write {path}: {e.strerror or e}") from None
+        raise BlockcError(f"cannot write {shown}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -94,19 +122,35 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise BlockcError(f"cannot write {path}: {e.strerror or e}") from None
+            raise BlockcError(f"cannot write {shown}: {e.strerror or e}") from None
         raise
+
+
+@contextlib.contextmanager
+def _opened(target: str, mode: str, shown: str) -> Iterator[IO]:
+    """``target`` itself open for writing (a device, a FIFO): an ``OSError``
+    becomes a ``BlockcError`` naming ``shown``."""
+    try:
+        with open(target, mode) as f:
+            yield f
+    except OSError as e:
+        raise BlockcError(f"cannot write {shown}: {e.strerror or e}") from None
 
 
 # -- can it be written --------------------------------------------------------
 def check_writable(path: str | os.PathLike) -> None:
     """Refuse now, before any work, a file that cannot be written: a folder
     in its place, a folder to hold it that is missing (or is a file), or one
-    that is not writable."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
+    that is not writable; for a device or FIFO (written through), the thing
+    itself not writable. A symlink is asked about where it leads."""
+    path, target = os.fspath(path), output_target(path)
+    if os.path.isdir(target):
         raise BlockcError(f"cannot write {path}: it is a folder")
-    directory = os.path.dirname(os.path.abspath(path))
+    if writes_through(target):
+        if not os.access(target, os.W_OK):
+            raise BlockcError(f"cannot write {path}: it is not writable")
+        return
+    directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         existing = _nearest_existing(directory)
         raise BlockcError(f"cannot write {path}: " + (f"{existing} is a file, not a folder" if os.path.exists(existing)
@@ -196,8 +240,14 @@ def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
     pairs with the new ones); the previous targets are moved aside first, so
     no reader sees an old file beside a new one, and restored if a rename
     fails. On any error nothing at the targets changes. Stale temporary
-    folders from a killed run are removed first. Files get ``user_mode``."""
-    targets = [os.path.abspath(os.fspath(p)) for p in paths]
+    folders from a killed run are removed first. Files get ``user_mode``.
+
+    Targets are where their paths lead (``output_target``: a symlink's
+    target, in one folder after that); a device or FIFO among them is
+    written through with what was written for it, never moved or removed
+    (``writes_through``), and the staging folder is the system's temporary
+    one where its folder cannot be written (``/dev``)."""
+    targets = [output_target(p) for p in paths]
     folder = os.path.dirname(targets[0])
     if any(os.path.dirname(t) != folder for t in targets):
         raise ValueError("replace_together: every target must be in one folder")
@@ -205,7 +255,8 @@ def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
         raise ValueError("replace_together: two targets have the same name")
     remove_stale_partials(targets[0])
     try:
-        staging = tempfile.mkdtemp(dir=folder, prefix=partial_prefix(targets[0]), suffix=".tmp")
+        staging = tempfile.mkdtemp(dir=folder if os.access(folder, os.W_OK) else None,
+                                   prefix=partial_prefix(targets[0]), suffix=".tmp")
     except OSError as e:
         raise BlockcError(f"cannot write {targets[0]}: {e.strerror or e}") from None
     try:
@@ -214,33 +265,43 @@ def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
         for s in staged:
             if os.path.exists(s):
                 os.chmod(s, user_mode())
-        # The first target (the model) goes aside first and comes back last.
-        order = targets[::-1]
-        aside: list[tuple[str, str]] = []
-        placed: list[str] = []
-        try:
-            for i, t in enumerate(targets):
-                if os.path.lexists(t):
-                    old = os.path.join(staging, f".old.{i}")
-                    os.replace(t, old)
-                    aside.append((old, t))
-            for t in order:
-                s = staged[targets.index(t)]
-                if os.path.exists(s):
-                    os.replace(s, t)
-                    placed.append(t)
-        except OSError:
-            for t in placed:
-                with contextlib.suppress(OSError):
-                    os.unlink(t)
-            for old, t in aside:
-                with contextlib.suppress(OSError):
-                    os.replace(old, t)
-            raise
+        _place(targets, staged, staging)
     except OSError as e:
         raise BlockcError(f"cannot write {targets[0]}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _place(targets: list[str], staged: list[str], staging: str) -> None:
+    """``replace_together``'s last step: each staged file onto its target,
+    the first last; the old ones aside first and back if a rename fails."""
+    through = {t for t in targets if writes_through(t)}
+    aside: list[tuple[str, str]] = []
+    placed: list[str] = []
+    try:
+        for i, t in enumerate(targets):
+            if os.path.lexists(t) and t not in through:
+                old = os.path.join(staging, f".old.{i}")
+                os.replace(t, old)
+                aside.append((old, t))
+        for t in targets[::-1]:   # the first target (the model) goes aside first and comes back last
+            s = staged[targets.index(t)]
+            if not os.path.exists(s):
+                continue
+            if t in through:
+                with open(s, "rb") as src, open(t, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                os.replace(s, t)
+                placed.append(t)
+    except OSError:
+        for t in placed:
+            with contextlib.suppress(OSError):
+                os.unlink(t)
+        for old, t in aside:
+            with contextlib.suppress(OSError):
+                os.replace(old, t)
+        raise
 
 
 # -- the cache ------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """The command line: every command, its --help, and clean errors for bad input."""
+import io
+import json
 import os
 import re
+import stat
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -89,6 +93,125 @@ def test_console_script_entry_point_runs():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("blockc: error:") and "Traceback" not in proc.stderr
+
+
+def value_option(command: str) -> list[str]:
+    """``command``'s first option that takes a value, given none: argparse's
+    own error, raised by the command's parser (none: an unknown flag)."""
+    parser = build_parser()._subparsers._group_actions[0].choices[command]
+    for action in parser._actions:
+        if action.option_strings and action.nargs is None and action.const is None and not action.choices:
+            return [command, action.option_strings[-1]]
+    return [command, "--no-such-flag"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_argument_error_is_one_line_on_every_command(command, capsys):
+    code, out, err = run(capsys, *value_option(command))
+    assert code == 2 and err.startswith("blockc: error: ") and err.count("\n") == 1, err
+    assert "usage:" not in err and f"blockc {command}: error" not in err
+
+
+def blockc_stderr(*argv, cwd=None) -> tuple[int, str]:
+    """The exit status and standard error of the real program: what ONNX
+    Runtime writes from C++ goes there too, past pytest's capture."""
+    proc = subprocess.run([sys.executable, "-m", "blockc.cli", *argv], capture_output=True, text=True, cwd=cwd)
+    return proc.returncode, proc.stderr
+
+
+def test_the_program_says_an_argument_error_in_one_line():
+    code, err = blockc_stderr("generate", "tiny", "--max-new", "x")
+    assert code == 2
+    assert err == "blockc: error: argument --max-new: invalid int value: 'x' (see blockc generate --help)\n"
+
+
+def test_an_onnx_runtime_failure_is_blockcs_one_line_alone(tmp_path):
+    """A gather out of range on ONNX Runtime: its error, said once by blockc,
+    with no coloured log line of ONNX Runtime's before it."""
+    import onnx
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3])
+    idx = helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("GatherND", ["x", "idx"], ["y"])], "g", [x, idx], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8   # onnxruntime reads at most 13; onnx writes 14
+    onnx.save(model, str(tmp_path / "gather.onnx"))
+    np.savez(tmp_path / "bad.npz", x=np.zeros((2, 4, 3), np.float32), idx=np.array([[0, 4]], np.int64))
+    code, err = blockc_stderr("run", "gather.onnx", "--backend", "ort", "--inputs", "bad.npz", cwd=tmp_path)
+    assert code == 2 and err.startswith("blockc: error: onnxruntime failed to run the model: ")
+    assert "out of data bounds" in err and err.count("\n") == 1, err
+
+
+# ---- output paths that are not regular files -----------------------------------
+# Each flag that names an output file: the command line, and how to read what it wrote.
+OUTPUT_FLAGS = {
+    "--save": (["run", "tiny", "--set", "layers=1", "--backend", "reference", "--dim", "seq=4", "--save"],
+               lambda data: np.load(io.BytesIO(data))["logits"].shape == (2, 4, 256)),
+    "--json": (["fusions", "tiny", "--set", "layers=1", "--no-onnx-forms", "--json"],
+               lambda data: json.loads(data)["model"] == "tiny"),
+    "-o": (["export", "tiny", "--set", "layers=1", "-o"],
+           lambda data: len(__import__("onnx").load_from_string(data).graph.node) > 0),
+}
+
+
+def null_device(path) -> None:
+    """A private /dev/null (char device 1, 3) at ``path``: a test that failed
+    on the real one would leave every process on the machine a regular file."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"cannot make a device node here: {e}")
+
+
+def read_fifo_in_background(path):
+    """A thread reading the FIFO at ``path`` to its end; returns (thread, chunks)."""
+    chunks = []
+
+    def read():
+        with open(path, "rb") as f:
+            chunks.append(f.read())
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, chunks
+
+
+@pytest.mark.parametrize("flag", OUTPUT_FLAGS)
+def test_an_output_onto_a_symlink_writes_where_it_leads(flag, tmp_path, capsys):
+    argv, readable = OUTPUT_FLAGS[flag]
+    (tmp_path / "elsewhere").mkdir()
+    target, link = tmp_path / "elsewhere" / "out.file", tmp_path / "link.file"
+    link.symlink_to(target)
+    code, _, err = run(capsys, *argv, str(link))
+    assert code == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(target)   # the link is left a link
+    assert readable(target.read_bytes())
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out.file"]   # nothing else beside it
+
+
+@pytest.mark.parametrize("flag", OUTPUT_FLAGS)
+def test_an_output_onto_a_fifo_is_written_through(flag, tmp_path, capsys):
+    argv, readable = OUTPUT_FLAGS[flag]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    thread, chunks = read_fifo_in_background(fifo)
+    code, _, err = run(capsys, *argv, str(fifo))
+    thread.join(timeout=10)
+    assert code == 0, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
+    assert not thread.is_alive() and readable(chunks[0])
+
+
+@pytest.mark.parametrize("flag", OUTPUT_FLAGS)
+def test_an_output_onto_a_device_is_written_through(flag, tmp_path, capsys):
+    """``--save /dev/null`` once made /dev/null a 66 KB regular file (run as root)."""
+    argv, _ = OUTPUT_FLAGS[flag]
+    null = tmp_path / "null"
+    null_device(null)
+    code, _, err = run(capsys, *argv, str(null))
+    assert code == 0, err
+    assert stat.S_ISCHR(os.lstat(null).st_mode) and os.lstat(null).st_rdev == os.makedev(1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
 
 
 def fused_counts(report):

@@ -9,6 +9,7 @@ import pytest
 
 import blockc.cli
 from blockc.cli import build_parser, main
+from blockc.runtime.backend import backend_names
 
 # Flags that mean something different on each command that has them, so are
 # declared per command: --backend lists the command's own backends, and
@@ -136,5 +137,47 @@ def test_fused_as_leaves_check_and_fusions_form_alone(capsys):
     # These commands fuse whatever --form they start from: the rule does not apply.
     code, out, _ = run(capsys, "fusions", "tiny", "--form", "decomposed", "--fused-as", "contrib")
     assert code == 0 and "tiny (decomposed form)" in out
-    with pytest.raises(SystemExit):  # nothing to fuse in a fused graph: not offered
-        main(["check", "tiny", "--form", "fused"])
+    code, _, err = run(capsys, "check", "tiny", "--form", "fused")   # nothing to fuse in a fused graph: not offered
+    assert code == 2 and "argument --form: invalid choice: 'fused'" in err
+
+
+# ---- --seed ------------------------------------------------------------------
+def required_args(command: str, tmp_path) -> list[str]:
+    """What ``command`` cannot run without besides MODEL (its required options)."""
+    values = {"--output": str(tmp_path / "out"), "--prompt-ids": "1"}
+    return [arg for action in subcommands()[command]._actions if action.required and action.option_strings
+            for arg in (action.option_strings[-1], values[action.option_strings[-1]])]
+
+
+@pytest.mark.parametrize("command", sorted(c for c, _ in options_by_flag()["--seed"]))
+def test_a_negative_seed_is_one_line_on_every_command(command, tmp_path, capsys):
+    code, out, err = run(capsys, command, "tiny", "--seed", "-1", *required_args(command, tmp_path))
+    assert code == 2 and err == "blockc: error: --seed must be a non-negative integer, got -1\n"
+    assert not list(tmp_path.iterdir())   # refused before anything is written
+
+
+# ---- backend options ------------------------------------------------------------
+# Each backend flag with a value, by the option it sets (blockc.cli.BACKEND_FLAGS).
+FLAG_ARGS = {"provider": ["--provider", "cuda"], "fused_as": ["--fused-as", "contrib"], "gemm": ["--gemm", "tiled"],
+             "tf32": ["--tf32"], "float64": ["--float64"]}
+
+
+def test_every_backend_flag_is_a_backend_option():
+    from blockc.runtime.backend import _registry
+    assert set(FLAG_ARGS) == set(blockc.cli.BACKEND_FLAGS)
+    taken = set().union(*(entry.cls.option_names() for entry in _registry().values()))
+    assert set(FLAG_ARGS) <= taken
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+@pytest.mark.parametrize("backend", backend_names())
+def test_a_flag_the_backend_does_not_take_is_refused(command, backend, capsys):
+    """--float64 on ort or cuda-emu, --provider on reference: once ignored,
+    while --tf32 and --gemm were refused; now one rule for every flag."""
+    from blockc.runtime.backend import backend_options
+    flags = {flag for flag, uses in options_by_flag().items() if command in dict(uses)}
+    not_taken = [o for o in FLAG_ARGS if o not in backend_options(backend) and f"--{o.replace('_', '-')}" in flags]
+    for option in not_taken:
+        code, _, err = run(capsys, command, "tiny", "--backend", backend, *FLAG_ARGS[option])
+        assert code == 2 and err.startswith(f"blockc: error: backend '{backend}' does not take the option "
+                                            f"'{option}' (") and err.count("\n") == 1, (option, err)

@@ -26,7 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import BlockcError, WeightsError
-from ..files import replace_together
+from ..files import output_target, replace_together
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ops.registry import fused_ops
@@ -168,7 +168,7 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
     model (its layout is another model's); so is one beside a model whose
     weights are stored inside it.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = output_target(path)   # a symlink's target, whose folder its data file goes beside
     folder, base = os.path.split(path)
     location = base + ".data"
     if weights is None:
@@ -222,7 +222,7 @@ def write_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_dat
     earlier export, with or without weights -- is removed: ONNX Runtime would
     otherwise load it silently as this model's weights. Partial files of a
     killed export into the same place are removed first."""
-    path = os.path.abspath(os.fspath(path))
+    path = output_target(path)   # a symlink's target, whose folder its data file goes beside
     folder, base = os.path.split(path)
     data_name = base + ".data"
     if not os.path.isdir(folder):

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..frontends.catalog import DEFAULT_MODEL, build_model, parse_sets
+from ..frontends.module import check_seed
 from ..files import format_bytes
 from ..ir.graph import Graph
 from ..ops.limits import graph_limits
@@ -40,7 +41,8 @@ from ..passes.forms import FORMS
 from ..progress import MEASURING, Progress
 from ..report.compare_html import SCHEMA
 from ..report.numerics import max_abs_error
-from ..runtime.backend import HOST_CLOCK, Backend, Compiled, backend_names, compare_backends, make_backend
+from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, compare_backends, make_backend,
+                               split_options)
 from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
 from . import memory
 from .peers import PEERS, make_peer
@@ -67,7 +69,7 @@ class CompareOptions:
     min_time_s: float = 0.2           # per session, over its block's rounds
     rounds: int = 2                   # interleaved timing rounds in each block
     max_memory: int | None = None     # bytes; None: half the memory available
-    fused_as: str = "auto"
+    fused_as: str | None = None       # for the backends that take it (ONNX Runtime's); None: their default
     peak_gbps: float | None = None
     seed: int = 0
     weights: str | None = None
@@ -116,6 +118,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
     unknown = [b for b in o.backends if b not in backend_names()]
     if unknown:
         raise BlockcError(f"unknown backend {', '.join(map(repr, unknown))}; backends: {', '.join(backend_names())}")
+    options = split_options(o.backends, {"fused_as": o.fused_as} if o.fused_as else {})   # none takes it: refused
     unknown = [p for p in o.peers if p not in PEERS]
     if unknown:
         raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
@@ -129,6 +132,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
                           "--min-time at least 0")
     if any(v <= 0 for v in o.dims.values()):
         raise BlockcError(f"--dim sizes must be positive, got {o.dims}")
+    check_seed(o.seed, "--seed")
     if o.peak_gbps is not None and not o.peak_gbps > 0:
         raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
 
@@ -175,7 +179,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
         weights = dict(load_weights(o.weights))
         check_weights(model, weights)
 
-    backends = [(b, *b.availability()) for b in (make_backend(n, fused_as=o.fused_as) for n in o.backends)]
+    backends = [(b, *b.availability()) for b in (make_backend(n, **options[n]) for n in o.backends)]
     peers = [(p, *p.availability()) for p in (make_peer(n, model, graphs["fused"]) for n in o.peers)]
     if not any(ok for _, ok, _ in backends + peers):
         reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"

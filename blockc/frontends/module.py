@@ -380,7 +380,7 @@ class LazyWeights(Mapping):
 
     def __init__(self, model: Model, seed: int = 0, dtype: DType | None = None):
         self._params = dict(model.named_parameters())
-        self.seed, self.dtype = seed, dtype or model.dtype
+        self.seed, self.dtype = check_seed(seed), dtype or model.dtype
 
     def __getitem__(self, name: str) -> np.ndarray:
         p = self._params[name]
@@ -396,6 +396,17 @@ class LazyWeights(Mapping):
 
     def __len__(self) -> int:
         return len(self._params)
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """``seed`` as an int, or a ``BlockcError`` saying what a seed must be.
+
+    Every seed ends in ``numpy.random.default_rng``, which takes 0 and up
+    only; refused here, where it is given (the weights, ``--seed``, a
+    ``Sampler``), never as numpy's ValueError at the first draw."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise BlockcError(f"{name} must be a non-negative integer, got {seed!r}")
+    return int(seed)
 
 
 def init_weights(model: Model, seed: int = 0, dtype: DType | None = None) -> LazyWeights:

@@ -85,26 +85,57 @@ class Generation:
                 "tokens_per_s": self.tokens_per_s}
 
 
-def check_request(model, prompts: Sequence[Sequence[int]], max_new: int) -> None:
-    """Refuse, in one line, what ``generate`` cannot do with ``model``."""
+def as_prompts(prompts) -> list[list[int]]:
+    """``prompts`` as lists of int ids. Taken: a sequence of prompts, each a
+    sequence or 1-D array of integers (Python's or numpy's, any width), or a
+    2-D integer array, one prompt a row. A float or a bool is refused as
+    what it is, never read as an id (``1.0`` is not token 1)."""
+    if isinstance(prompts, np.ndarray) and prompts.ndim != 2:
+        raise BlockcError(f"prompts must be a 2-D array of token ids, one prompt a row, got shape "
+                          f"{list(prompts.shape)}")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+        raise BlockcError(f"prompts must be a list of prompts, each a sequence of token ids, got "
+                          f"{type(prompts).__name__}")
+    return [_prompt_ids(k, prompt) for k, prompt in enumerate(prompts)]
+
+
+def _prompt_ids(k: int, prompt) -> list[int]:
+    """One prompt's ids as ints (see ``as_prompts``)."""
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)) or np.ndim(prompt) != 1:
+        raise BlockcError(f"prompt {k} must be a sequence of token ids, got {prompt!r}"
+                          + (" (prompts is a list of prompts: wrap one in a list, [[1, 2, 3]])"
+                             if isinstance(prompt, (int, np.integer)) else ""))
+    for t in prompt:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            shown = t.item() if isinstance(t, np.generic) else t
+            kind = "a float" if isinstance(shown, float) else f"a {type(shown).__name__}"
+            raise BlockcError(f"prompt {k}: token id {shown!r} is {kind}; token ids are integers")
+    return [int(t) for t in prompt]
+
+
+def check_request(model, prompts, max_new: int) -> list[list[int]]:
+    """Refuse, in one line, what ``generate`` cannot do with ``model``; the
+    prompts as lists of ints (``as_prompts``)."""
     if not isinstance(model, DecoderLM):
         raise BlockcError(f"generate needs a decoder language model (a DecoderLM such as gpt2, tiny, llama-tiny), "
                           f"not {getattr(model, 'name', type(model).__name__)!r}")
     if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 1:
         raise BlockcError(f"max_new must be a positive integer, got {max_new!r}")
+    prompts = as_prompts(prompts)
     if not prompts:
         raise BlockcError("no prompts: give at least one prompt of token ids")
     vocab, limit = model.cfg.vocab, model.cfg.max_positions
     for k, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise BlockcError(f"prompt {k} is empty: a prompt needs at least one token id")
-        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab]
+        bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise BlockcError(f"prompt {k}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
     longest = max(len(p) for p in prompts)
     if longest + max_new > limit:
         raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones make {longest + max_new} positions, "
                           f"over the model's maximum of {limit} (max_positions)")
+    return prompts
 
 
 def cache_names(layers: int) -> list[tuple[str, str]]:
@@ -190,8 +221,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     ``backend``: any registered backend, built with ``backend_options``;
     ``form``: the graph form compiled (``fused``: through the optimizer);
     ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
-    just enough) or ``concat`` (see the module docstring)."""
-    check_request(model, prompts, max_new)
+    just enough) or ``concat`` (see the module docstring). ``prompts``: see
+    ``as_prompts`` (a 2-D integer array is one prompt a row)."""
+    prompts = check_request(model, prompts, max_new)
     if stop_id is not None and not 0 <= stop_id < model.cfg.vocab:
         raise BlockcError(f"stop id {stop_id} is outside the vocabulary [0, {model.cfg.vocab})")
     length = cache_length(model, prompts, max_new, cache, cache_len)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import BlockcError
+from ..frontends.module import check_seed
 
 
 def _as_scores(logits) -> np.ndarray:
@@ -138,8 +139,8 @@ class Sampler:
         self.repetition_penalty = _finite_number("repetition_penalty", repetition_penalty)
         if self.repetition_penalty <= 0:
             raise BlockcError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
-        self.seed = seed
-        self._rng = np.random.default_rng(seed)
+        self.seed = check_seed(seed)
+        self._rng = np.random.default_rng(self.seed)
 
     def process(self, logits, history: Sequence[Sequence[int]]) -> np.ndarray:
         """The float64 scores a draw samples from (up to a constant per row): -inf where a filter removed a token."""

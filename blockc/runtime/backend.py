@@ -19,16 +19,22 @@ Adding a backend is one module: a ``Backend`` subclass and a
 ``runtime/backends/`` (importing that package registers them, in the order
 the CLI lists them); a backend defined anywhere else registers the same way.
 
-Options. ``make_backend(name, **options)`` gives every option to the
-backend's constructor, which takes the ones it uses and ignores the rest:
-one set of command-line flags (``--provider``, ``--fused-as``, ``--gemm``,
-``--float64``) serves every backend. Options a registration fixes
-(``ort-cpu`` is ``ort`` with ``provider="cpu"``) win over those given.
+Options. A backend declares the options it takes as its constructor's
+keyword-only parameters (``Backend.option_names``), and ``make_backend``
+refuses any other, naming the backend, the option and who does take it: an
+option that would do nothing (``--float64`` on ONNX Runtime, ``provider``
+on the reference, a misspelt ``fused_ass``) is never ignored. Options a
+registration fixes (``ort-cpu`` is ``ort`` with ``provider="cpu"``) are not
+the registered backend's to take. The command-line flags (``--provider``,
+``--fused-as``, ``--gemm``, ``--tf32``, ``--float64``) are these options,
+passed when given; a command that runs several backends with one set of
+flags gives each the options it takes (``split_options``).
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -197,8 +203,13 @@ class Backend:
     arena_copies: float = 1.0
     build_copies: float = 1.0
 
-    def __init__(self, **options):
-        """``options`` this backend does not use are ignored (see the module docstring)."""
+    def __init__(self):
+        """A subclass declares its options as keyword-only parameters (see the module docstring)."""
+
+    @classmethod
+    def option_names(cls) -> frozenset[str]:
+        """The options this backend's class takes: its constructor's keyword-only parameters."""
+        return frozenset(p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY)
 
     @property
     def times_itself(self) -> bool:
@@ -286,12 +297,47 @@ def compare_backends() -> tuple[str, ...]:
     return tuple(name for name, entry in _registry().items() if entry.compare)
 
 
-def make_backend(name: str, **options) -> Backend:
-    """The backend registered as ``name``, built with ``options``."""
+def _entry(name: str) -> _Entry:
     registry = _registry()
     if name not in registry:
         raise BlockcError(f"unknown backend {name!r}; backends: {', '.join(registry)}")
-    entry = registry[name]
-    backend = entry.cls(**{**options, **entry.fixed})
+    return registry[name]
+
+
+def backend_options(name: str) -> frozenset[str]:
+    """The options the backend ``name`` takes: its class's, less those its registration fixes."""
+    entry = _entry(name)
+    return entry.cls.option_names() - set(entry.fixed)
+
+
+def _not_taken(names: Sequence[str], option: str) -> BlockcError:
+    """The one refusal of an option: who was given it, and who takes it."""
+    who = f"backend {names[0]!r} does" if len(names) == 1 else f"backends {', '.join(map(repr, names))} do"
+    notes = [f"{n!r} fixes {option}={_entry(n).fixed[option]!r}" for n in names if option in _entry(n).fixed]
+    takers = [n for n in backend_names() if option in backend_options(n)]
+    notes.append(f"{', '.join(takers)} take{'s' if len(takers) == 1 else ''} it" if takers else "no backend takes it")
+    own = f"; its options: {', '.join(sorted(backend_options(names[0]))) or 'none'}" if len(names) == 1 else ""
+    return BlockcError(f"{who} not take the option {option!r} ({'; '.join(notes)}){own}")
+
+
+def make_backend(name: str, **options) -> Backend:
+    """The backend registered as ``name``, built with ``options``; an option
+    it does not take is a ``BlockcError`` naming the backend and the option."""
+    entry = _entry(name)
+    for option in options:
+        if option not in backend_options(name):
+            raise _not_taken([name], option)
+    backend = entry.cls(**options, **entry.fixed)
     backend.name = name
     return backend
+
+
+def split_options(names: Sequence[str], options: Mapping[str, object]) -> dict[str, dict]:
+    """Each of the backends ``names`` with the ``options`` it takes, for a
+    command that runs several with one set of flags (``blockc check``): each
+    option must be taken by one of them at least, else it is refused as
+    ``make_backend`` refuses it."""
+    for option in options:
+        if not any(option in backend_options(n) for n in names):
+            raise _not_taken(list(names), option)
+    return {n: {k: v for k, v in options.items() if k in backend_options(n)} for n in names}

@@ -50,7 +50,9 @@ def session_options(optimization: str = "basic", threads: int | None = None,
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
-    options.log_severity_level = 3  # errors only: unused-initializer warnings are noise here
+    # fatal only: its warnings (unused initializers) are noise here, and a run that fails raises, which
+    # blockc reports as its own one-line error; ONNX Runtime would print its coloured log line first
+    options.log_severity_level = 4
     if threads is not None:
         options.intra_op_num_threads = threads
     if optimized_model_path is not None:

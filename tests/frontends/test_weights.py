@@ -121,6 +121,14 @@ def test_missing_and_corrupt_files(tmp_path):
 
 
 # -- check_weights ----------------------------------------------------------------
+@pytest.mark.parametrize("seed", [-1, 2.5, "0"])
+def test_a_seed_numpy_cannot_take_is_refused_when_given(tiny, seed):
+    """Not as numpy's ValueError at the first weight made."""
+    from blockc.errors import BlockcError
+    with pytest.raises(BlockcError, match=f"seed must be a non-negative integer, got {seed!r}"):
+        init_weights(tiny, seed=seed)
+
+
 def test_check_accepts_matching_weights(tiny):
     weights = init_weights(tiny)
     assert check_weights(tiny, weights) is weights

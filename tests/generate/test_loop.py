@@ -138,6 +138,35 @@ def test_bad_requests_are_refused(prompts, max_new, message):
         generate(model, weights_of(model), prompts, max_new)
 
 
+SAME_PROMPTS = [np.array([[5, 17, 99], [200, 1, 64]]),                       # numpy's ambiguous truth value once
+                (np.array([5, 17, 99], np.int32), np.array([200, 1, 64], np.uint8)),
+                [[np.int64(5), 17, 99], (200, 1, 64)]]
+
+
+@pytest.mark.parametrize("prompts", SAME_PROMPTS, ids=["2-D array", "1-D arrays", "numpy ints, a tuple"])
+def test_any_integer_sequence_or_array_is_a_prompt(prompts):
+    model = build_model("tiny", {"layers": "1"})
+    weights = weights_of(model)
+    want = generate(model, weights, [[5, 17, 99], [200, 1, 64]], 3, backend="reference").tokens
+    assert generate(model, weights, prompts, 3, backend="reference").tokens == want
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([[1.0, 2.5]], "prompt 0: token id 1.0 is a float; token ids are integers"),   # once "outside the vocabulary"
+    (np.array([[1.0, 2.0]]), "prompt 0: token id 1.0 is a float; token ids are integers"),
+    ([[1], [2, np.float32(3)]], "prompt 1: token id 3.0 is a float; token ids are integers"),
+    ([[True, 2]], "prompt 0: token id True is a bool; token ids are integers"),
+    ([["1"]], "prompt 0: token id '1' is a str; token ids are integers"),
+    ([1, 2], r"prompt 0 must be a sequence of token ids, got 1 \(prompts is a list of prompts: wrap one"),
+    (np.array([1, 2]), r"prompts must be a 2-D array of token ids, one prompt a row, got shape \[2\]"),
+    ("12", "prompts must be a list of prompts, each a sequence of token ids, got str"),
+])
+def test_prompts_that_are_not_integers_are_refused_as_what_they_are(prompts, message):
+    model = build_model("tiny")
+    with pytest.raises(BlockcError, match=message):
+        generate(model, {}, prompts, 2)
+
+
 def test_only_decoder_lms_generate():
     model = build_model("bert-base", {"layers": "1", "d_model": "32", "heads": "2"})
     with pytest.raises(BlockcError, match="generate needs a decoder language model"):

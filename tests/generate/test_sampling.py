@@ -172,6 +172,8 @@ def test_a_tiny_temperature_does_not_overflow():
     ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
     ({"repetition_penalty": -1.0}, "repetition_penalty must be > 0"),
     ({"repetition_penalty": math.inf}, "repetition_penalty must be finite"),
+    ({"seed": -1}, "seed must be a non-negative integer, got -1"),   # numpy's ValueError once
+    ({"seed": 1.5}, "seed must be a non-negative integer, got 1.5"),
 ])
 def test_bad_settings_are_refused_in_one_line(options, words):
     with pytest.raises(BlockcError) as caught:

@@ -65,7 +65,7 @@ def expected(x, bias):
 @pytest.mark.parametrize("backend", ["reference", "ort-cpu", "torch-eager", "cuda-emu"])
 def test_a_new_op_runs_on_every_backend(new_ops, backend):
     assert backend in backend_names()
-    b = make_backend(backend, fused_as="auto")
+    b = make_backend(backend)
     ok, why = b.availability()
     if not ok:
         pytest.skip(why)

@@ -11,8 +11,8 @@ import blockc
 from blockc.cli import main
 from blockc.compare import CompareOptions, plan_comparison, run_comparison
 from blockc.errors import BlockcError
-from blockc.runtime.backend import (Backend, Compiled, backend_names, compare_backends, make_backend, register,
-                                    unregister)
+from blockc.runtime.backend import (Backend, Compiled, backend_names, backend_options, compare_backends,
+                                    make_backend, register, split_options, unregister)
 from blockc.runtime.reference import run_reference
 from blockc.runtime.timing import Timing
 
@@ -28,7 +28,7 @@ class NumpyTwin(Backend):
 
     variants = ("a", "b")
 
-    def __init__(self, *, own_clock: bool = False, **_options):
+    def __init__(self, *, own_clock: bool = False):
         self.own_clock = own_clock
         self.compiled: list[str] = []
 
@@ -114,11 +114,56 @@ def test_registry_lists_names_once():
         make_backend("tpu")
 
 
-def test_registered_options_win_and_unused_ones_are_ignored():
-    ort = make_backend("ort-cpu", provider="cuda", fused_as="contrib", gemm="cublas", float64=True)
+# A value for each option a built-in backend declares, and a misspelt one.
+OPTION_VALUES = {"provider": "cuda", "fused_as": "contrib", "gemm": "tiled", "tf32": True, "float64": True,
+                 "compile": True, "sanitize": "address", "fused_ass": "contrib"}
+
+
+def every_option() -> set[str]:
+    """Every option some backend's class takes (those a registration fixes
+    included), and ``fused_ass``, which none does."""
+    from blockc.runtime.backend import _registry
+    return {"fused_ass"}.union(*(entry.cls.option_names() for entry in _registry().values()))
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_an_option_a_backend_does_not_take_is_refused_naming_both(name):
+    """Every backend, every option it does not take (``ort-cpu``'s fixed
+    provider, ``float64`` on ONNX Runtime, a misspelt ``fused_ass``): once
+    ignored, the backend running as if it had not been given."""
+    not_taken = sorted(every_option() - backend_options(name))
+    assert not_taken
+    for option in not_taken:
+        with pytest.raises(BlockcError, match=f"^backend '{name}' does not take the option '{option}' ") as info:
+            make_backend(name, **{option: OPTION_VALUES.get(option, True)})
+        assert "\n" not in str(info.value)
+    for option in backend_options(name):   # and every one it takes is taken
+        make_backend(name, **{option: OPTION_VALUES.get(option, True)})
+
+
+def test_the_refusal_says_who_takes_the_option():
+    with pytest.raises(BlockcError, match=r"^backend 'ort-cpu' does not take the option 'fused_ass' \(no backend "
+                                          r"takes it\); its options: fused_as$"):
+        make_backend("ort-cpu", fused_ass="contrib")
+    with pytest.raises(BlockcError, match=r"^backend 'ort-cpu' does not take the option 'provider' \('ort-cpu' "
+                                          r"fixes provider='cpu'; ort takes it\); its options: fused_as$"):
+        make_backend("ort-cpu", provider="cuda")
+    with pytest.raises(BlockcError, match=r"'cuda-emu' does not take the option 'tf32' \(cuda takes it\)"):
+        make_backend("cuda-emu", tf32=True)
+    ort = make_backend("ort-cpu", fused_as="contrib")
     assert (ort.name, ort.provider, ort.fused_as) == ("ort-cpu", "cpu", "contrib")
     assert ort.label == "ort (cpu, --fused-as contrib)"
     assert make_backend("reference", float64=True).title == "reference interpreter (float64)"
+
+
+def test_several_backends_share_options_each_taking_its_own():
+    assert split_options(["reference", "ort"], {"provider": "cpu", "float64": True}) == \
+        {"reference": {"float64": True}, "ort": {"provider": "cpu"}}
+    with pytest.raises(BlockcError, match=r"^backends 'reference', 'cuda-emu' do not take the option 'provider' "
+                                          r"\(ort takes it\)$"):
+        split_options(["reference", "cuda-emu"], {"provider": "cuda"})
+    with pytest.raises(BlockcError, match="backend 'reference' does not take the option 'fused_as'"):
+        plan_comparison(CompareOptions(model="tiny", backends=("reference",), fused_as="contrib", peers=()))
 
 
 def test_cuda_without_a_gpu_points_at_the_emulator():

@@ -115,7 +115,7 @@ class CudaBackend(GeneratedCuda):
     clock = "CUDA events recorded on the run's stream before and after each run, in the child process"
     on_gpu = True
 
-    def __init__(self, *, gemm: str | None = None, tf32: bool = False, **_options):
+    def __init__(self, *, gemm: str | None = None, tf32: bool = False):
         from ...codegen.cuda.kernels.gemm import GPU_GEMM, GemmChoice
         self.choice = GemmChoice(gemm or GPU_GEMM, tf32)
         self.gemm = self.choice.kind
@@ -160,17 +160,18 @@ class CudaBackend(GeneratedCuda):
 class CudaEmuBackend(GeneratedCuda):
     """The same generated CUDA built with g++ against blockc's CUDA emulation
     and run on the CPU. Options: ``gemm`` (only ``tiled`` can be emulated),
-    ``sanitize`` (``address`` or ``thread``: a sanitizer build)."""
+    ``sanitize`` (``address`` or ``thread``: a sanitizer build); no ``tf32``."""
 
     # The same events, emulated: the host clock at each record (emulated streams are synchronous).
     clock = "CUDA events around each run, emulated (host time between the records), in the child process"
 
-    def __init__(self, *, gemm: str | None = None, tf32: bool = False, sanitize: str | None = None, **_options):
+    # No tf32: TF32 needs a GPU's tensor cores, and the emulator runs the tiled float32 GEMM
+    # (make_backend refuses it, pointing at cuda).
+    def __init__(self, *, gemm: str | None = None, sanitize: str | None = None):
         from ...codegen.cuda.kernels.gemm import EMULATED_GEMM
-        if tf32:
-            raise BlockcError("TF32 needs a GPU's tensor cores: cuda-emu runs the tiled float32 GEMM "
-                              "(use --backend cuda --tf32 on a GPU)")
         self.gemm, self.sanitize = gemm or EMULATED_GEMM, sanitize
+        if self.gemm != "tiled":
+            raise BlockcError("cuBLAS cannot be emulated: use --gemm tiled (the default) for emulation")
 
     def availability(self):
         from ...codegen.cuda import toolchain
@@ -187,8 +188,6 @@ class CudaEmuBackend(GeneratedCuda):
                "per-run times from CUDA events (emulated: host time)"
 
     def compile(self, graph, weights, *, variant=None, threads=None):
-        if self.gemm != "tiled":
-            raise BlockcError("cuBLAS cannot be emulated: use --gemm tiled (the default) for emulation")
         from ...codegen.cuda.lower import generate
         from ..cuda_runner import emulated_library
         model = generate(graph, weights, gemm=self.gemm)

@@ -53,7 +53,7 @@ class OrtBackend(Backend):
     arena_copies = 1.5
     build_copies = 2.0         # a session is made from the serialized model: 1.77-1.84x more at its peak, measured
 
-    def __init__(self, *, provider: str = "cpu", fused_as: str = "auto", **_options):
+    def __init__(self, *, provider: str = "cpu", fused_as: str = "auto"):
         self.provider, self.fused_as = provider, fused_as
 
     @property

@@ -15,7 +15,7 @@ class TorchBackend(Backend):
 
     runs = "one torch call per IR node"   # what the module is, for ``detail``
 
-    def __init__(self, *, compile: bool = False, **_options):
+    def __init__(self, *, compile: bool = False):
         self.compile_module = compile
         # lower_to_torch copies the weights into the module's parameters, and folds weight-only
         # nodes (GPT-2's transposed head) into buffers of their own: measured resident after one
