@@ -32,7 +32,7 @@ from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
 from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
-from .safe_load import OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
+from .safe_load import ExternalTensor, OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
 _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
@@ -66,9 +66,10 @@ class OnnxModel(Model):
         for name, value in loaded.initializers.items():
             dtype = _float_dtype(value)
             if dtype is None or value.size <= 1 or 0 in value.shape:
-                self.constants[name] = value
-            else:
-                self._params[name] = Parameter(value.shape, init=lambda shape, rng, v=value: v, dtype=dtype)
+                self.constants[name] = loaded.array(name)
+            else:   # external data is read when the weights are made: --weights and summary read none
+                self._params[name] = Parameter(value.shape, init=lambda shape, rng, n=name: loaded.array(n),
+                                               dtype=dtype)
                 counts[dtype] = counts.get(dtype, 0) + value.size
         self.dtype = max(counts, key=counts.get) if counts else DType.float32
         self.uses = {x for n in self.nodes for x in n.input} | {o.name for o in g.output}
@@ -126,10 +127,14 @@ class OnnxModel(Model):
                 if value.shape != stored.shape or value.dtype != stored.dtype:
                     raise WeightsError(f"{self.file.path}: weight {label(t.name)} is {value.dtype}{list(value.shape)}, "
                                        f"its initializer {stored.dtype}{list(stored.shape)}: it cannot replace it")
-                if np.array_equal(value, stored):
+                if isinstance(stored, ExternalTensor) and stored.missing is None:
+                    stored = stored.read()
+                if isinstance(stored, np.ndarray) and np.array_equal(value, stored):
                     value = stored
                 else:
                     replaced += 1
+            elif isinstance(stored, ExternalTensor):
+                value = stored = stored.read()
             if value is not stored or t.data_location == onnx.TensorProto.EXTERNAL:
                 t.CopyFrom(onnx.numpy_helper.from_array(value, t.name))
         return model, replaced
@@ -258,7 +263,8 @@ def _id_tables(loaded: OnnxFile, nodes: list[GraphNode]) -> dict[str, int]:
 def load_onnx(path: str | os.PathLike):
     """``(graph, weights)``: the ONNX file at ``path`` imported as a traced,
     verified blockc graph, and its initializers by parameter name."""
-    from ..module import init_weights, trace
+    from ..module import check_weights_fit, init_weights, trace
     from ..weights import materialize
     model = OnnxModel(path)
+    check_weights_fit(model)   # before any external data is read
     return trace(model), materialize(init_weights(model))
