@@ -30,7 +30,8 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
-from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
+from . import contrib
+from .convert import TABLE, Rule, Unsupported, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
 from .safe_load import ExternalTensor, OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
@@ -147,7 +148,7 @@ class OnnxModel(Model):
         for node in self.nodes:
             ins = [values[x] if x else None for x in node.input]
             try:
-                outs = TABLE[node.op_type].fn(node, ins, self)
+                outs = rule_for(node).fn(node, ins, self)
             except (Unsupported, ModelError, ShapeError) as e:
                 raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): {e}") from None
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
@@ -175,14 +176,25 @@ def _float_dtype(value: np.ndarray) -> DType | None:
     return dtype if dtype.is_float else None
 
 
+# Each domain's rules: ai.onnx's (convert.py, opset23.py) and ONNX Runtime's
+# com.microsoft fused ops (contrib.py), whose op types overlap (Attention, RotaryEmbedding).
+DOMAINS: dict[str, dict[str, Rule]] = {**{d: TABLE for d in DEFAULT_DOMAINS}, contrib.DOMAIN: contrib.RULES}
+
+
+def rule_for(n: GraphNode) -> Rule | None:
+    """The rule importing node ``n`` at the opset its domain is read at; None where there is none."""
+    rule = DOMAINS.get(n.domain, {}).get(n.op_type)
+    version = n.opset if n.domain in DEFAULT_DOMAINS else n.opsets.get(n.domain, 1)
+    return rule if rule is not None and rule.since <= version <= rule.until else None
+
+
 def missing_operators(nodes: list[GraphNode]) -> list[str]:
     """Every operator among ``nodes`` that the importer lacks at the opsets
     each is read at, as ``domain::Op (opset N)``, sorted. A call of a
     function the file does not define is one of them."""
     missing = set()
     for n in nodes:
-        rule = TABLE.get(n.op_type) if n.domain in DEFAULT_DOMAINS else None
-        if rule is None or not rule.since <= n.opset <= rule.until:
+        if rule_for(n) is None:
             domain = n.domain or "ai.onnx"
             missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {n.opsets.get(n.domain, '?')})")
     return sorted(missing)
