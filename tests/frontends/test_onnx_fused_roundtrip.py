@@ -154,3 +154,27 @@ def test_multi_head_attention_imports_back(tmp_path):
     want = run_reference(g, {}, feeds)
     assert_close(ort_run(path, feeds), want, "MultiHeadAttention: ONNX Runtime on the file")
     assert_close(run_reference(graph, weights, feeds), want, "MultiHeadAttention: the file imported")
+
+
+def test_a_decode_step_with_its_cache_in_place_imports_back(tmp_path):
+    """The generation step whose cache is a buffer written in place:
+    ``cache_attention``, written as GroupQueryAttention on a past and present
+    buffer, imports back to ``cache_attention`` (the step's rows written at
+    ``total - 1``, the first ``total`` rows read)."""
+    model = blockc.build_model("llama-tiny", {"layers": "1"}).for_cache("decode", cache_len=16)
+    graph = blockc.trace(model)
+    weights = dict(blockc.init_weights(model, seed=3))
+    fused = optimize(graph).graph
+    path = tmp_path / "step.onnx"
+    onnx.save(export_onnx(fused, weights, fused_as="contrib"), str(path))
+    assert sum(n.op_type == "GroupQueryAttention" for n in onnx.load(str(path)).graph.node) == 1
+    imported, file_weights = load_onnx(path)
+    again = optimize(imported).graph
+    assert fused_counts(again) == fused_counts(fused) and fused_counts(fused)["cache_attention"] == 1
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample({"batch": 2, "total": 6}, rng) for s in model.inputs()}
+    want = run_reference(graph, weights, feeds)
+    assert_close(run_reference(imported, file_weights, feeds), want, "the step imported")
+    assert_close(run_reference(again, file_weights, feeds), want, "the step imported, fused")
+    # ONNX Runtime copies only the past's first total-1 rows into a present of its own: the logits agree
+    assert_close({"logits": ort_run(path, feeds)["logits"]}, {"logits": want["logits"]}, "ONNX Runtime")

@@ -35,7 +35,7 @@ from ...ir.dtypes import DType
 from ...ops.fused_onnx import MASK_BIAS
 from ..layers import grouped_attention, join_heads, split_heads
 from ..tensor import apply, cache_write, concat, where
-from .convert import Rule, Unsupported, _attr, is_symbolic, is_tensor, normalize_from, tensor
+from .convert import Rule, Unsupported, _attr, is_tensor, normalize_from, tensor
 from .opset23 import _require, _rotary_embedding
 
 DOMAIN = "com.microsoft"
@@ -148,13 +148,12 @@ def _causal_top_left(node, q, k) -> bool:
 def _masks(node, ins, padding: int, bias: int, like):
     """The node's key padding mask and its attention_bias, combined as one mask (None: neither)."""
     mask = _padding_mask(node, ins[padding], like) if len(ins) > padding and ins[padding] is not None else None
-    if len(ins) > bias and ins[bias] is not None:
-        additive = tensor(ins[bias], like)
-        if mask is None:
-            return additive
-        return additive + (mask if mask.dtype != DType.bool else
-                           where(mask, tensor(np.array(0, like.dtype.numpy)), tensor(np.array(MASK_BIAS, like.dtype.numpy))))
-    return mask
+    if len(ins) <= bias or ins[bias] is None:
+        return mask
+    additive = tensor(ins[bias], like)
+    if mask is not None and mask.dtype == DType.bool:   # added to the bias as the op adds it
+        mask = where(mask, *(tensor(np.array(v, like.dtype.numpy)) for v in (0.0, MASK_BIAS)))
+    return additive if mask is None else additive + mask
 
 
 def _multi_head_attention(node, ins, ctx):
@@ -227,6 +226,8 @@ def _group_query_attention(node, ins, ctx):
     if last != total - 1:
         raise Unsupported(f"GroupQueryAttention with seqlens_k {last}, not total_sequence_length - 1 = {total - 1}")
     past = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    if (past is None) != (len(ins) <= 4 or ins[4] is None):
+        raise Unsupported("GroupQueryAttention with only one of past_key and past_value")
     if past is None:
         if total != seq:
             raise Unsupported(f"GroupQueryAttention without a past over {seq} rows and {total} in all")
@@ -238,7 +239,7 @@ def _group_query_attention(node, ins, ctx):
     keys = present if past is None or present[0].shape[2] == total else tuple(p.slice(2, 0, total) for p in present)
     mask = tensor(ins[10], q) if len(ins) > 10 and ins[10] is not None else None
     y = grouped_attention(q, *keys, mask, True, _scale(node))
-    return [join_heads(y), *(present if past is not None else (None, None))]
+    return [join_heads(y), *present]
 
 
 RULES = {
