@@ -123,7 +123,8 @@ class ExternalTensor:
 
 
 def read_onnx(path: str | os.PathLike) -> OnnxFile:
-    """Read and check the ONNX model at ``path`` (its external data included)."""
+    """Read and check the ONNX model at ``path``: its external data checked
+    where it exists, read only when its values are asked for (``OnnxFile.array``)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise OnnxFileError(f"ONNX file {path!r} not found" if not os.path.exists(path)
