@@ -303,8 +303,13 @@ def _bindings(args, graph) -> dict[str, int]:
             fallback = bindings.get("batch" if name.lower().startswith(("batch", "n")) else "seq")
             if fallback is not None:
                 bindings[name] = fallback
-    bindings.update(_asked_dims(args, graph))
-    for limit, n in graph_limits(graph).dims_over(bindings):
+    asked = _asked_dims(args, graph)
+    bindings.update(asked)
+    limits = graph_limits(graph)
+    bindings, notes = limits.fit_defaults(bindings, defaulted=bindings.keys() - asked.keys())
+    for note in notes:
+        print(f"blockc: {note}", file=sys.stderr)
+    for limit, n in limits.dims_over(bindings):
         raise BlockcError(f"--dim {limit.dim}={n} exceeds the model's maximum of {limit.limit}")
     symbols = graph.symbols()
     return {k: v for k, v in bindings.items() if k in symbols}
@@ -556,7 +561,8 @@ def compare_options(args):
     from .compare.memory import parse_size
     return CompareOptions(
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
-        peers=_name_list(args.peers), batches=_int_list("--batch", args.batch), seqs=_int_list("--seq", args.seq),
+        peers=_name_list(args.peers), batches=_int_list("--batch", args.batch),
+        seqs=None if args.seq is None else _int_list("--seq", args.seq),
         dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats,
         min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
         max_memory=None if args.max_memory is None else parse_size(args.max_memory),
@@ -811,7 +817,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed and "
                         f"apply: ort-original needs an ONNX file)")
     p.add_argument("--batch", default="1", metavar="LIST", help="batch sizes, e.g. 1,8 (default 1)")
-    p.add_argument("--seq", default="128", metavar="LIST", help="sequence lengths, e.g. 128,512 (default 128)")
+    p.add_argument("--seq", metavar="LIST",
+                   help="sequence lengths, e.g. 128,512 (default 128, or the model's maximum where it is smaller)")
     _dim_arg(p, defaults=None, purpose=" other than batch and seq")
     _dtype_arg(p, choices=("float32", "float16"))
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,

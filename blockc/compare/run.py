@@ -50,6 +50,11 @@ from .peers import PEERS, make_peer
 AA = " (A/A)"   # the key suffix of a standard form's second session, the A/A control
 
 
+# The sequence lengths compare measures where --seq gives none (lowered to a
+# model's maximum where it has a smaller one).
+DEFAULT_SEQS = (128,)
+
+
 @dataclass
 class CompareOptions:
     """What to compare; the CLI's flags one to one."""
@@ -60,7 +65,7 @@ class CompareOptions:
     backends: tuple[str, ...] = field(default_factory=compare_backends)
     peers: tuple[str, ...] = PEERS
     batches: tuple[int, ...] = (1,)
-    seqs: tuple[int, ...] = (128,)
+    seqs: tuple[int, ...] | None = None   # None: DEFAULT_SEQS, each fitted to the model's limits
     dims: dict[str, int] = field(default_factory=dict)   # other symbolic dims a user model has
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     blocks: int = 5                   # independent repetitions, each of fresh sessions
@@ -89,6 +94,7 @@ class Plan:
     weights: dict | None = None          # --weights, loaded and checked once; None: seeded init at run time
     budget: int | None = None            # bytes the contestants of one group may hold together
     holding: int = 0                     # what compare itself holds: the weights, the float64 oracle
+    notes: list[str] = field(default_factory=list)   # defaults lowered to fit the model (Limits.fit_defaults)
 
 
 @dataclass
@@ -124,7 +130,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
         raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
     if o.dtype not in (None, "float32", "float16"):
         raise BlockcError(f"--dtype {o.dtype}: compare runs float32 or float16")
-    for name, values in (("--batch", o.batches), ("--seq", o.seqs)):
+    for name, values in (("--batch", o.batches), ("--seq", o.seqs or DEFAULT_SEQS)):
         if not values or any(v <= 0 for v in values):
             raise BlockcError(f"{name} needs positive integers, got {', '.join(map(str, values)) or 'none'}")
     if min(o.threads, o.min_repeats, o.rounds, o.blocks) < 1 or o.warmup < 0 or o.min_time_s < 0:
@@ -145,10 +151,12 @@ def plan_comparison(o: CompareOptions) -> Plan:
     traced = trace(model)
     symbols = traced.symbols()
     limits = graph_limits(traced)
-    shapes = []
+    shapes, notes = [], []
     for b in o.batches:
-        for s in o.seqs:
+        for s in o.seqs or DEFAULT_SEQS:
             shape = {k: v for k, v in {"batch": b, "seq": s, **o.dims}.items() if k in symbols}
+            shape, lowered = limits.fit_defaults(shape, defaulted=() if o.seqs else ("seq",))
+            notes += [n for n in lowered if n not in notes]
             for limit, n in limits.dims_over(shape):
                 k = str(limit.dim)
                 raise BlockcError(f"{k}={n} exceeds {o.model}'s maximum of {limit.limit} ({limit.why}); "
@@ -185,7 +193,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
         reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
         raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")
     return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs, weights,
-                None if budget is None else budget - holding, holding)
+                None if budget is None else budget - holding, holding, notes)
 
 
 class _Steps:
@@ -291,6 +299,7 @@ def describe_plan(plan: Plan) -> list[str]:
              f"memory: about {format_bytes(largest + plan.holding)} at most ({format_bytes(plan.holding)} for "
              f"the weights and the float64 reference, the rest for sessions timed together); "
              f"{memory.describe_budget(None if plan.budget is None else plan.budget + plan.holding, o.max_memory is not None)}"]
+    lines[:0] = plan.notes
     if too_big:
         lines.append(f"over the budget, not run: {', '.join(too_big)}")
     lines.append(f"time: about {_duration(planned_seconds(plan))}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..ir.dims import Dim, Sym, evaluate
+from ..ir.dims import Dim, Sym, evaluate, is_plain_symbol
 from ..ir.graph import Graph
 from .registry import get
 
@@ -57,6 +57,19 @@ class Limits:
                 if n > d.limit:
                     over.append((d, n))
         return over
+
+    def fit_defaults(self, sizes: Mapping[str, int], defaulted) -> tuple[dict[str, int], list[str]]:
+        """``sizes`` with each of the ``defaulted`` dims (a command's default,
+        not asked for) that exceeds its limit lowered to the limit, and a
+        note for each one lowered: a default must fit the model it is for.
+        A dim the user asked for is left as it is, for the caller to refuse."""
+        fitted, notes = dict(sizes), []
+        for d in self.dims:
+            name = str(d.dim)
+            if is_plain_symbol(d.dim) and name in defaulted and fitted.get(name, 0) > d.limit:
+                notes.append(f"{name}={d.limit}, not the default {fitted[name]}: the model's maximum ({d.why})")
+                fitted[name] = d.limit
+        return fitted, notes
 
 
 def _table(v) -> str:

@@ -115,12 +115,28 @@ def test_huge_shape_without_data(tmp_path, capsys):
     refused(_model(_tensor([4, 10**12]), tmp_path), capsys, "claims 4,000,000,000,000 values, but the file holds 0")
 
 
-def test_huge_external_shape(tmp_path, capsys):
-    path = _external(tmp_path, "w.bin")
-    m = onnx.load(str(path), load_external_data=False)
-    m.graph.initializer[0].dims[:] = [4, 10**15]
-    path.write_bytes(m.SerializeToString())
-    refused(path, capsys, "more than the", "memory available")
+def test_external_weights_past_memory_are_refused_where_read(tmp_path, capsys, monkeypatch):
+    """External weights are read where a command needs their values, and
+    refused there, before reading, when they cannot fit; a command that reads
+    none (show, summary) does not refuse them."""
+    from blockc.frontends import module
+    t = numpy_helper.from_array(np.zeros((4, 4096), np.float32), "w")   # 64 KiB
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "w.bin"), ("offset", "0")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    (tmp_path / "w.bin").write_bytes(b"\0" * 4 * 4 * 4096)
+    path = _model(t, tmp_path)
+    for where in (module, safe_load):
+        monkeypatch.setattr(where, "available_memory", lambda: 32 * 1024)
+    assert main(["show", str(path)]) == 0 and main(["summary", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--backend", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "64 KiB" in err and "more than the 32 KiB of memory available" in err, err
+    with pytest.raises(OnnxFileError, match="its external data takes 64 KiB, more than the 32 KiB"):
+        OnnxModel(path).parameter("w").init((4, 4096), None)
 
 
 def _graph_file(nodes, tmp_path, name="g.onnx"):

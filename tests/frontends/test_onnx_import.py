@@ -465,3 +465,28 @@ def test_own_proto_refuses_weights_that_do_not_fit(gpt2_file):
     assert replaced == 0 and not any(t.external_data for t in proto.graph.initializer)   # read in
     with pytest.raises(BlockcError, match="cannot replace it"):
         model.own_proto({name: value.astype(np.float64)})
+
+
+def test_a_weightless_export_imports_with_its_weights_given(tmp_path, capsys):
+    """``export --no-weights`` writes no ``.data``: the file imports all the
+    same, runs with ``--weights`` (as the model it was exported from does with
+    those weights) and is summarised; only a run that needs the file's own
+    weights is refused, saying where to give them."""
+    import blockc
+    out, w = tmp_path / "m.onnx", tmp_path / "w.npz"
+    settings = ["--set", "layers=1", "--set", "d_model=32", "--set", "heads=2"]
+    assert main(["export", "tiny", *settings, "--no-weights", "-o", str(out)]) == 0
+    model = blockc.build_model("tiny", {"layers": "1", "d_model": "32", "heads": "2"})
+    np.savez(w, **materialize(init_weights(model, seed=5)))
+    assert main(["summary", str(out)]) == 0
+    ran = {}
+    for name, spec in (("file", str(out)), ("model", "tiny")):
+        given = [] if name == "file" else settings
+        assert main(["run", spec, *given, "--weights", str(w), "--backend", "reference",
+                     "--save", str(tmp_path / f"{name}.npz")]) == 0
+        ran[name] = np.load(tmp_path / f"{name}.npz")
+    for k in ran["model"].files:
+        np.testing.assert_array_equal(ran["file"][k], ran["model"][k])
+    capsys.readouterr()
+    assert main(["run", str(out), "--backend", "reference"]) == 2
+    assert "'m.onnx.data' not found beside the model (give the weights with --weights FILE)" in capsys.readouterr().err

@@ -296,3 +296,24 @@ def test_limits_follow_a_graph_changed_in_place():
     assert (len(graph.nodes), len(graph.inputs)) == counts
     with pytest.raises(InputsError, match=r"ids out of range \[0, 100\) .*'small.weight', which has 100 rows"):
         bind_inputs(graph, ids)
+
+
+# A model whose position table is shorter than every command's default seq
+# (fusions and compare 128, check and run 16).
+SHORT = ["tiny", "--set", "layers=1", "--set", "d_model=32", "--set", "heads=2", "--set", "max_positions=8"]
+QUICK_COMPARE = ["--backends", "reference", "--peers", "none", "--no-kernels", "--no-progress", "--blocks", "1",
+                 "--rounds", "1", "--repeats", "1", "--warmup", "0", "--min-time", "0"]
+
+
+@pytest.mark.parametrize("command", [["fusions", *SHORT, "--no-onnx-forms"], ["check", *SHORT],
+                                     ["run", *SHORT, "--backend", "reference"], ["compare", *SHORT, *QUICK_COMPARE]])
+def test_a_default_dim_is_lowered_to_fit_the_model(command, capsys):
+    """A default size is the command's, not the user's: on a model of 8
+    positions it becomes 8 and says so; asked for, 9 is still refused."""
+    from blockc.cli import main
+    assert main(command) == 0
+    out, err = capsys.readouterr()
+    assert "seq=8, not the default" in out + err and "'pos.weight' has 8 rows" in out + err
+    asked = ["--seq", "9"] if command[0] == "compare" else ["--dim", "seq=9"]
+    assert main(command + asked) == 2
+    assert "seq=9 exceeds" in capsys.readouterr().err

@@ -30,9 +30,10 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
-from .convert import TABLE, Unsupported, as_value, is_tensor, tensor
+from . import contrib
+from .convert import TABLE, Rule, Unsupported, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
-from .safe_load import OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
+from .safe_load import ExternalTensor, OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
 _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
@@ -66,9 +67,10 @@ class OnnxModel(Model):
         for name, value in loaded.initializers.items():
             dtype = _float_dtype(value)
             if dtype is None or value.size <= 1 or 0 in value.shape:
-                self.constants[name] = value
-            else:
-                self._params[name] = Parameter(value.shape, init=lambda shape, rng, v=value: v, dtype=dtype)
+                self.constants[name] = loaded.array(name)
+            else:   # external data is read when the weights are made: --weights and summary read none
+                self._params[name] = Parameter(value.shape, init=lambda shape, rng, n=name: loaded.array(n),
+                                               dtype=dtype)
                 counts[dtype] = counts.get(dtype, 0) + value.size
         self.dtype = max(counts, key=counts.get) if counts else DType.float32
         self.uses = {x for n in self.nodes for x in n.input} | {o.name for o in g.output}
@@ -126,10 +128,14 @@ class OnnxModel(Model):
                 if value.shape != stored.shape or value.dtype != stored.dtype:
                     raise WeightsError(f"{self.file.path}: weight {label(t.name)} is {value.dtype}{list(value.shape)}, "
                                        f"its initializer {stored.dtype}{list(stored.shape)}: it cannot replace it")
-                if np.array_equal(value, stored):
+                if isinstance(stored, ExternalTensor) and stored.missing is None:
+                    stored = stored.read()
+                if isinstance(stored, np.ndarray) and np.array_equal(value, stored):
                     value = stored
                 else:
                     replaced += 1
+            elif isinstance(stored, ExternalTensor):
+                value = stored = stored.read()
             if value is not stored or t.data_location == onnx.TensorProto.EXTERNAL:
                 t.CopyFrom(onnx.numpy_helper.from_array(value, t.name))
         return model, replaced
@@ -142,7 +148,7 @@ class OnnxModel(Model):
         for node in self.nodes:
             ins = [values[x] if x else None for x in node.input]
             try:
-                outs = TABLE[node.op_type].fn(node, ins, self)
+                outs = rule_for(node).fn(node, ins, self)
             except (Unsupported, ModelError, ShapeError) as e:
                 raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): {e}") from None
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
@@ -170,14 +176,25 @@ def _float_dtype(value: np.ndarray) -> DType | None:
     return dtype if dtype.is_float else None
 
 
+# Each domain's rules: ai.onnx's (convert.py, opset23.py) and ONNX Runtime's
+# com.microsoft fused ops (contrib.py), whose op types overlap (Attention, RotaryEmbedding).
+DOMAINS: dict[str, dict[str, Rule]] = {**{d: TABLE for d in DEFAULT_DOMAINS}, contrib.DOMAIN: contrib.RULES}
+
+
+def rule_for(n: GraphNode) -> Rule | None:
+    """The rule importing node ``n`` at the opset its domain is read at; None where there is none."""
+    rule = DOMAINS.get(n.domain, {}).get(n.op_type)
+    version = n.opset if n.domain in DEFAULT_DOMAINS else n.opsets.get(n.domain, 1)
+    return rule if rule is not None and rule.since <= version <= rule.until else None
+
+
 def missing_operators(nodes: list[GraphNode]) -> list[str]:
     """Every operator among ``nodes`` that the importer lacks at the opsets
     each is read at, as ``domain::Op (opset N)``, sorted. A call of a
     function the file does not define is one of them."""
     missing = set()
     for n in nodes:
-        rule = TABLE.get(n.op_type) if n.domain in DEFAULT_DOMAINS else None
-        if rule is None or not rule.since <= n.opset <= rule.until:
+        if rule_for(n) is None:
             domain = n.domain or "ai.onnx"
             missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {n.opsets.get(n.domain, '?')})")
     return sorted(missing)
@@ -258,7 +275,8 @@ def _id_tables(loaded: OnnxFile, nodes: list[GraphNode]) -> dict[str, int]:
 def load_onnx(path: str | os.PathLike):
     """``(graph, weights)``: the ONNX file at ``path`` imported as a traced,
     verified blockc graph, and its initializers by parameter name."""
-    from ..module import init_weights, trace
+    from ..module import check_weights_fit, init_weights, trace
     from ..weights import materialize
     model = OnnxModel(path)
+    check_weights_fit(model)   # before any external data is read
     return trace(model), materialize(init_weights(model))

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import onnx.defs
 
+from . import contrib
 from .convert import TABLE
 from .functions import DEFAULT_DOMAINS
 
-# Every rule is for the default domain (functions.DEFAULT_DOMAINS), shown by its name.
+# convert.TABLE's rules are for the default domain (functions.DEFAULT_DOMAINS),
+# shown by its name; contrib.RULES's for ONNX Runtime's com.microsoft.
 DOMAIN = "ai.onnx"
 assert "" in DEFAULT_DOMAINS and DOMAIN in DEFAULT_DOMAINS
 
@@ -32,6 +34,8 @@ def supported_ops_markdown() -> str:
         # a rule claims from opset 1 by default; the range shown starts where the operator exists
         since = max(rule.since, _introduced(op_type))
         rows.append(f"| {op_type} | {DOMAIN} | {since}–{rule.until} |")
+    ours = len(rows)
+    rows += [f"| {op_type} | {contrib.DOMAIN} | {contrib.VERSION} |" for op_type in sorted(contrib.RULES)]
     return "\n".join([
         "# ONNX operators blockc imports",
         "",
@@ -39,7 +43,9 @@ def supported_ops_markdown() -> str:
         "`python -m blockc.frontends.onnx.ops_doc > docs/ONNX-OPS.md`; do not edit it by hand",
         "(`tests/frontends/test_onnx_ops_doc.py` fails when it is stale).",
         "",
-        f"{len(rows)} operators, all in the default domain. A model's `ai.onnx` opset must lie in the",
+        f"{len(rows)} operators: {ours} in the default domain, and the {len(rows) - ours} fused operators of ONNX "
+        f"Runtime's `{contrib.DOMAIN}`",
+        "domain that blockc's `contrib` encoding writes (`contrib.py`). A model's `ai.onnx` opset must lie in the",
         "range of every operator it uses; a model that uses an operator not listed, or one outside its",
         "range, is refused with one error that lists every such operator, with its domain and opset.",
         "A call of one of the model's local functions (`ModelProto.functions`) is inlined first: its",

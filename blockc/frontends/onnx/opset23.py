@@ -115,11 +115,23 @@ def _with_causal(mask, allowed: np.ndarray):
     return np.where(allowed, mask, neg) if not is_tensor(mask) else where(tensor(allowed), mask, tensor(neg))
 
 
+def _finite(value) -> bool:
+    """Whether every element of ``value`` is one of some finite constants, moved
+    or picked by ``where`` (a bias made from a boolean mask, as blockc's
+    exports make it): no key of such an additive mask is masked out entirely."""
+    p = value.producer
+    if p is not None and p.op == "constant":
+        return bool(np.isfinite(p.attrs["value"]).all())
+    if p is not None and p.op == "where":
+        return all(_finite(x) for x in p.inputs[1:])
+    return p is not None and p.op in ("expand", "reshape", "transpose", "cast") and _finite(p.inputs[0])
+
+
 def _rows_seeing_keys(mask, causal: bool, rows, cols):
     """Which query rows have a key left to attend (``[..., rows, 1]``), where
     a row with none can occur; None where every row has one. The causal mask
     alone always leaves a row its first key, so only a mask input can empty one."""
-    if mask is None:
+    if mask is None or (is_tensor(mask) and not _is_bool(mask) and _finite(mask.value)):
         return None
     if not is_tensor(mask):
         allowed = _known(mask) if _is_bool(mask) else ~np.isneginf(_known(mask))

@@ -66,20 +66,65 @@ def element_type_name(code: int) -> str:
 @dataclass
 class OnnxFile:
     """A checked ONNX model: its proto (initializers' data not yet decoded),
-    the value of every initializer, and its nodes in an order that defines
-    each value before its use."""
+    the value of every initializer (an ``ExternalTensor`` for one kept as
+    external data, read when asked: ``array``), and its nodes in an order
+    that defines each value before its use."""
 
     path: str
     model: onnx.ModelProto
-    initializers: dict[str, np.ndarray]
+    initializers: dict[str, "np.ndarray | ExternalTensor"]
     nodes: list = field(default_factory=list)
 
     def error(self, message: str) -> OnnxFileError:
         return OnnxFileError(f"{self.path}: {message}")
 
+    def array(self, name: str) -> np.ndarray:
+        """Initializer ``name``'s values, its external data read now."""
+        value = self.initializers[name]
+        return value.read() if isinstance(value, ExternalTensor) else value
+
+
+@dataclass(frozen=True)
+class ExternalTensor:
+    """An initializer kept as external data, its location, shape and length
+    checked, its bytes not yet read: what needs no values (``blockc
+    summary``, a file run with ``--weights``) reads none, and a file
+    exported with ``--no-weights``, whose data file does not exist yet, is
+    refused only where its values are needed (``missing``: why they cannot be read)."""
+
+    loaded: OnnxFile = field(repr=False)
+    where: str
+    shape: tuple
+    dtype: np.dtype
+    path: str | None
+    offset: int
+    missing: str | None = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def read(self) -> np.ndarray:
+        """The values, refused where the data file is missing or they cannot fit in memory."""
+        if self.missing:
+            raise self.loaded.error(f"{self.where}: {self.missing}")
+        nbytes, have = self.size * self.dtype.itemsize, available_memory()
+        if have is not None and nbytes > have:
+            raise self.loaded.error(f"{self.where}: its external data takes {format_bytes(nbytes)}, more than "
+                                    f"the {format_bytes(have)} of memory available")
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            raw = f.read(nbytes)
+        return np.frombuffer(raw, dtype=self.dtype).reshape(self.shape)
+
 
 def read_onnx(path: str | os.PathLike) -> OnnxFile:
-    """Read and check the ONNX model at ``path`` (its external data included)."""
+    """Read and check the ONNX model at ``path``: its external data checked
+    where it exists, read only when its values are asked for (``OnnxFile.array``)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise OnnxFileError(f"ONNX file {path!r} not found" if not os.path.exists(path)
@@ -105,9 +150,11 @@ def read_onnx(path: str | os.PathLike) -> OnnxFile:
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise loaded.error("not a valid ONNX file: it holds no graph (truncated, or not ONNX)")
     folder = os.path.dirname(os.path.abspath(path))
-    _check_external_total(loaded, folder, have)
     for t in model.graph.initializer:
-        loaded.initializers[t.name] = tensor_array(loaded, t, folder, f"initializer {label(t.name)}")
+        where = f"initializer {label(t.name)}"
+        external = t.data_location == TensorProto.EXTERNAL
+        loaded.initializers[t.name] = (external_tensor(loaded, t, folder, where) if external
+                                       else tensor_array(loaded, t, folder, where))
     if model.graph.sparse_initializer:
         raise loaded.error("sparse initializers are not supported")
     loaded.nodes = _ordered_nodes(loaded)
@@ -128,8 +175,9 @@ def _external_info(loaded: OnnxFile, t: TensorProto, where: str) -> tuple[str, i
     return location, offset, length
 
 
-def _external_path(loaded: OnnxFile, location: str, folder: str, where: str) -> str:
-    """The data file ``location`` names, refused unless it lies in the model's folder."""
+def _external_path(loaded: OnnxFile, location: str, folder: str, where: str) -> str | None:
+    """The data file ``location`` names, refused unless it lies in the model's
+    folder; None where no such file is there."""
     if not location:
         raise loaded.error(f"{where}: external data names no location")
     if "\x00" in location:
@@ -145,9 +193,7 @@ def _external_path(loaded: OnnxFile, location: str, folder: str, where: str) -> 
     if not real.startswith(root + os.sep):
         raise loaded.error(f"{where}: external data location {label(location)} is a link pointing out of the "
                            f"model's folder")
-    if not os.path.isfile(real):
-        raise loaded.error(f"{where}: external data file {label(location)} not found beside the model")
-    return real
+    return real if os.path.isfile(real) else None
 
 
 def _claimed(loaded: OnnxFile, t: TensorProto, where: str) -> tuple[tuple, np.dtype, int]:
@@ -170,22 +216,9 @@ def _claimed(loaded: OnnxFile, t: TensorProto, where: str) -> tuple[tuple, np.dt
 def tensor_array(loaded: OnnxFile, t: TensorProto, folder: str, where: str) -> np.ndarray:
     """The value of ``t``, after checking that the file holds every byte its
     shape claims (nothing is allocated for data that is not there)."""
-    dims, dtype, nbytes = _claimed(loaded, t, where)
     if t.data_location == TensorProto.EXTERNAL:
-        location, offset, length = _external_info(loaded, t, where)
-        real = _external_path(loaded, location, folder, where)
-        size = os.path.getsize(real)
-        end = offset + (length if length is not None else nbytes)
-        if offset > size or end > size:
-            raise loaded.error(f"{where}: external data [{offset}, {end}) runs past the end of {label(location)} "
-                               f"({size:,} bytes)")
-        if length is not None and length != nbytes:
-            raise loaded.error(f"{where}: shape {list(dims)} of {dtype} needs {nbytes:,} bytes, but its external "
-                               f"data has length {length:,}")
-        with open(real, "rb") as f:
-            f.seek(offset)
-            raw = f.read(nbytes)
-        return np.frombuffer(raw, dtype=dtype).reshape(dims)
+        return external_tensor(loaded, t, folder, where).read()
+    dims, dtype, nbytes = _claimed(loaded, t, where)
     if t.HasField("raw_data"):
         if len(t.raw_data) != nbytes:
             raise loaded.error(f"{where}: shape {list(dims)} of {dtype} needs {nbytes:,} bytes, but the file holds "
@@ -198,15 +231,25 @@ def tensor_array(loaded: OnnxFile, t: TensorProto, folder: str, where: str) -> n
     return onnx.numpy_helper.to_array(t)
 
 
-def _check_external_total(loaded: OnnxFile, folder: str, have: int | None) -> None:
-    """Refuse, before reading any, external data that cannot fit in memory."""
-    total = 0
-    for t in loaded.model.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
-            total += _claimed(loaded, t, f"initializer {label(t.name)}")[2]
-    if have is not None and total > have:
-        raise loaded.error(f"its weights take {format_bytes(total)}, more than the {format_bytes(have)} of "
-                           f"memory available")
+def external_tensor(loaded: OnnxFile, t: TensorProto, folder: str, where: str) -> ExternalTensor:
+    """External tensor ``t``, checked but not read: its location lies in the
+    model's folder, and the data file, where it exists, holds every byte its
+    shape claims."""
+    dims, dtype, nbytes = _claimed(loaded, t, where)
+    location, offset, length = _external_info(loaded, t, where)
+    if length is not None and length != nbytes:
+        raise loaded.error(f"{where}: shape {list(dims)} of {dtype} needs {nbytes:,} bytes, but its external "
+                           f"data has length {length:,}")
+    real = _external_path(loaded, location, folder, where)
+    if real is None:
+        return ExternalTensor(loaded, where, dims, dtype, None, offset,
+                              f"external data file {label(location)} not found beside the model (give the "
+                              f"weights with --weights FILE)")
+    size, end = os.path.getsize(real), offset + nbytes
+    if offset > size or end > size:
+        raise loaded.error(f"{where}: external data [{offset}, {end}) runs past the end of {label(location)} "
+                           f"({size:,} bytes)")
+    return ExternalTensor(loaded, where, dims, dtype, real, offset)
 
 
 def _ordered_nodes(loaded: OnnxFile) -> list:

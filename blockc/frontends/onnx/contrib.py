@@ -1,0 +1,254 @@
+"""Import rules for ONNX Runtime's ``com.microsoft`` fused operators: the
+ones blockc's ``contrib`` encoding writes (``blockc/ops/fused_onnx.py``,
+``ops/rotary.py``, ``ops/kv_cache.py``), so that every file blockc writes
+imports back.
+
+As ``opset23.py`` does, each op is replayed through what the models are
+traced from (``layers.grouped_attention``, ``layernorm``/``rmsnorm``,
+``gelu``, ``rotary.Rotary``): the imported graph is in the standard form, and
+the fusion passes make the same fused op of it again. What differs from
+blockc's meaning is bridged here, where it is met:
+
+* ``scale=0`` on the attention ops means ``1/sqrt(head_size)``;
+* ``MultiHeadAttention``'s and ``Attention``'s ``unidirectional`` mask is
+  aligned at the top left, blockc's causal mask at the bottom right: the
+  same only where there are as many keys as queries (otherwise refused);
+* their ``key_padding_mask`` / 2-D ``mask_index`` adds ``mask_filter_value``
+  to the masked keys: a boolean mask where that swamps every score
+  (``MASK_BIAS`` or below, as blockc writes it), else that additive bias;
+* ``GroupQueryAttention`` is causal after its past and reads every row's key
+  count off ``seqlens_k``: blockc's attention takes one count for all rows,
+  so ``seqlens_k`` must be ``total_sequence_length - 1`` (what blockc
+  writes); a past longer than ``total - seq`` rows is a cache buffer, which
+  the step writes its rows into (``cache_write``).
+
+An attribute or input these do not express (a packed QKV input, rotary inside
+GroupQueryAttention, local windows, soft caps, a 3-D ``mask_index``, the
+training outputs of the skip norms) is refused by name.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir.dims import Sym
+from ...ir.dtypes import DType
+from ...ops.fused_onnx import MASK_BIAS
+from ..layers import grouped_attention, join_heads, split_heads
+from ..tensor import apply, cache_write, concat, where
+from .convert import Rule, Unsupported, _attr, is_tensor, normalize_from, tensor
+from .opset23 import _require, _rotary_embedding
+
+DOMAIN = "com.microsoft"
+VERSION = 1   # the domain's one opset: a rule is read at it alone
+
+
+def _refuse_attrs(node, defaults: dict) -> None:
+    """Refuse each attribute set to other than its default (one blockc cannot express)."""
+    for name, default in defaults.items():
+        value = _attr(node, name, default)
+        if value != default:
+            raise Unsupported(f"{node.op_type} with {name}={value}: blockc's op has no such mode")
+
+
+def _refuse_inputs(node, ins, names: dict[int, str]) -> None:
+    for i, name in names.items():
+        if len(ins) > i and ins[i] is not None:
+            raise Unsupported(f"{node.op_type} with its input {name}")
+
+
+def _refuse_outputs(node, ctx, names: dict[int, str]) -> None:
+    for i, name in names.items():
+        if len(node.output) > i and node.output[i] and ctx.used(node.output[i]):
+            raise Unsupported(f"{node.op_type}'s output {name} (blockc's op does not compute it)")
+
+
+# ---- the skip norms and the biased GELUs ------------------------------------------
+def _skip_norm(ir_op: str, params: int):
+    """SkipLayerNormalization (gamma, beta) / SkipSimplifiedLayerNormalization (gamma):
+    ``norm(input + skip + bias)``, and that sum as the fourth output."""
+    def run(node, ins, ctx):
+        _require(node, ins, ("input", "skip", "gamma"))
+        _refuse_outputs(node, ctx, {1: "mean", 2: "inv_std_var"})
+        x = tensor(ins[0])
+        total = x + tensor(ins[1], x)
+        bias = ins[1 + params + 1] if len(ins) > 1 + params + 1 else None
+        if bias is not None:
+            total = total + tensor(bias, x)
+        norm_params = [p for p in ins[2:2 + params] if p is not None]
+        if len(norm_params) < params:   # no beta: a zero bias of the hidden size
+            norm_params.append(np.zeros(x.shape[-1:], x.dtype.numpy))
+        y = normalize_from(x.ndim - 1, ir_op, total, norm_params, eps=float(_attr(node, "epsilon", 1e-12)))
+        return [y, None, None, total]
+    return Rule(run, since=VERSION, until=VERSION)
+
+
+def _bias_gelu(approximate: str):
+    """BiasGelu (exact) / FastGelu (tanh): ``gelu(x + bias)``."""
+    def run(node, ins, ctx):
+        x = tensor(ins[0])
+        if len(ins) > 1 and ins[1] is not None:
+            x = x + tensor(ins[1], x)
+        return [x.gelu(approximate)]
+    return Rule(run, since=VERSION, until=VERSION)
+
+
+# ---- rotary --------------------------------------------------------------------------
+def _rotary(node, ins, ctx):
+    _require(node, ins, ("input", "position_ids", "cos_cache", "sin_cache"))
+    _refuse_attrs(node, {"scale": 1.0, "is_packed_batching": 0})
+    positions = ins[1]
+    rank = positions.ndim if is_tensor(positions) else np.ndim(positions)
+    if rank != 2:
+        raise Unsupported(f"RotaryEmbedding with rank-{rank} position_ids (blockc takes them [batch, seq])")
+    return _rotary_embedding(node, [ins[0], ins[2], ins[3], positions], ctx)   # ai.onnx's input order
+
+
+# ---- attention -----------------------------------------------------------------------
+def _scale(node):
+    """The scores' scale: ``scale``, where 0 (the default) means 1/sqrt(head_size)."""
+    return _attr(node, "scale", 0.0) or None
+
+
+def _heads(x, heads: int, name: str, node):
+    """A packed ``[batch, seq, heads*size]`` input as ``[batch, heads, seq, size]``."""
+    x = tensor(x)
+    if x.ndim == 4:
+        return x
+    hidden = x.shape[-1]
+    if x.ndim != 3 or not heads or not isinstance(hidden, int) or hidden % heads:
+        raise Unsupported(f"{node.op_type}'s {name} {list(x.shape)} is not [batch, seq, {heads} heads * size]")
+    return split_heads(x, heads, hidden // heads)
+
+
+def _padding_mask(node, mask, like):
+    """A 2-D key padding mask ([batch, keys], nonzero: attend) as a mask over
+    the scores: boolean where ``mask_filter_value`` swamps every score, else
+    that value added to the masked keys."""
+    mask = tensor(mask)
+    if mask.ndim != 2:
+        raise Unsupported(f"{node.op_type} with a rank-{mask.ndim} mask_index (blockc reads a [batch, keys] one)")
+    keep = apply("logical_not", apply("equal", mask, tensor(np.zeros((), mask.dtype.numpy)))).reshape(0, 1, 1, -1)
+    fill = float(_attr(node, "mask_filter_value", -10000.0))
+    if fill <= MASK_BIAS:
+        return keep
+    zero, filled = (tensor(np.array(v, like.dtype.numpy)) for v in (0.0, fill))
+    return where(keep, zero, filled)
+
+
+def _causal_top_left(node, q, k) -> bool:
+    """``unidirectional``, which blockc's causal flag means only for as many keys as queries."""
+    if not _attr(node, "unidirectional", 0):
+        return False
+    if q.shape[2] != k.shape[2]:
+        raise Unsupported(f"{node.op_type} with unidirectional=1 over {q.shape[2]} queries and {k.shape[2]} keys: "
+                          f"its causal mask is aligned at the first key, blockc's at the last")
+    return True
+
+
+def _masks(node, ins, padding: int, bias: int, like):
+    """The node's key padding mask and its attention_bias, combined as one mask (None: neither)."""
+    mask = _padding_mask(node, ins[padding], like) if len(ins) > padding and ins[padding] is not None else None
+    if len(ins) <= bias or ins[bias] is None:
+        return mask
+    additive = tensor(ins[bias], like)
+    if mask is not None and mask.dtype == DType.bool:   # added to the bias as the op adds it
+        mask = where(mask, *(tensor(np.array(v, like.dtype.numpy)) for v in (0.0, MASK_BIAS)))
+    return additive if mask is None else additive + mask
+
+
+def _multi_head_attention(node, ins, ctx):
+    _require(node, ins, ("query", "key", "value"))
+    _refuse_inputs(node, ins, {3: "bias", 6: "past_key", 7: "past_value"})
+    _refuse_outputs(node, ctx, {1: "present_key", 2: "present_value"})
+    heads = _attr(node, "num_heads", 0)
+    q = _heads(ins[0], heads, "query", node)
+    k, v = (_heads(x, heads, name, node) for x, name in ((ins[1], "key"), (ins[2], "value")))
+    causal = _causal_top_left(node, q, k)
+    y = grouped_attention(q, k, v, _masks(node, ins, 4, 5, q), causal, _scale(node))
+    return [join_heads(y)]
+
+
+def _qkv_attention(node, ins, ctx):
+    """com.microsoft.Attention: the packed projection, then multi-head attention."""
+    _require(node, ins, ("input", "weights"))
+    _refuse_inputs(node, ins, {4: "past", 6: "past_sequence_length"})
+    _refuse_outputs(node, ctx, {1: "present"})
+    _refuse_attrs(node, {"do_rotary": 0, "past_present_share_buffer": 0})
+    heads = _attr(node, "num_heads", 0)
+    x = tensor(ins[0])
+    y = apply("matmul", x, tensor(ins[1], x))
+    if len(ins) > 2 and ins[2] is not None:
+        y = y + tensor(ins[2], x)
+    width = y.shape[-1]
+    sizes = list(_attr(node, "qkv_hidden_sizes", []) or ([width // 3] * 3 if isinstance(width, int) else []))
+    if len(sizes) != 3 or sum(sizes) != width:
+        raise Unsupported(f"Attention's weights give {width} columns, not q, k, v of qkv_hidden_sizes {sizes}")
+    q, k, v = (_heads(t, heads, name, node) for t, name in zip(y.split(sizes, axis=-1), ("q", "k", "v")))
+    causal = _causal_top_left(node, q, k)
+    return [join_heads(grouped_attention(q, k, v, _masks(node, ins, 3, 5, q), causal, _scale(node)))]
+
+
+def _dim_of(v, node, name: str):
+    """A dim the file computes from the graph's dims (a known scalar, or a
+    tensor expanded, reshaped or cast from one): blockc needs it when the
+    graph is built."""
+    while is_tensor(v):
+        producer = v.value.producer
+        if producer is None or producer.op not in ("expand", "reshape", "cast", "dim_value", "constant"):
+            break
+        if producer.op == "dim_value":
+            return producer.attrs["value"]
+        if producer.op == "constant":
+            v = producer.attrs["value"]
+            break
+        v = type(v)(producer.inputs[0])
+    if is_tensor(v):
+        raise Unsupported(f"GroupQueryAttention's {name} is computed at run time (blockc needs it known)")
+    values = {d if isinstance(d, Sym) else int(d) for d in np.asarray(v, dtype=object).reshape(-1)}
+    if len(values) != 1:
+        raise Unsupported(f"GroupQueryAttention with {name} differing between rows: blockc's attention takes "
+                          f"one key count for every row")
+    return values.pop()
+
+
+def _group_query_attention(node, ins, ctx):
+    _require(node, ins, ("query", "key", "value"))
+    if len(ins) < 7 or ins[5] is None or ins[6] is None:
+        raise Unsupported("GroupQueryAttention without seqlens_k and total_sequence_length")
+    _refuse_inputs(node, ins, {7: "cos_cache", 8: "sin_cache", 9: "position_ids", 11: "head_sink"})
+    _refuse_attrs(node, {"do_rotary": 0, "local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
+                         "qk_output": 0})
+    heads, kv_heads = _attr(node, "num_heads", 0), _attr(node, "kv_num_heads", 0)
+    q = _heads(ins[0], heads, "query", node)
+    k, v = (_heads(x, kv_heads, name, node) for x, name in ((ins[1], "key"), (ins[2], "value")))
+    total, seq = _dim_of(ins[6], node, "total_sequence_length"), q.shape[2]
+    last = _dim_of(ins[5], node, "seqlens_k")
+    if last != total - 1:
+        raise Unsupported(f"GroupQueryAttention with seqlens_k {last}, not total_sequence_length - 1 = {total - 1}")
+    past = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    if (past is None) != (len(ins) <= 4 or ins[4] is None):
+        raise Unsupported("GroupQueryAttention with only one of past_key and past_value")
+    if past is None:
+        if total != seq:
+            raise Unsupported(f"GroupQueryAttention without a past over {seq} rows and {total} in all")
+        present = (k, v)
+    elif tensor(past).shape[2] == total - seq:
+        present = tuple(concat([tensor(p, x), x], 2) for p, x in ((past, k), (ins[4], v)))
+    else:   # a cache buffer: the step's rows written at [total - seq, total), the first total rows read
+        present = tuple(cache_write(tensor(p, x), x, 2, total - seq) for p, x in ((past, k), (ins[4], v)))
+    keys = present if past is None or present[0].shape[2] == total else tuple(p.slice(2, 0, total) for p in present)
+    mask = tensor(ins[10], q) if len(ins) > 10 and ins[10] is not None else None
+    y = grouped_attention(q, *keys, mask, True, _scale(node))
+    return [join_heads(y), *present]
+
+
+RULES = {
+    "SkipLayerNormalization": _skip_norm("layernorm", 2),
+    "SkipSimplifiedLayerNormalization": _skip_norm("rmsnorm", 1),
+    "BiasGelu": _bias_gelu("none"),
+    "FastGelu": _bias_gelu("tanh"),
+    "RotaryEmbedding": Rule(_rotary, since=VERSION, until=VERSION),
+    "MultiHeadAttention": Rule(_multi_head_attention, since=VERSION, until=VERSION),
+    "Attention": Rule(_qkv_attention, since=VERSION, until=VERSION),
+    "GroupQueryAttention": Rule(_group_query_attention, since=VERSION, until=VERSION),
+}
