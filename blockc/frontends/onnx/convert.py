@@ -12,8 +12,11 @@ A value met while walking the graph is one of three things:
   numpy on the ``Sym`` objects, so a ``Reshape`` receives ``[batch, sequence,
   4, 8]`` and stays symbolic.
 
-Each entry folds when every input is known and otherwise emits blockc ops;
-an operator a handler cannot express raises ``Unsupported`` with the reason.
+Each entry folds when every input is known and otherwise emits blockc ops.
+It folds with the numpy rule of the blockc op it would emit (``_fold``,
+``ops/evaluate.fold``): one meaning for each op, whether an ONNX file's
+constants are folded at import or the same values are computed at run time.
+An operator a handler cannot express raises ``Unsupported`` with the reason.
 """
 from __future__ import annotations
 
@@ -21,12 +24,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import scipy.special
 from onnx import helper
 
 from ...errors import BlockcError
 from ...ir.dims import Sym
 from ...ir.dtypes import DType
+from ...ops.evaluate import fold
 from ..tensor import Tensor, apply, _apply
 from .safe_load import element_type_name
 
@@ -102,6 +105,20 @@ def _known(v) -> np.ndarray:
     return v
 
 
+def _fold(ir_op: str, *ins, **attrs):
+    """``ir_op`` on known values, computed now by its own numpy rule (its
+    first result): the import folds each op as the graph would run it."""
+    return as_value(fold(ir_op, [np.asarray(_known(v)) for v in ins], attrs)[0])
+
+
+def _shape_of(v) -> list:
+    return list(v.shape) if is_tensor(v) else list(np.shape(v))
+
+
+def _reshaped(v, shape: list):
+    return v.reshape(shape) if is_tensor(v) else _fold("reshape", v, shape=shape)
+
+
 def _int_array(values) -> np.ndarray:
     """Dims as an array: int64 when all are known, else an object array."""
     values = list(values)
@@ -140,31 +157,23 @@ def _refuse_axis_broadcast(node):
         raise Unsupported(f"{node.op_type} broadcasting along axis {_attr(node, 'axis')} (opset < 7)")
 
 
-def _elementwise(ir_op: str, fold: Callable):
+def _elementwise(ir_op: str):
     def run(node, ins, ctx):
         _refuse_axis_broadcast(node)
         if not any(is_tensor(v) for v in ins):
-            out = as_value(fold(*[_known(v) for v in ins]))
-            return [out.astype(bool) if out.dtype == object and ir_op in _BOOL_OPS else out]
+            return [_fold(ir_op, *ins)]
         return [apply(ir_op, *_operands(ins))]
     return Rule(run)
-
-
-_BOOL_OPS = {"equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_not"}
-
-
-def _int_aware_div(a, b):
-    if np.asarray(a).dtype.kind in "iuO" and np.asarray(b).dtype.kind in "iuO":
-        return a // b   # ONNX integer Div truncates; shape arithmetic is non-negative
-    return np.divide(a, b)
 
 
 def _pow(node, ins, ctx):
     _refuse_axis_broadcast(node)
     base, exponent = ins
-    if not any(is_tensor(v) for v in ins):
-        return [np.power(_known(base), _known(exponent))]
     # Pow's exponent has its own type (T1); the result has the base's
+    if not is_tensor(base) and not is_tensor(exponent):
+        if np.asarray(base).dtype != np.asarray(exponent).dtype:
+            exponent = _fold("cast", exponent, to=DType.from_numpy(np.asarray(base).dtype).name)
+        return [_fold("pow", base, exponent)]
     if is_tensor(base) and not is_tensor(exponent) and base.dtype.is_float:
         exponent = np.asarray(_known(exponent)).astype(base.dtype.numpy)
     elif is_tensor(base) and is_tensor(exponent) and base.dtype != exponent.dtype:
@@ -177,7 +186,7 @@ def _pow(node, ins, ctx):
 def _isnan(node, ins, ctx):
     (x,) = ins
     if not is_tensor(x):
-        return [np.isnan(x)]
+        return [_fold("logical_not", _fold("equal", x, x))]
     return [apply("logical_not", apply("equal", x, x))]
 
 
@@ -189,7 +198,7 @@ def _cast(node, ins, ctx):
     if is_symbolic(x) and to in (DType.int64, DType.int32):
         return [x]
     if not is_tensor(x):
-        return [_known(x).astype(to.numpy)]
+        return [_fold("cast", x, to=to.name)]
     return [x if x.dtype == to else x.cast(to)]
 
 
@@ -223,7 +232,7 @@ def _gather(node, ins, ctx):
     data, idx = ins
     axis = _attr(node, "axis", 0)
     if not is_tensor(data) and not is_tensor(idx):
-        return [np.take(data, _known(idx).astype(np.int64), axis=axis)]
+        return [_fold("gather", data, idx, axis=axis)]
     if not is_tensor(idx) and np.asarray(idx).ndim == 0 and is_tensor(data):
         i = int(idx)   # one slice of a tensor: slice + reshape is what the fusions read
         n = data.shape[axis]
@@ -313,13 +322,13 @@ def _dim_array(d) -> np.ndarray:
     return np.array(d, dtype=object) if isinstance(d, Sym) else np.array(d, np.int64)
 
 
-def _extremum(pick: str, fold):
+def _extremum(pick: str):
     """Max/Min of any number of operands: ``where(a pick b, a, b)`` pairwise."""
     def run(node, ins, ctx):
         if not any(is_tensor(v) for v in ins):
-            out = _known(ins[0])
+            out = ins[0]
             for v in ins[1:]:
-                out = fold(out, _known(v))
+                out = _fold("where", _fold(pick, out, v), out, v)
             return [out]
         out, *rest = _operands(ins)
         for v in rest:
@@ -342,7 +351,7 @@ def _unsqueeze(node, ins, ctx):
     rank = len(shape) + len(axes)
     for a in sorted(a % rank for a in axes):
         shape.insert(a, 1)
-    return [x.reshape(shape) if is_tensor(x) else np.reshape(x, shape)]
+    return [_reshaped(x, shape)]
 
 
 def _squeeze(node, ins, ctx):
@@ -350,7 +359,7 @@ def _squeeze(node, ins, ctx):
     shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
     drop = {a % len(shape) for a in axes} if axes else {i for i, d in enumerate(shape) if d == 1}
     new = [d for i, d in enumerate(shape) if i not in drop]
-    return [x.reshape(new) if is_tensor(x) else np.reshape(x, new)]
+    return [_reshaped(x, new)]
 
 
 def _concat(node, ins, ctx):
@@ -359,9 +368,7 @@ def _concat(node, ins, ctx):
         raise Unsupported("Concat without an axis (opset < 4)")
     ins = [v for v in ins if not (not is_tensor(v) and 0 in np.shape(v))]   # empty pieces
     if not any(is_tensor(v) for v in ins):
-        parts = [np.asarray(v) for v in ins]
-        out = np.concatenate([p.astype(object) if any(is_symbolic(q) for q in parts) else p for p in parts], axis)
-        return [_known(out)]
+        return [_known(_fold("concat", *ins, axis=axis))]
     return [_apply("concat", _operands(ins), axis=axis)[0]]
 
 
@@ -369,9 +376,7 @@ def _reshape(node, ins, ctx):
     x, shape = ins[0], dims_of(ins[1])
     if _attr(node, "allowzero", 0) and 0 in shape:
         raise Unsupported("Reshape with allowzero=1 and a 0 in the shape")
-    if not is_tensor(x):
-        return [np.reshape(x, [np.shape(x)[i] if d == 0 else d for i, d in enumerate(shape)])]
-    return [x.reshape(shape)]
+    return [_reshaped(x, shape)]
 
 
 def _flatten(node, ins, ctx):
@@ -384,20 +389,20 @@ def _flatten(node, ins, ctx):
         outer = d * outer
     for d in shape[axis:]:
         inner = d * inner
-    return [x.reshape([outer, inner]) if is_tensor(x) else np.reshape(x, [outer, inner])]
+    return [_reshaped(x, [outer, inner])]
 
 
 def _transpose(node, ins, ctx):
     (x,) = ins
     rank = x.ndim if is_tensor(x) else np.ndim(x)
     perm = list(_attr(node, "perm", list(range(rank))[::-1]))
-    return [x.permute(perm) if is_tensor(x) else np.transpose(x, perm)]
+    return [x.permute(perm) if is_tensor(x) else _fold("transpose", x, perm=perm)]
 
 
 def _expand(node, ins, ctx):
     x, shape = ins[0], dims_of(ins[1])
     if not is_tensor(x) and all(isinstance(d, int) for d in shape):
-        return [np.broadcast_to(x, np.broadcast_shapes(np.shape(x), tuple(shape))).copy()]
+        return [_fold("expand", x, shape=shape)]
     return [apply("expand", tensor(x), shape=shape)]
 
 
@@ -425,7 +430,7 @@ def _constant_of_shape(node, ins, ctx):
     value = ctx.attr_tensor(node, "value")
     value = np.zeros(1, np.float32) if value is None else value
     if all(isinstance(d, int) for d in shape):
-        return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
+        return [_fold("expand", value.reshape(()), shape=shape)]
     return [apply("expand", tensor(value.reshape(())), shape=shape)]
 
 
@@ -489,23 +494,22 @@ def _split(node, ins, ctx):
         chunk = -(-n // parts)   # num_outputs (opset 18): parts of ceil(n / parts), the last one smaller
         sizes = [chunk] * (parts - 1) + [n - chunk * (parts - 1)]
     if not is_tensor(x):
-        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+        return fold("split", [np.asarray(_known(x))], {"axis": axis, "sizes": list(sizes)})
     return x.split(list(sizes), axis=axis)
 
 
 def _matmul(node, ins, ctx):
-    if not any(is_tensor(v) for v in ins):
-        return [np.matmul(*[_known(v) for v in ins])]
-    a, b = _operands(ins)
-    if a.ndim == 0 or b.ndim == 0:
+    known = not any(is_tensor(v) for v in ins)
+    a, b = ins if known else _operands(ins)
+    if not _shape_of(a) or not _shape_of(b):
         raise Unsupported("MatMul of a scalar")
     # a 1-D operand is a row on the left or a column on the right, that axis dropped after (numpy's rule)
-    drop = [k for k, vector in ((-2, a.ndim == 1), (-1, b.ndim == 1)) if vector]
-    a = a.reshape([1, a.shape[0]]) if a.ndim == 1 else a
-    b = b.reshape([b.shape[0], 1]) if b.ndim == 1 else b
-    y = apply("matmul", a, b)
+    drop = [k for k, vector in ((-2, len(_shape_of(a)) == 1), (-1, len(_shape_of(b)) == 1)) if vector]
+    a = _reshaped(a, [1, _shape_of(a)[0]]) if len(_shape_of(a)) == 1 else a
+    b = _reshaped(b, [_shape_of(b)[0], 1]) if len(_shape_of(b)) == 1 else b
+    y = _fold("matmul", a, b) if known else apply("matmul", a, b)
     if drop:
-        y = y.reshape([d for k, d in enumerate(y.shape) if k - y.ndim not in drop])
+        y = _reshaped(y, [d for k, d in enumerate(_shape_of(y)) if k - len(_shape_of(y)) not in drop])
     return [y]
 
 
@@ -602,7 +606,7 @@ def _layernorm_stats(node, x, axis, eps):
     return [mean, apply("reciprocal", apply("sqrt", var + np.array(eps, stash.numpy)))]
 
 
-def _reduce(ir_op: str, fold, axes_input_since: int):
+def _reduce(ir_op: str, axes_input_since: int):
     def run(node, ins, ctx):
         x = ins[0]
         axes = _axes(node, ins, 1) if node.opset >= axes_input_since else _attr(node, "axes")
@@ -612,7 +616,7 @@ def _reduce(ir_op: str, fold, axes_input_since: int):
         axes = list(range(rank)) if not axes else list(axes)
         keep = bool(_attr(node, "keepdims", 1))
         if not is_tensor(x):
-            return [fold(_known(x), axis=tuple(axes), keepdims=keep)]
+            return [_fold(ir_op, x, axes=axes, keepdims=keep)]
         return [apply(ir_op, x, axes=axes, keepdims=keep)]
     return Rule(run)
 
@@ -620,7 +624,7 @@ def _reduce(ir_op: str, fold, axes_input_since: int):
 def _where(node, ins, ctx):
     cond, x, y = ins
     if not any(is_tensor(v) for v in ins):
-        return [np.where(_known(cond), _known(x), _known(y))]
+        return [_fold("where", cond, x, y)]
     ref = x if is_tensor(x) else y
     return [apply("where", tensor(cond), tensor(x, ref if is_tensor(ref) else None),
                   tensor(y, ref if is_tensor(ref) else None))]
@@ -630,41 +634,36 @@ def _trilu(node, ins, ctx):
     x = ins[0]
     k = int(ints_of(ins[1])[0]) if len(ins) > 1 and ins[1] is not None else 0
     tri = np.triu if _attr(node, "upper", 1) else np.tril
-    if not is_tensor(x):
-        return [tri(x, k)]
-    rows, cols = x.shape[-2:]
+    rows, cols = _shape_of(x)[-2:]
     if not (isinstance(rows, int) and isinstance(cols, int)):
         raise Unsupported(f"Trilu of a tensor with symbolic matrix dims [{rows}, {cols}]")
     keep = tri(np.ones((rows, cols), dtype=bool), k)
-    return [apply("where", tensor(keep), x, tensor(np.zeros((), x.dtype.numpy)))]
+    zero = np.zeros((), _known(x).dtype if not is_tensor(x) else x.dtype.numpy)
+    return [apply("where", tensor(keep), x, tensor(zero)) if is_tensor(x) else _fold("where", keep, x, zero)]
 
 
 def _gelu(node, ins, ctx):
     return [ins[0].gelu(_attr(node, "approximate", "none"))]
 
 
-def _unary(ir_op: str, fold):
+def _unary(ir_op: str):
     def run(node, ins, ctx):
         (x,) = ins
-        return [apply(ir_op, x) if is_tensor(x) else fold(_known(x))]
+        return [apply(ir_op, x) if is_tensor(x) else _fold(ir_op, x)]
     return Rule(run)
 
 
 # ONNX op type -> how it is imported (the default domain, ai.onnx).
 TABLE: dict[str, Rule] = {
-    "Add": _elementwise("add", np.add), "Sub": _elementwise("sub", np.subtract),
-    "Mul": _elementwise("mul", np.multiply), "Div": _elementwise("div", _int_aware_div),
-    "Pow": Rule(_pow),
-    "Equal": _elementwise("equal", np.equal), "Less": _elementwise("less", np.less),
-    "LessOrEqual": _elementwise("less_equal", np.less_equal), "Greater": _elementwise("greater", np.greater),
-    "GreaterOrEqual": _elementwise("greater_equal", np.greater_equal),
-    "And": _elementwise("logical_and", np.logical_and), "Or": _elementwise("logical_or", np.logical_or),
-    "Not": _unary("logical_not", np.logical_not), "IsNaN": Rule(_isnan),
-    "Neg": _unary("neg", np.negative), "Sqrt": _unary("sqrt", np.sqrt),
-    "Reciprocal": _unary("reciprocal", np.reciprocal), "Exp": _unary("exp", np.exp),
-    "Tanh": _unary("tanh", np.tanh), "Relu": _unary("relu", lambda x: np.maximum(x, 0)),
-    "Erf": _unary("erf", scipy.special.erf),
-    "Sin": _unary("sin", np.sin), "Cos": _unary("cos", np.cos), "Sigmoid": _unary("sigmoid", scipy.special.expit),
+    "Add": _elementwise("add"), "Sub": _elementwise("sub"), "Mul": _elementwise("mul"),
+    "Div": _elementwise("div"), "Pow": Rule(_pow),
+    "Equal": _elementwise("equal"), "Less": _elementwise("less"), "LessOrEqual": _elementwise("less_equal"),
+    "Greater": _elementwise("greater"), "GreaterOrEqual": _elementwise("greater_equal"),
+    "And": _elementwise("logical_and"), "Or": _elementwise("logical_or"),
+    "Not": _unary("logical_not"), "IsNaN": Rule(_isnan),
+    "Neg": _unary("neg"), "Sqrt": _unary("sqrt"), "Reciprocal": _unary("reciprocal"), "Exp": _unary("exp"),
+    "Tanh": _unary("tanh"), "Relu": _unary("relu"), "Erf": _unary("erf"),
+    "Sin": _unary("sin"), "Cos": _unary("cos"), "Sigmoid": _unary("sigmoid"),
     "Gelu": Rule(_gelu, since=20),
     "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_dropout),
     "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements),
@@ -674,9 +673,9 @@ TABLE: dict[str, Rule] = {
     "ConstantOfShape": Rule(_constant_of_shape), "Constant": Rule(_constant), "Slice": Rule(_slice),
     "Split": Rule(_split), "MatMul": Rule(_matmul), "Gemm": Rule(_gemm), "Softmax": Rule(_softmax),
     "LayerNormalization": Rule(_layernorm, since=17),
-    "ReduceMean": _reduce("reduce_mean", np.mean, 18), "ReduceSum": _reduce("reduce_sum", np.sum, 13),
-    "ReduceMax": _reduce("reduce_max", np.max, 18),
-    "Max": _extremum("greater", np.maximum), "Min": _extremum("less", np.minimum),
+    "ReduceMean": _reduce("reduce_mean", 18), "ReduceSum": _reduce("reduce_sum", 13),
+    "ReduceMax": _reduce("reduce_max", 18),
+    "Max": _extremum("greater"), "Min": _extremum("less"),
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }
 
