@@ -8,15 +8,17 @@ A value met while walking the graph is one of three things:
   everything computed from them only): folded here, never in the IR;
 * a numpy *object* array holding symbolic dims (``ir/dims.py`` ``Sym``s):
   ``Shape`` of an input yields ``[batch, sequence]``, and the exporter's
-  shape arithmetic on it (Gather, Concat, Unsqueeze, Mul...) is folded by
-  numpy on the ``Sym`` objects, so a ``Reshape`` receives ``[batch, sequence,
-  4, 8]`` and stays symbolic.
+  shape arithmetic on it (Gather, Concat, Unsqueeze, Mul...) is folded on
+  the ``Sym`` objects, so a ``Reshape`` receives ``[batch, sequence, 4, 8]``
+  and stays symbolic.
 
 Each entry folds when every input is known and otherwise emits blockc ops.
 It folds with the numpy rule of the blockc op it would emit (``_fold``,
 ``ops/evaluate.fold``): one meaning for each op, whether an ONNX file's
 constants are folded at import or the same values are computed at run time.
-An operator a handler cannot express raises ``Unsupported`` with the reason.
+An operator a handler cannot express raises ``Unsupported`` with the reason,
+and so does a node ONNX itself refuses (an axis out of range or named twice:
+``in_range``, ``axes_in_range``), never wrapped into an answer.
 """
 from __future__ import annotations
 
@@ -143,6 +145,36 @@ def _attr(node, name, default=None):
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
+def in_range(what: str, axis: int, rank: int, *, end: bool = False) -> int:
+    """``axis`` (``what`` names the attribute or input that gave it) as an
+    index in ``[0, rank)``, or ``[0, rank]`` where ``end`` (Flatten's may be
+    the end). One outside is refused, never wrapped: ONNX Runtime refuses
+    such a file, and an answer to it would be a silent wrong one."""
+    top = rank if end else rank - 1
+    if not -rank <= axis <= top:
+        raise Unsupported(f"{what} {axis} is out of range for a rank-{rank} tensor (ONNX takes {-rank} to {top})")
+    return axis + rank if axis < 0 else axis
+
+
+def axes_in_range(what: str, axes, rank: int, *, repeats: bool = False) -> list[int]:
+    """Each of ``axes`` as ``in_range`` takes it. An axis named twice is
+    refused, unless ``repeats`` (the axes are a set, as Squeeze's and the
+    reductions' are to ONNX Runtime): then they come back once each, sorted."""
+    axes = list(axes)
+    out = [in_range(f"{what} {axes}: axis", a, rank) for a in axes]
+    if repeats:
+        return sorted(set(out))
+    twice = [a for a in out if out.count(a) > 1]
+    if twice:
+        raise Unsupported(f"{what} {axes} names axis {twice[0]} twice (ONNX takes each axis once)")
+    return out
+
+
+def axis_of(node, rank: int, default: int = -1, *, end: bool = False) -> int:
+    """The node's ``axis`` attribute as ``in_range`` takes it."""
+    return in_range("attribute axis", _attr(node, "axis", default), rank, end=end)
+
+
 @dataclass(frozen=True)
 class Rule:
     """How one ONNX op type is imported, for opsets ``since`` to ``until``."""
@@ -230,15 +262,20 @@ def _shape(node, ins, ctx):
 
 def _gather(node, ins, ctx):
     data, idx = ins
-    axis = _attr(node, "axis", 0)
+    axis = axis_of(node, len(_shape_of(data)), 0)
+    n = _shape_of(data)[axis]
+    if not is_tensor(idx) and isinstance(n, int):
+        outside = [int(i) for i in np.asarray(_known(idx)).reshape(-1) if not -n <= i < n]
+        if outside:   # known now: refused now, as every backend's gather would refuse it when run
+            raise Unsupported(f"input indices: index {outside[0]} is out of range for axis {axis}, of size {n} "
+                              f"(ONNX takes {-n} to {n - 1})")
     if not is_tensor(data) and not is_tensor(idx):
         return [_fold("gather", data, idx, axis=axis)]
     if not is_tensor(idx) and np.asarray(idx).ndim == 0 and is_tensor(data):
-        i = int(idx)   # one slice of a tensor: slice + reshape is what the fusions read
-        n = data.shape[axis]
-        i = i + n if i < 0 else i
+        # one slice of a tensor: slice + reshape is what the fusions read
+        i = int(idx) + n if int(idx) < 0 else int(idx)
         picked = data.slice(axis, i, i + 1)
-        return [picked.reshape([d for k, d in enumerate(picked.shape) if k != axis % data.ndim])]
+        return [picked.reshape([d for k, d in enumerate(picked.shape) if k != axis])]
     return [apply("gather", tensor(data), tensor(idx), axis=axis)]
 
 
@@ -337,35 +374,49 @@ def _extremum(pick: str):
     return Rule(run)
 
 
-def _axes(node, ins, position: int):
-    """Axes from an input (newer opsets) or the ``axes`` attribute (older)."""
+def _given_axes(node, ins, position: int) -> tuple[list[int] | None, str]:
+    """Axes from an input (newer opsets) or the ``axes`` attribute (older), and which gave them."""
     if len(ins) > position and ins[position] is not None:
-        return ints_of(ins[position])
+        return ints_of(ins[position]), "input axes"
     axes = _attr(node, "axes")
-    return list(axes) if axes is not None else None
+    return (list(axes) if axes is not None else None), "attribute axes"
+
+
+def _axes(node, ins, position: int, rank, *, repeats: bool = False) -> list[int] | None:
+    """The given axes as ``axes_in_range`` takes them for a rank-``rank``
+    tensor (a function of the axes' count, where that decides it:
+    Unsqueeze's output rank)."""
+    axes, what = _given_axes(node, ins, position)
+    if axes is None:
+        return None
+    return axes_in_range(what, axes, rank(len(axes)) if callable(rank) else rank, repeats=repeats)
 
 
 def _unsqueeze(node, ins, ctx):
-    x, axes = ins[0], _axes(node, ins, 1)
-    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    rank = len(shape) + len(axes)
-    for a in sorted(a % rank for a in axes):
+    x = ins[0]
+    shape = _shape_of(x)
+    for a in sorted(_axes(node, ins, 1, lambda n: len(shape) + n) or []):
         shape.insert(a, 1)
     return [_reshaped(x, shape)]
 
 
 def _squeeze(node, ins, ctx):
-    x, axes = ins[0], _axes(node, ins, 1)
-    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    drop = {a % len(shape) for a in axes} if axes else {i for i, d in enumerate(shape) if d == 1}
-    new = [d for i, d in enumerate(shape) if i not in drop]
-    return [_reshaped(x, new)]
+    x = ins[0]
+    shape = _shape_of(x)
+    axes = _axes(node, ins, 1, len(shape), repeats=True)
+    for a in axes or []:
+        if isinstance(shape[a], int) and shape[a] != 1:
+            given, what = _given_axes(node, ins, 1)
+            raise Unsupported(f"{what} {given}: axis {a} has size {shape[a]} (ONNX squeezes only axes of size 1)")
+    drop = set(axes) if axes else {i for i, d in enumerate(shape) if d == 1}
+    return [_reshaped(x, [d for i, d in enumerate(shape) if i not in drop])]
 
 
 def _concat(node, ins, ctx):
     axis = _attr(node, "axis")
     if axis is None:   # opset 1 defaulted it to 1; opset 4 made it required
         raise Unsupported("Concat without an axis (opset < 4)")
+    axis = axis_of(node, len(_shape_of(ins[0])))
     ins = [v for v in ins if not (not is_tensor(v) and 0 in np.shape(v))]   # empty pieces
     if not any(is_tensor(v) for v in ins):
         return [_known(_fold("concat", *ins, axis=axis))]
@@ -381,9 +432,8 @@ def _reshape(node, ins, ctx):
 
 def _flatten(node, ins, ctx):
     (x,) = ins
-    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    axis = _attr(node, "axis", 1)
-    axis = axis + len(shape) if axis < 0 else axis   # -1 is the last axis, as everywhere in ONNX
+    shape = _shape_of(x)
+    axis = axis_of(node, len(shape), 1, end=True)
     outer, inner = 1, 1
     for d in shape[:axis]:
         outer = d * outer
@@ -446,29 +496,43 @@ def _constant(node, ins, ctx):
     raise Unsupported("Constant without a value, value_float(s) or value_int(s)")
 
 
+def _slice_args(node, ins, rank: int):
+    """Slice's starts, ends, axes (each in range, once) and steps (none 0), as many of each."""
+    if len(ins) > 1:
+        starts, ends, what = dims_of(ins[1]), dims_of(ins[2]), "input axes"
+        axes, steps = (ints_of(ins[i]) if len(ins) > i and ins[i] is not None else None for i in (3, 4))
+    else:   # Slice-1: attributes
+        starts, ends, what = list(_attr(node, "starts")), list(_attr(node, "ends")), "attribute axes"
+        axes, steps = _attr(node, "axes"), None
+    axes = axes_in_range(what, range(len(starts)) if axes is None else axes, rank)
+    steps = [1] * len(starts) if steps is None else steps
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise Unsupported(f"{len(starts)} starts, {len(ends)} ends, {len(axes)} axes and {len(steps)} steps "
+                          f"(ONNX takes as many of each)")
+    if 0 in steps:
+        raise Unsupported(f"steps {steps} hold a 0 (ONNX takes steps other than 0)")
+    return starts, ends, axes, steps
+
+
 def _slice(node, ins, ctx):
     x = ins[0]
-    if len(ins) > 1:
-        starts, ends = dims_of(ins[1]), dims_of(ins[2])
-        axes = dims_of(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
-        steps = dims_of(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
-    else:
-        starts, ends = list(_attr(node, "starts")), list(_attr(node, "ends"))
-        axes, steps = list(_attr(node, "axes", range(len(starts)))), [1] * len(starts)
+    starts, ends, axes, steps = _slice_args(node, ins, len(_shape_of(x)))
     if not is_tensor(x) and any(isinstance(d, Sym) for d in starts + ends):
         x = tensor(x)   # a known table cut to a symbolic length (position ids [:seq]): sliced at run time
-    if not is_tensor(x):
-        index = [slice(None)] * np.ndim(x)
+    if not is_tensor(x) and any(st != 1 for st in steps):
+        index = [slice(None)] * np.ndim(x)   # known values taken with a step (a blockc slice has none)
         for s, e, a, st in zip(starts, ends, axes, steps):
             index[a] = slice(s, min(e, INT64_MAX), st)
         return [x[tuple(index)]]
     for s, e, a, st in zip(starts, ends, axes, steps):
         if st != 1:
             raise Unsupported(f"Slice of a tensor with step {st}")
-        n = x.shape[a]
+        n = _shape_of(x)[a]
         s, e = (_clamp(_from_end(d, n), n) for d in (s, e))
-        if not (s == 0 and e == n):
+        if is_tensor(x) and not (s == 0 and e == n):
             x = x.slice(a, s, e)
+        elif not is_tensor(x):
+            x = _fold("slice", x, axis=a, start=s, end=max(s, e))   # ONNX's end before its start: nothing
     return [x]
 
 
@@ -484,8 +548,8 @@ def _clamp(d, n):
 
 def _split(node, ins, ctx):
     x = ins[0]
-    axis = _attr(node, "axis", 0)
-    n = x.shape[axis]
+    axis = axis_of(node, len(_shape_of(x)), 0)
+    n = _shape_of(x)[axis]
     sizes = dims_of(ins[1]) if len(ins) > 1 and ins[1] is not None else _attr(node, "split")
     if sizes is None:
         parts = len(node.output)
@@ -531,9 +595,9 @@ def _gemm(node, ins, ctx):
 
 
 def _last_axis(node, x, default):
-    axis = _attr(node, "axis", default)
-    if axis % x.ndim != x.ndim - 1:
-        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{x.ndim} tensor (blockc's is the last axis)")
+    if axis_of(node, x.ndim, default) != x.ndim - 1:
+        raise Unsupported(f"{node.op_type} over axis {_attr(node, 'axis', default)} of a rank-{x.ndim} tensor "
+                          f"(blockc's is the last axis)")
 
 
 def _softmax(node, ins, ctx):
@@ -541,7 +605,7 @@ def _softmax(node, ins, ctx):
     if node.opset < 13:   # before 13 Softmax ran over the axes from `axis` on, flattened: one axis only when last
         _last_axis(node, x, 1)
         return [x.softmax(-1)]
-    axis = _attr(node, "axis", -1) % x.ndim
+    axis = axis_of(node, x.ndim)
     if axis == x.ndim - 1:
         return [x.softmax(-1)]
     swap = list(range(x.ndim))
@@ -563,14 +627,6 @@ def _zeros(shape: list, dtype: DType):
     if all(isinstance(d, int) for d in shape):
         return np.zeros(shape, dtype.numpy)
     return apply("expand", tensor(np.zeros((), dtype.numpy)), shape=shape)
-
-
-def axis_of(node, rank: int, default: int = -1) -> int:
-    """The node's ``axis`` attribute as an index in ``[0, rank)``; out of range is refused."""
-    axis = _attr(node, "axis", default)
-    if not -rank <= axis < rank:
-        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{rank} tensor")
-    return axis % rank
 
 
 def normalize_from(axis: int, ir_op: str, x, params, **attrs):
@@ -609,11 +665,11 @@ def _layernorm_stats(node, x, axis, eps):
 def _reduce(ir_op: str, axes_input_since: int):
     def run(node, ins, ctx):
         x = ins[0]
-        axes = _axes(node, ins, 1) if node.opset >= axes_input_since else _attr(node, "axes")
+        rank = len(_shape_of(x))
+        axes = _axes(node, ins if node.opset >= axes_input_since else ins[:1], 1, rank, repeats=True)
         if not axes and _attr(node, "noop_with_empty_axes", 0):
             return [x]   # no axes given and told so: the input unchanged, not a full reduction
-        rank = x.ndim if is_tensor(x) else np.ndim(x)
-        axes = list(range(rank)) if not axes else list(axes)
+        axes = axes or list(range(rank))
         keep = bool(_attr(node, "keepdims", 1))
         if not is_tensor(x):
             return [_fold(ir_op, x, axes=axes, keepdims=keep)]
