@@ -53,3 +53,50 @@ def test_integer_div_run_truncates_as_onnx_runtime_computes(tmp_path):
     x = helper.make_tensor_value_info("a", TensorProto.INT64, [len(A)])
     path = _file(tmp_path, helper.make_node("Div", ["a", "b"], ["Y"]), [x], {"b": B}, TensorProto.INT64)
     np.testing.assert_array_equal(_blockc(path, {"a": A}), _ort(path, {"a": A}))
+
+
+INTS = np.array([[3, -7], [5, 2]], np.int64)
+SCALAR = np.array(2.25, np.float32)   # a one-element float initializer is a constant, not a weight
+BOOLS = np.array([True, False])
+# ONNX op, its inputs (all known), its attributes: the blockc op that computes it
+FOLDED = {
+    "Add": ([INTS, INTS], {}, "add"), "Sub": ([INTS, INTS], {}, "sub"), "Mul": ([INTS, INTS], {}, "mul"),
+    "Div": ([INTS, INTS], {}, "div"), "Pow": ([SCALAR, SCALAR], {}, "pow"),
+    "Equal": ([INTS, INTS], {}, "equal"), "Less": ([INTS, INTS], {}, "less"),
+    "Greater": ([INTS, INTS], {}, "greater"), "And": ([BOOLS, BOOLS], {}, "logical_and"),
+    "Or": ([BOOLS, BOOLS], {}, "logical_or"), "Not": ([BOOLS], {}, "logical_not"),
+    "IsNaN": ([SCALAR], {}, "equal"), "Neg": ([INTS], {}, "neg"), "Sqrt": ([SCALAR], {}, "sqrt"),
+    "Exp": ([SCALAR], {}, "exp"), "Relu": ([INTS], {}, "relu"), "Erf": ([SCALAR], {}, "erf"),
+    "Sigmoid": ([SCALAR], {}, "sigmoid"), "Max": ([INTS, INTS], {}, "greater"),
+    "Where": ([BOOLS, INTS[0], INTS[1]], {}, "where"), "ReduceSum": ([INTS], {"keepdims": 0}, "reduce_sum"),
+    "Gather": ([INTS, np.array(1)], {"axis": 1}, "gather"), "Concat": ([INTS, INTS], {"axis": 1}, "concat"),
+    "Transpose": ([INTS], {}, "transpose"), "Cast": ([INTS], {"to": TensorProto.FLOAT}, "cast"),
+    "Flatten": ([INTS], {"axis": 0}, "reshape"),
+}
+
+
+@pytest.mark.parametrize("op", list(FOLDED))
+def test_import_folds_with_the_ops_own_numpy_rule(op, tmp_path, monkeypatch):
+    """One meaning for each op: the import folds constants by calling the
+    registered rule of the blockc op it would emit, not a rule of its own."""
+    from blockc.frontends import trace
+    from blockc.frontends.onnx import OnnxModel
+    from blockc.ir.opdef import get
+    arrays, attrs, ir_op = FOLDED[op]
+    names = [f"c{i}" for i in range(len(arrays))]
+    path = _file(tmp_path, helper.make_node(op, names, ["Y"], **attrs), [], dict(zip(names, arrays)), 0)
+    calls = []
+    rule = get(ir_op).numpy_fn
+    monkeypatch.setattr(get(ir_op), "numpy_fn", lambda xs, a, env: calls.append(ir_op) or rule(xs, a, env))
+    graph = trace(OnnxModel(path))
+    assert calls, f"{op} was folded without {ir_op}'s numpy rule"
+    assert [n.op for n in graph.nodes] == ["constant"]
+
+
+def test_integer_mod_is_refused_not_folded(tmp_path):
+    """Mod (fmod=0 takes the divisor's sign: Mod(-7, 2) is 1 in ONNX Runtime) has no blockc op: refused by name."""
+    from blockc.errors import OnnxFileError
+    path = _file(tmp_path, helper.make_node("Mod", ["a", "b"], ["Y"]), [], {"a": A, "b": B}, TensorProto.INT64)
+    np.testing.assert_array_equal(_ort(path, {})[:2], [1, 1])
+    with pytest.raises(OnnxFileError, match=r"ai.onnx::Mod \(opset 17\)"):
+        load_onnx(path)
