@@ -141,6 +141,7 @@ def test_squeeze_axes(axes, known):
        steps=st.lists(st.sampled_from([1, 1, -1, 2, 0]), min_size=2, max_size=2), known=st.booleans())
 @example(axes=[4], starts=[0], ends=[1, 1], steps=[1, 1], known=False)
 @example(axes=[0, -3], starts=[0, 0], ends=[1, 1], steps=[1, 1], known=True)
+@example(axes=[0], starts=[-3], ends=[-3, 0], steps=[-1, 1], known=True)   # ONNX clamps, not as Python does
 def test_slice_axes(axes, starts, ends, steps, known):
     x = _x(known)
     n = len(axes)   # starts may be fewer than the axes
@@ -153,6 +154,22 @@ def test_slice_axes(axes, starts, ends, steps, known):
 def test_gather_axis_and_indices(axis, indices, known):
     x = _x(known)
     check(_file([helper.make_node("Gather", ["X", "i"], ["Y"], axis=axis)], x, [_ints("i", indices)]), _feeds(x))
+
+
+@FAST
+@given(axis=AXIS, shift=st.integers(-4, 4), known=st.booleans())
+def test_gather_elements_axis_and_indices(axis, shift, known):
+    x = _x(known)
+    indices = (np.arange(x.size).reshape(x.shape) % 3 + shift - 1).astype(np.int64)
+    nodes = [helper.make_node("GatherElements", ["X", "i"], ["Y"], axis=axis)]
+    check(_file(nodes, x, [numpy_helper.from_array(indices, "i")]), _feeds(x))
+
+
+@FAST
+@given(index=st.lists(st.integers(-3, 3), min_size=1, max_size=4), known=st.booleans())
+def test_gather_nd_indices(index, known):
+    x = _x(known)
+    check(_file([helper.make_node("GatherND", ["X", "i"], ["Y"])], x, [_ints("i", [index])]), _feeds(x))
 
 
 @FAST

@@ -280,18 +280,15 @@ def _gather(node, ins, ctx):
 
 
 def _gather_elements(node, ins, ctx):
-    data, idx = ins
-    axis = _attr(node, "axis", 0)
-    if not is_tensor(data) and not is_tensor(idx):
-        return [np.take_along_axis(_known(data), _known(idx).astype(np.int64), axis=axis)]
     # out[p] = data[p with p[axis] replaced by idx[p]]: idx's own coordinates on
     # the other axes (HF BERT's default token types: a buffer expanded to the
-    # batch, read at the positions).
-    data, idx = tensor(data), tensor(idx)
+    # batch, read at the positions). Known values too are gathered so (the
+    # graph's constant folding folds them): one meaning, the gathers'.
+    data, idx = (tensor(v) for v in ins)
     rank = data.ndim
-    if idx.ndim != rank or not -rank <= axis < rank:
-        raise Unsupported(f"GatherElements with rank-{idx.ndim} indices into a rank-{rank} tensor on axis {axis}")
-    axis %= rank
+    axis = axis_of(node, rank, 0)
+    if idx.ndim != rank:
+        raise Unsupported(f"GatherElements with rank-{idx.ndim} indices into a rank-{rank} tensor")
     for d, (n, m) in enumerate(zip(idx.shape, data.shape)):
         if d != axis and n != m and not (isinstance(n, int) and isinstance(m, int) and n <= m):
             raise Unsupported(f"GatherElements with indices {n} long on axis {d}, where the data is {m}")
@@ -342,10 +339,9 @@ def _gather_nd(node, ins, ctx):
     data, idx = ins
     if _attr(node, "batch_dims", 0):
         raise Unsupported(f"GatherND with batch_dims={_attr(node, 'batch_dims')}")
-    if not is_tensor(data) and not is_tensor(idx):
-        return [_known(data)[tuple(np.moveaxis(_known(idx).astype(np.int64), -1, 0))]]
     # torch's advanced indexing (HF's padding mask read as mask[batch_ids, kv_ids]):
-    # the k index columns are the coordinates of data's first k dims.
+    # the k index columns are the coordinates of data's first k dims. Known
+    # values too are gathered so (the graph's constant folding folds them).
     data, idx = tensor(data), tensor(idx)
     k = idx.shape[-1]
     if not isinstance(k, int) or k > data.ndim:
@@ -522,7 +518,7 @@ def _slice(node, ins, ctx):
     if not is_tensor(x) and any(st != 1 for st in steps):
         index = [slice(None)] * np.ndim(x)   # known values taken with a step (a blockc slice has none)
         for s, e, a, st in zip(starts, ends, axes, steps):
-            index[a] = slice(s, min(e, INT64_MAX), st)
+            index[a] = _stepped(s, e, st, np.shape(x)[a])
         return [x[tuple(index)]]
     for s, e, a, st in zip(starts, ends, axes, steps):
         if st != 1:
@@ -534,6 +530,16 @@ def _slice(node, ins, ctx):
         elif not is_tensor(x):
             x = _fold("slice", x, axis=a, start=s, end=max(s, e))   # ONNX's end before its start: nothing
     return [x]
+
+
+def _stepped(start: int, end: int, step: int, n: int) -> slice:
+    """Slice's bounds as ONNX clamps them, which is not as Python does for a
+    negative step (``x[-3:-3:-1]`` of 2 elements is empty, ONNX's one element)."""
+    start, end = (d + n if d < 0 else d for d in (start, end))
+    if step > 0:
+        return slice(min(max(start, 0), n), min(max(end, 0), n), step)
+    end = min(max(end, -1), n - 1)
+    return slice(min(max(start, 0), n - 1), end if end >= 0 else None, step)
 
 
 def _from_end(d, n):
