@@ -11,12 +11,30 @@ from ._rules import broadcast_shapes, elementwise, same_dtype
 from .registry import REQUIRED, STR, TENSOR, define
 
 # ---- binary arithmetic ----------------------------------------------------
-# name: (numpy, ONNX op, torch function, C expression)
+def _divide(a, b):
+    """a / b. Integers truncate toward zero (-7 / 2 is -3), as ONNX, C and
+    torch's ``rounding_mode="trunc"`` do; numpy's ``//`` floors, and its
+    ``/`` goes through float64, which rounds integers past 2**53."""
+    if a.dtype.kind not in "iuO" or b.dtype.kind not in "iuO":
+        return np.divide(a, b)
+    if a.dtype.kind == "O" or b.dtype.kind == "O":
+        return a // b   # dims (an imported shape computation's): never negative, so floor is truncation
+    q = np.floor_divide(a, b)
+    return q + ((q < 0) & (q * b != a)).astype(q.dtype)
+
+
+def _torch_div(b, node, xs):
+    # torch.div of integers divides exactly, into floats
+    trunc = {} if node.outputs[0].dtype.is_float else {"rounding_mode": "trunc"}
+    return b.call(b.torch.div, *xs, **trunc)
+
+
+# name: (numpy, ONNX op, torch function name or rule, C expression)
 _BINARY = {
     "add": (np.add, "Add", "add", "({0} + {1})"),
     "sub": (np.subtract, "Sub", "sub", "({0} - {1})"),
     "mul": (np.multiply, "Mul", "mul", "({0} * {1})"),
-    "div": (np.divide, "Div", "div", "({0} / {1})"),
+    "div": (_divide, "Div", _torch_div, "({0} / {1})"),
     "pow": (np.power, "Pow", "pow", "powf({0}, {1})"),
 }
 
@@ -27,7 +45,8 @@ def _declare_binary(name, fn, onnx_type, torch_name, c_expr):
     op.infer(lambda types, attrs: elementwise(name, types))
     op.numpy(lambda xs, attrs, env: fn(xs[0], xs[1]))
     op.onnx(lambda e, node, ins: [e.emit(onnx_type, ins)])
-    op.torch(lambda b, node, xs: b.call(getattr(b.torch, torch_name), *xs))
+    op.torch(torch_name if callable(torch_name) else
+             lambda b, node, xs: b.call(getattr(b.torch, torch_name), *xs))
 
 
 for _name, _rules in _BINARY.items():

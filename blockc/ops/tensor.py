@@ -150,6 +150,8 @@ split = define("split", ("x",), outputs=lambda attrs, n: len(attrs["sizes"]), cu
 def _(types, attrs):
     (x,) = types
     axis = norm_axis("split", attrs["axis"], x.rank)
+    if any(isinstance(s, int) and s < 0 for s in attrs["sizes"]):
+        raise ShapeError(f"split: sizes [{', '.join(map(str, attrs['sizes']))}] hold a negative size")
     total = 0
     for s in attrs["sizes"]:
         total = s + total

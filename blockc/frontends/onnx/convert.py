@@ -8,12 +8,17 @@ A value met while walking the graph is one of three things:
   everything computed from them only): folded here, never in the IR;
 * a numpy *object* array holding symbolic dims (``ir/dims.py`` ``Sym``s):
   ``Shape`` of an input yields ``[batch, sequence]``, and the exporter's
-  shape arithmetic on it (Gather, Concat, Unsqueeze, Mul...) is folded by
-  numpy on the ``Sym`` objects, so a ``Reshape`` receives ``[batch, sequence,
-  4, 8]`` and stays symbolic.
+  shape arithmetic on it (Gather, Concat, Unsqueeze, Mul...) is folded on
+  the ``Sym`` objects, so a ``Reshape`` receives ``[batch, sequence, 4, 8]``
+  and stays symbolic.
 
-Each entry folds when every input is known and otherwise emits blockc ops;
-an operator a handler cannot express raises ``Unsupported`` with the reason.
+Each entry folds when every input is known and otherwise emits blockc ops.
+It folds with the numpy rule of the blockc op it would emit (``_fold``,
+``ops/evaluate.fold``): one meaning for each op, whether an ONNX file's
+constants are folded at import or the same values are computed at run time.
+An operator a handler cannot express raises ``Unsupported`` with the reason,
+and so does a node ONNX itself refuses (an axis out of range or named twice:
+``in_range``, ``axes_in_range``), never wrapped into an answer.
 """
 from __future__ import annotations
 
@@ -21,12 +26,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import scipy.special
 from onnx import helper
 
 from ...errors import BlockcError
 from ...ir.dims import Sym
 from ...ir.dtypes import DType
+from ...ops.evaluate import fold
 from ..tensor import Tensor, apply, _apply
 from .safe_load import element_type_name
 
@@ -102,6 +107,20 @@ def _known(v) -> np.ndarray:
     return v
 
 
+def _fold(ir_op: str, *ins, **attrs):
+    """``ir_op`` on known values, computed now by its own numpy rule (its
+    first result): the import folds each op as the graph would run it."""
+    return as_value(fold(ir_op, [np.asarray(_known(v)) for v in ins], attrs)[0])
+
+
+def _shape_of(v) -> list:
+    return list(v.shape) if is_tensor(v) else list(np.shape(v))
+
+
+def _reshaped(v, shape: list):
+    return v.reshape(shape) if is_tensor(v) else _fold("reshape", v, shape=shape)
+
+
 def _int_array(values) -> np.ndarray:
     """Dims as an array: int64 when all are known, else an object array."""
     values = list(values)
@@ -126,6 +145,36 @@ def _attr(node, name, default=None):
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
+def in_range(what: str, axis: int, rank: int, *, end: bool = False) -> int:
+    """``axis`` (``what`` names the attribute or input that gave it) as an
+    index in ``[0, rank)``, or ``[0, rank]`` where ``end`` (Flatten's may be
+    the end). One outside is refused, never wrapped: ONNX Runtime refuses
+    such a file, and an answer to it would be a silent wrong one."""
+    top = rank if end else rank - 1
+    if not -rank <= axis <= top:
+        raise Unsupported(f"{what} {axis} is out of range for a rank-{rank} tensor (ONNX takes {-rank} to {top})")
+    return axis + rank if axis < 0 else axis
+
+
+def axes_in_range(what: str, axes, rank: int, *, repeats: bool = False) -> list[int]:
+    """Each of ``axes`` as ``in_range`` takes it. An axis named twice is
+    refused, unless ``repeats`` (the axes are a set, as Squeeze's and the
+    reductions' are to ONNX Runtime): then they come back once each, sorted."""
+    axes = list(axes)
+    out = [in_range(f"{what} {axes}: axis", a, rank) for a in axes]
+    if repeats:
+        return sorted(set(out))
+    twice = [a for a in out if out.count(a) > 1]
+    if twice:
+        raise Unsupported(f"{what} {axes} names axis {twice[0]} twice (ONNX takes each axis once)")
+    return out
+
+
+def axis_of(node, rank: int, default: int = -1, *, end: bool = False) -> int:
+    """The node's ``axis`` attribute as ``in_range`` takes it."""
+    return in_range("attribute axis", _attr(node, "axis", default), rank, end=end)
+
+
 @dataclass(frozen=True)
 class Rule:
     """How one ONNX op type is imported, for opsets ``since`` to ``until``."""
@@ -140,31 +189,23 @@ def _refuse_axis_broadcast(node):
         raise Unsupported(f"{node.op_type} broadcasting along axis {_attr(node, 'axis')} (opset < 7)")
 
 
-def _elementwise(ir_op: str, fold: Callable):
+def _elementwise(ir_op: str):
     def run(node, ins, ctx):
         _refuse_axis_broadcast(node)
         if not any(is_tensor(v) for v in ins):
-            out = as_value(fold(*[_known(v) for v in ins]))
-            return [out.astype(bool) if out.dtype == object and ir_op in _BOOL_OPS else out]
+            return [_fold(ir_op, *ins)]
         return [apply(ir_op, *_operands(ins))]
     return Rule(run)
-
-
-_BOOL_OPS = {"equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_not"}
-
-
-def _int_aware_div(a, b):
-    if np.asarray(a).dtype.kind in "iuO" and np.asarray(b).dtype.kind in "iuO":
-        return a // b   # ONNX integer Div truncates; shape arithmetic is non-negative
-    return np.divide(a, b)
 
 
 def _pow(node, ins, ctx):
     _refuse_axis_broadcast(node)
     base, exponent = ins
-    if not any(is_tensor(v) for v in ins):
-        return [np.power(_known(base), _known(exponent))]
     # Pow's exponent has its own type (T1); the result has the base's
+    if not is_tensor(base) and not is_tensor(exponent):
+        if np.asarray(base).dtype != np.asarray(exponent).dtype:
+            exponent = _fold("cast", exponent, to=DType.from_numpy(np.asarray(base).dtype).name)
+        return [_fold("pow", base, exponent)]
     if is_tensor(base) and not is_tensor(exponent) and base.dtype.is_float:
         exponent = np.asarray(_known(exponent)).astype(base.dtype.numpy)
     elif is_tensor(base) and is_tensor(exponent) and base.dtype != exponent.dtype:
@@ -177,7 +218,7 @@ def _pow(node, ins, ctx):
 def _isnan(node, ins, ctx):
     (x,) = ins
     if not is_tensor(x):
-        return [np.isnan(x)]
+        return [_fold("logical_not", _fold("equal", x, x))]
     return [apply("logical_not", apply("equal", x, x))]
 
 
@@ -189,7 +230,7 @@ def _cast(node, ins, ctx):
     if is_symbolic(x) and to in (DType.int64, DType.int32):
         return [x]
     if not is_tensor(x):
-        return [_known(x).astype(to.numpy)]
+        return [_fold("cast", x, to=to.name)]
     return [x if x.dtype == to else x.cast(to)]
 
 
@@ -221,31 +262,33 @@ def _shape(node, ins, ctx):
 
 def _gather(node, ins, ctx):
     data, idx = ins
-    axis = _attr(node, "axis", 0)
+    axis = axis_of(node, len(_shape_of(data)), 0)
+    n = _shape_of(data)[axis]
+    if not is_tensor(idx) and isinstance(n, int):
+        outside = [int(i) for i in np.asarray(_known(idx)).reshape(-1) if not -n <= i < n]
+        if outside:   # known now: refused now, as every backend's gather would refuse it when run
+            raise Unsupported(f"input indices: index {outside[0]} is out of range for axis {axis}, of size {n} "
+                              f"(ONNX takes {-n} to {n - 1})")
     if not is_tensor(data) and not is_tensor(idx):
-        return [np.take(data, _known(idx).astype(np.int64), axis=axis)]
+        return [_fold("gather", data, idx, axis=axis)]
     if not is_tensor(idx) and np.asarray(idx).ndim == 0 and is_tensor(data):
-        i = int(idx)   # one slice of a tensor: slice + reshape is what the fusions read
-        n = data.shape[axis]
-        i = i + n if i < 0 else i
+        # one slice of a tensor: slice + reshape is what the fusions read
+        i = int(idx) + n if int(idx) < 0 else int(idx)
         picked = data.slice(axis, i, i + 1)
-        return [picked.reshape([d for k, d in enumerate(picked.shape) if k != axis % data.ndim])]
+        return [picked.reshape([d for k, d in enumerate(picked.shape) if k != axis])]
     return [apply("gather", tensor(data), tensor(idx), axis=axis)]
 
 
 def _gather_elements(node, ins, ctx):
-    data, idx = ins
-    axis = _attr(node, "axis", 0)
-    if not is_tensor(data) and not is_tensor(idx):
-        return [np.take_along_axis(_known(data), _known(idx).astype(np.int64), axis=axis)]
     # out[p] = data[p with p[axis] replaced by idx[p]]: idx's own coordinates on
     # the other axes (HF BERT's default token types: a buffer expanded to the
-    # batch, read at the positions).
-    data, idx = tensor(data), tensor(idx)
+    # batch, read at the positions). Known values too are gathered so (the
+    # graph's constant folding folds them): one meaning, the gathers'.
+    data, idx = (tensor(v) for v in ins)
     rank = data.ndim
-    if idx.ndim != rank or not -rank <= axis < rank:
-        raise Unsupported(f"GatherElements with rank-{idx.ndim} indices into a rank-{rank} tensor on axis {axis}")
-    axis %= rank
+    axis = axis_of(node, rank, 0)
+    if idx.ndim != rank:
+        raise Unsupported(f"GatherElements with rank-{idx.ndim} indices into a rank-{rank} tensor")
     for d, (n, m) in enumerate(zip(idx.shape, data.shape)):
         if d != axis and n != m and not (isinstance(n, int) and isinstance(m, int) and n <= m):
             raise Unsupported(f"GatherElements with indices {n} long on axis {d}, where the data is {m}")
@@ -296,10 +339,9 @@ def _gather_nd(node, ins, ctx):
     data, idx = ins
     if _attr(node, "batch_dims", 0):
         raise Unsupported(f"GatherND with batch_dims={_attr(node, 'batch_dims')}")
-    if not is_tensor(data) and not is_tensor(idx):
-        return [_known(data)[tuple(np.moveaxis(_known(idx).astype(np.int64), -1, 0))]]
     # torch's advanced indexing (HF's padding mask read as mask[batch_ids, kv_ids]):
-    # the k index columns are the coordinates of data's first k dims.
+    # the k index columns are the coordinates of data's first k dims. Known
+    # values too are gathered so (the graph's constant folding folds them).
     data, idx = tensor(data), tensor(idx)
     k = idx.shape[-1]
     if not isinstance(k, int) or k > data.ndim:
@@ -313,13 +355,13 @@ def _dim_array(d) -> np.ndarray:
     return np.array(d, dtype=object) if isinstance(d, Sym) else np.array(d, np.int64)
 
 
-def _extremum(pick: str, fold):
+def _extremum(pick: str):
     """Max/Min of any number of operands: ``where(a pick b, a, b)`` pairwise."""
     def run(node, ins, ctx):
         if not any(is_tensor(v) for v in ins):
-            out = _known(ins[0])
+            out = ins[0]
             for v in ins[1:]:
-                out = fold(out, _known(v))
+                out = _fold("where", _fold(pick, out, v), out, v)
             return [out]
         out, *rest = _operands(ins)
         for v in rest:
@@ -328,40 +370,52 @@ def _extremum(pick: str, fold):
     return Rule(run)
 
 
-def _axes(node, ins, position: int):
-    """Axes from an input (newer opsets) or the ``axes`` attribute (older)."""
+def _given_axes(node, ins, position: int) -> tuple[list[int] | None, str]:
+    """Axes from an input (newer opsets) or the ``axes`` attribute (older), and which gave them."""
     if len(ins) > position and ins[position] is not None:
-        return ints_of(ins[position])
+        return ints_of(ins[position]), "input axes"
     axes = _attr(node, "axes")
-    return list(axes) if axes is not None else None
+    return (list(axes) if axes is not None else None), "attribute axes"
+
+
+def _axes(node, ins, position: int, rank, *, repeats: bool = False) -> list[int] | None:
+    """The given axes as ``axes_in_range`` takes them for a rank-``rank``
+    tensor (a function of the axes' count, where that decides it:
+    Unsqueeze's output rank)."""
+    axes, what = _given_axes(node, ins, position)
+    if axes is None:
+        return None
+    return axes_in_range(what, axes, rank(len(axes)) if callable(rank) else rank, repeats=repeats)
 
 
 def _unsqueeze(node, ins, ctx):
-    x, axes = ins[0], _axes(node, ins, 1)
-    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    rank = len(shape) + len(axes)
-    for a in sorted(a % rank for a in axes):
+    x = ins[0]
+    shape = _shape_of(x)
+    for a in sorted(_axes(node, ins, 1, lambda n: len(shape) + n) or []):
         shape.insert(a, 1)
-    return [x.reshape(shape) if is_tensor(x) else np.reshape(x, shape)]
+    return [_reshaped(x, shape)]
 
 
 def _squeeze(node, ins, ctx):
-    x, axes = ins[0], _axes(node, ins, 1)
-    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    drop = {a % len(shape) for a in axes} if axes else {i for i, d in enumerate(shape) if d == 1}
-    new = [d for i, d in enumerate(shape) if i not in drop]
-    return [x.reshape(new) if is_tensor(x) else np.reshape(x, new)]
+    x = ins[0]
+    shape = _shape_of(x)
+    axes = _axes(node, ins, 1, len(shape), repeats=True)
+    for a in axes or []:
+        if isinstance(shape[a], int) and shape[a] != 1:
+            given, what = _given_axes(node, ins, 1)
+            raise Unsupported(f"{what} {given}: axis {a} has size {shape[a]} (ONNX squeezes only axes of size 1)")
+    drop = set(axes) if axes else {i for i, d in enumerate(shape) if d == 1}
+    return [_reshaped(x, [d for i, d in enumerate(shape) if i not in drop])]
 
 
 def _concat(node, ins, ctx):
     axis = _attr(node, "axis")
     if axis is None:   # opset 1 defaulted it to 1; opset 4 made it required
         raise Unsupported("Concat without an axis (opset < 4)")
+    axis = axis_of(node, len(_shape_of(ins[0])))
     ins = [v for v in ins if not (not is_tensor(v) and 0 in np.shape(v))]   # empty pieces
     if not any(is_tensor(v) for v in ins):
-        parts = [np.asarray(v) for v in ins]
-        out = np.concatenate([p.astype(object) if any(is_symbolic(q) for q in parts) else p for p in parts], axis)
-        return [_known(out)]
+        return [_known(_fold("concat", *ins, axis=axis))]
     return [_apply("concat", _operands(ins), axis=axis)[0]]
 
 
@@ -369,35 +423,32 @@ def _reshape(node, ins, ctx):
     x, shape = ins[0], dims_of(ins[1])
     if _attr(node, "allowzero", 0) and 0 in shape:
         raise Unsupported("Reshape with allowzero=1 and a 0 in the shape")
-    if not is_tensor(x):
-        return [np.reshape(x, [np.shape(x)[i] if d == 0 else d for i, d in enumerate(shape)])]
-    return [x.reshape(shape)]
+    return [_reshaped(x, shape)]
 
 
 def _flatten(node, ins, ctx):
     (x,) = ins
-    shape = list(x.shape) if is_tensor(x) else list(np.shape(x))
-    axis = _attr(node, "axis", 1)
-    axis = axis + len(shape) if axis < 0 else axis   # -1 is the last axis, as everywhere in ONNX
+    shape = _shape_of(x)
+    axis = axis_of(node, len(shape), 1, end=True)
     outer, inner = 1, 1
     for d in shape[:axis]:
         outer = d * outer
     for d in shape[axis:]:
         inner = d * inner
-    return [x.reshape([outer, inner]) if is_tensor(x) else np.reshape(x, [outer, inner])]
+    return [_reshaped(x, [outer, inner])]
 
 
 def _transpose(node, ins, ctx):
     (x,) = ins
     rank = x.ndim if is_tensor(x) else np.ndim(x)
     perm = list(_attr(node, "perm", list(range(rank))[::-1]))
-    return [x.permute(perm) if is_tensor(x) else np.transpose(x, perm)]
+    return [x.permute(perm) if is_tensor(x) else _fold("transpose", x, perm=perm)]
 
 
 def _expand(node, ins, ctx):
     x, shape = ins[0], dims_of(ins[1])
     if not is_tensor(x) and all(isinstance(d, int) for d in shape):
-        return [np.broadcast_to(x, np.broadcast_shapes(np.shape(x), tuple(shape))).copy()]
+        return [_fold("expand", x, shape=shape)]
     return [apply("expand", tensor(x), shape=shape)]
 
 
@@ -425,7 +476,7 @@ def _constant_of_shape(node, ins, ctx):
     value = ctx.attr_tensor(node, "value")
     value = np.zeros(1, np.float32) if value is None else value
     if all(isinstance(d, int) for d in shape):
-        return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
+        return [_fold("expand", value.reshape(()), shape=shape)]
     return [apply("expand", tensor(value.reshape(())), shape=shape)]
 
 
@@ -441,30 +492,54 @@ def _constant(node, ins, ctx):
     raise Unsupported("Constant without a value, value_float(s) or value_int(s)")
 
 
+def _slice_args(node, ins, rank: int):
+    """Slice's starts, ends, axes (each in range, once) and steps (none 0), as many of each."""
+    if len(ins) > 1:
+        starts, ends, what = dims_of(ins[1]), dims_of(ins[2]), "input axes"
+        axes, steps = (ints_of(ins[i]) if len(ins) > i and ins[i] is not None else None for i in (3, 4))
+    else:   # Slice-1: attributes
+        starts, ends, what = list(_attr(node, "starts")), list(_attr(node, "ends")), "attribute axes"
+        axes, steps = _attr(node, "axes"), None
+    axes = axes_in_range(what, range(len(starts)) if axes is None else axes, rank)
+    steps = [1] * len(starts) if steps is None else steps
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise Unsupported(f"{len(starts)} starts, {len(ends)} ends, {len(axes)} axes and {len(steps)} steps "
+                          f"(ONNX takes as many of each)")
+    if 0 in steps:
+        raise Unsupported(f"steps {steps} hold a 0 (ONNX takes steps other than 0)")
+    return starts, ends, axes, steps
+
+
 def _slice(node, ins, ctx):
     x = ins[0]
-    if len(ins) > 1:
-        starts, ends = dims_of(ins[1]), dims_of(ins[2])
-        axes = dims_of(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
-        steps = dims_of(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
-    else:
-        starts, ends = list(_attr(node, "starts")), list(_attr(node, "ends"))
-        axes, steps = list(_attr(node, "axes", range(len(starts)))), [1] * len(starts)
+    starts, ends, axes, steps = _slice_args(node, ins, len(_shape_of(x)))
     if not is_tensor(x) and any(isinstance(d, Sym) for d in starts + ends):
         x = tensor(x)   # a known table cut to a symbolic length (position ids [:seq]): sliced at run time
-    if not is_tensor(x):
-        index = [slice(None)] * np.ndim(x)
+    if not is_tensor(x) and any(st != 1 for st in steps):
+        index = [slice(None)] * np.ndim(x)   # known values taken with a step (a blockc slice has none)
         for s, e, a, st in zip(starts, ends, axes, steps):
-            index[a] = slice(s, min(e, INT64_MAX), st)
+            index[a] = _stepped(s, e, st, np.shape(x)[a])
         return [x[tuple(index)]]
     for s, e, a, st in zip(starts, ends, axes, steps):
         if st != 1:
             raise Unsupported(f"Slice of a tensor with step {st}")
-        n = x.shape[a]
+        n = _shape_of(x)[a]
         s, e = (_clamp(_from_end(d, n), n) for d in (s, e))
-        if not (s == 0 and e == n):
+        if is_tensor(x) and not (s == 0 and e == n):
             x = x.slice(a, s, e)
+        elif not is_tensor(x):
+            x = _fold("slice", x, axis=a, start=s, end=max(s, e))   # ONNX's end before its start: nothing
     return [x]
+
+
+def _stepped(start: int, end: int, step: int, n: int) -> slice:
+    """Slice's bounds as ONNX clamps them, which is not as Python does for a
+    negative step (``x[-3:-3:-1]`` of 2 elements is empty, ONNX's one element)."""
+    start, end = (d + n if d < 0 else d for d in (start, end))
+    if step > 0:
+        return slice(min(max(start, 0), n), min(max(end, 0), n), step)
+    end = min(max(end, -1), n - 1)
+    return slice(min(max(start, 0), n - 1), end if end >= 0 else None, step)
 
 
 def _from_end(d, n):
@@ -479,8 +554,8 @@ def _clamp(d, n):
 
 def _split(node, ins, ctx):
     x = ins[0]
-    axis = _attr(node, "axis", 0)
-    n = x.shape[axis]
+    axis = axis_of(node, len(_shape_of(x)), 0)
+    n = _shape_of(x)[axis]
     sizes = dims_of(ins[1]) if len(ins) > 1 and ins[1] is not None else _attr(node, "split")
     if sizes is None:
         parts = len(node.output)
@@ -489,23 +564,22 @@ def _split(node, ins, ctx):
         chunk = -(-n // parts)   # num_outputs (opset 18): parts of ceil(n / parts), the last one smaller
         sizes = [chunk] * (parts - 1) + [n - chunk * (parts - 1)]
     if not is_tensor(x):
-        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+        return fold("split", [np.asarray(_known(x))], {"axis": axis, "sizes": list(sizes)})
     return x.split(list(sizes), axis=axis)
 
 
 def _matmul(node, ins, ctx):
-    if not any(is_tensor(v) for v in ins):
-        return [np.matmul(*[_known(v) for v in ins])]
-    a, b = _operands(ins)
-    if a.ndim == 0 or b.ndim == 0:
+    known = not any(is_tensor(v) for v in ins)
+    a, b = ins if known else _operands(ins)
+    if not _shape_of(a) or not _shape_of(b):
         raise Unsupported("MatMul of a scalar")
     # a 1-D operand is a row on the left or a column on the right, that axis dropped after (numpy's rule)
-    drop = [k for k, vector in ((-2, a.ndim == 1), (-1, b.ndim == 1)) if vector]
-    a = a.reshape([1, a.shape[0]]) if a.ndim == 1 else a
-    b = b.reshape([b.shape[0], 1]) if b.ndim == 1 else b
-    y = apply("matmul", a, b)
+    drop = [k for k, vector in ((-2, len(_shape_of(a)) == 1), (-1, len(_shape_of(b)) == 1)) if vector]
+    a = _reshaped(a, [1, _shape_of(a)[0]]) if len(_shape_of(a)) == 1 else a
+    b = _reshaped(b, [_shape_of(b)[0], 1]) if len(_shape_of(b)) == 1 else b
+    y = _fold("matmul", a, b) if known else apply("matmul", a, b)
     if drop:
-        y = y.reshape([d for k, d in enumerate(y.shape) if k - y.ndim not in drop])
+        y = _reshaped(y, [d for k, d in enumerate(_shape_of(y)) if k - len(_shape_of(y)) not in drop])
     return [y]
 
 
@@ -527,9 +601,9 @@ def _gemm(node, ins, ctx):
 
 
 def _last_axis(node, x, default):
-    axis = _attr(node, "axis", default)
-    if axis % x.ndim != x.ndim - 1:
-        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{x.ndim} tensor (blockc's is the last axis)")
+    if axis_of(node, x.ndim, default) != x.ndim - 1:
+        raise Unsupported(f"{node.op_type} over axis {_attr(node, 'axis', default)} of a rank-{x.ndim} tensor "
+                          f"(blockc's is the last axis)")
 
 
 def _softmax(node, ins, ctx):
@@ -537,7 +611,7 @@ def _softmax(node, ins, ctx):
     if node.opset < 13:   # before 13 Softmax ran over the axes from `axis` on, flattened: one axis only when last
         _last_axis(node, x, 1)
         return [x.softmax(-1)]
-    axis = _attr(node, "axis", -1) % x.ndim
+    axis = axis_of(node, x.ndim)
     if axis == x.ndim - 1:
         return [x.softmax(-1)]
     swap = list(range(x.ndim))
@@ -559,14 +633,6 @@ def _zeros(shape: list, dtype: DType):
     if all(isinstance(d, int) for d in shape):
         return np.zeros(shape, dtype.numpy)
     return apply("expand", tensor(np.zeros((), dtype.numpy)), shape=shape)
-
-
-def axis_of(node, rank: int, default: int = -1) -> int:
-    """The node's ``axis`` attribute as an index in ``[0, rank)``; out of range is refused."""
-    axis = _attr(node, "axis", default)
-    if not -rank <= axis < rank:
-        raise Unsupported(f"{node.op_type} over axis {axis} of a rank-{rank} tensor")
-    return axis % rank
 
 
 def normalize_from(axis: int, ir_op: str, x, params, **attrs):
@@ -602,17 +668,17 @@ def _layernorm_stats(node, x, axis, eps):
     return [mean, apply("reciprocal", apply("sqrt", var + np.array(eps, stash.numpy)))]
 
 
-def _reduce(ir_op: str, fold, axes_input_since: int):
+def _reduce(ir_op: str, axes_input_since: int):
     def run(node, ins, ctx):
         x = ins[0]
-        axes = _axes(node, ins, 1) if node.opset >= axes_input_since else _attr(node, "axes")
+        rank = len(_shape_of(x))
+        axes = _axes(node, ins if node.opset >= axes_input_since else ins[:1], 1, rank, repeats=True)
         if not axes and _attr(node, "noop_with_empty_axes", 0):
             return [x]   # no axes given and told so: the input unchanged, not a full reduction
-        rank = x.ndim if is_tensor(x) else np.ndim(x)
-        axes = list(range(rank)) if not axes else list(axes)
+        axes = axes or list(range(rank))
         keep = bool(_attr(node, "keepdims", 1))
         if not is_tensor(x):
-            return [fold(_known(x), axis=tuple(axes), keepdims=keep)]
+            return [_fold(ir_op, x, axes=axes, keepdims=keep)]
         return [apply(ir_op, x, axes=axes, keepdims=keep)]
     return Rule(run)
 
@@ -620,7 +686,7 @@ def _reduce(ir_op: str, fold, axes_input_since: int):
 def _where(node, ins, ctx):
     cond, x, y = ins
     if not any(is_tensor(v) for v in ins):
-        return [np.where(_known(cond), _known(x), _known(y))]
+        return [_fold("where", cond, x, y)]
     ref = x if is_tensor(x) else y
     return [apply("where", tensor(cond), tensor(x, ref if is_tensor(ref) else None),
                   tensor(y, ref if is_tensor(ref) else None))]
@@ -630,41 +696,36 @@ def _trilu(node, ins, ctx):
     x = ins[0]
     k = int(ints_of(ins[1])[0]) if len(ins) > 1 and ins[1] is not None else 0
     tri = np.triu if _attr(node, "upper", 1) else np.tril
-    if not is_tensor(x):
-        return [tri(x, k)]
-    rows, cols = x.shape[-2:]
+    rows, cols = _shape_of(x)[-2:]
     if not (isinstance(rows, int) and isinstance(cols, int)):
         raise Unsupported(f"Trilu of a tensor with symbolic matrix dims [{rows}, {cols}]")
     keep = tri(np.ones((rows, cols), dtype=bool), k)
-    return [apply("where", tensor(keep), x, tensor(np.zeros((), x.dtype.numpy)))]
+    zero = np.zeros((), _known(x).dtype if not is_tensor(x) else x.dtype.numpy)
+    return [apply("where", tensor(keep), x, tensor(zero)) if is_tensor(x) else _fold("where", keep, x, zero)]
 
 
 def _gelu(node, ins, ctx):
     return [ins[0].gelu(_attr(node, "approximate", "none"))]
 
 
-def _unary(ir_op: str, fold):
+def _unary(ir_op: str):
     def run(node, ins, ctx):
         (x,) = ins
-        return [apply(ir_op, x) if is_tensor(x) else fold(_known(x))]
+        return [apply(ir_op, x) if is_tensor(x) else _fold(ir_op, x)]
     return Rule(run)
 
 
 # ONNX op type -> how it is imported (the default domain, ai.onnx).
 TABLE: dict[str, Rule] = {
-    "Add": _elementwise("add", np.add), "Sub": _elementwise("sub", np.subtract),
-    "Mul": _elementwise("mul", np.multiply), "Div": _elementwise("div", _int_aware_div),
-    "Pow": Rule(_pow),
-    "Equal": _elementwise("equal", np.equal), "Less": _elementwise("less", np.less),
-    "LessOrEqual": _elementwise("less_equal", np.less_equal), "Greater": _elementwise("greater", np.greater),
-    "GreaterOrEqual": _elementwise("greater_equal", np.greater_equal),
-    "And": _elementwise("logical_and", np.logical_and), "Or": _elementwise("logical_or", np.logical_or),
-    "Not": _unary("logical_not", np.logical_not), "IsNaN": Rule(_isnan),
-    "Neg": _unary("neg", np.negative), "Sqrt": _unary("sqrt", np.sqrt),
-    "Reciprocal": _unary("reciprocal", np.reciprocal), "Exp": _unary("exp", np.exp),
-    "Tanh": _unary("tanh", np.tanh), "Relu": _unary("relu", lambda x: np.maximum(x, 0)),
-    "Erf": _unary("erf", scipy.special.erf),
-    "Sin": _unary("sin", np.sin), "Cos": _unary("cos", np.cos), "Sigmoid": _unary("sigmoid", scipy.special.expit),
+    "Add": _elementwise("add"), "Sub": _elementwise("sub"), "Mul": _elementwise("mul"),
+    "Div": _elementwise("div"), "Pow": Rule(_pow),
+    "Equal": _elementwise("equal"), "Less": _elementwise("less"), "LessOrEqual": _elementwise("less_equal"),
+    "Greater": _elementwise("greater"), "GreaterOrEqual": _elementwise("greater_equal"),
+    "And": _elementwise("logical_and"), "Or": _elementwise("logical_or"),
+    "Not": _unary("logical_not"), "IsNaN": Rule(_isnan),
+    "Neg": _unary("neg"), "Sqrt": _unary("sqrt"), "Reciprocal": _unary("reciprocal"), "Exp": _unary("exp"),
+    "Tanh": _unary("tanh"), "Relu": _unary("relu"), "Erf": _unary("erf"),
+    "Sin": _unary("sin"), "Cos": _unary("cos"), "Sigmoid": _unary("sigmoid"),
     "Gelu": Rule(_gelu, since=20),
     "Cast": Rule(_cast), "Identity": Rule(_identity), "Dropout": Rule(_dropout),
     "Shape": Rule(_shape), "Gather": Rule(_gather), "GatherElements": Rule(_gather_elements),
@@ -674,9 +735,9 @@ TABLE: dict[str, Rule] = {
     "ConstantOfShape": Rule(_constant_of_shape), "Constant": Rule(_constant), "Slice": Rule(_slice),
     "Split": Rule(_split), "MatMul": Rule(_matmul), "Gemm": Rule(_gemm), "Softmax": Rule(_softmax),
     "LayerNormalization": Rule(_layernorm, since=17),
-    "ReduceMean": _reduce("reduce_mean", np.mean, 18), "ReduceSum": _reduce("reduce_sum", np.sum, 13),
-    "ReduceMax": _reduce("reduce_max", np.max, 18),
-    "Max": _extremum("greater", np.maximum), "Min": _extremum("less", np.minimum),
+    "ReduceMean": _reduce("reduce_mean", 18), "ReduceSum": _reduce("reduce_sum", 13),
+    "ReduceMax": _reduce("reduce_max", 18),
+    "Max": _extremum("greater"), "Min": _extremum("less"),
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }
 

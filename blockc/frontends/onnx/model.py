@@ -25,13 +25,13 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from ...errors import ModelError, OnnxFileError, ShapeError, WeightsError
+from ...errors import BlockcError, OnnxFileError, WeightsError
 from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
 from . import contrib
-from .convert import TABLE, Rule, Unsupported, as_value, is_tensor, tensor
+from .convert import TABLE, Rule, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
 from .safe_load import ExternalTensor, OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
@@ -149,7 +149,9 @@ class OnnxModel(Model):
             ins = [values[x] if x else None for x in node.input]
             try:
                 outs = rule_for(node).fn(node, ins, self)
-            except (Unsupported, ModelError, ShapeError) as e:
+            except OnnxFileError:
+                raise
+            except BlockcError as e:   # Unsupported, a ShapeError of a folded op, a ModelError of a traced one
                 raise OnnxFileError(f"{self.file.path}: node {node_label(node)} ({node.op_type}): {e}") from None
             except (TypeError, ValueError, IndexError, KeyError) as e:  # a node whose operands do not fit it
                 raise OnnxFileError(f"{self.file.path}: node {node_label(node)} "

@@ -63,8 +63,8 @@ def _refuse_unsupported_attention(node, ins, ctx, dtype: DType) -> None:
         raise Unsupported(f"Attention's qk_matmul_output (qk_matmul_output_mode="
                           f"{_attr(node, 'qk_matmul_output_mode', 0)}): blockc's attention does not expose its scores")
     scale = _attr(node, "scale")
-    if scale is not None and scale < 0:
-        raise Unsupported(f"Attention with scale={scale:g}: ONNX scales q and k by its square root")
+    if scale is not None and scale <= 0:   # ONNX Runtime refuses such a file; q and k are scaled by its root
+        raise Unsupported(f"attribute scale {scale:g} is not above 0 (ONNX takes a scale greater than 0)")
     precision = _attr(node, "softmax_precision")
     if precision is not None and precision != dtype.onnx_code:
         raise Unsupported(f"Attention with softmax_precision={precision}: blockc's softmax runs in the "
