@@ -423,7 +423,8 @@ def cmd_generate(args) -> int:
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
     result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=pick,
-                      stop_id=args.stop_id, on_token=lines, cache=args.cache, cache_len=args.cache_len)
+                      stop_id=args.stop_id, on_token=lines, form=args.form, cache=args.cache,
+                      cache_len=args.cache_len)
     lines.finish(result.tokens)
     print(format_timings(result))
     if args.json:
@@ -739,6 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "key/value cache. Prints each prompt's new ids (redrawn as they come on a terminal), then "
                        "the time to the first token, each decode step's median and p90, and tokens per second.")
     _model_args(p)
+    _form_arg(p, default="fused")
     p.add_argument("--prompt-ids", action="append", required=True, metavar="IDS",
                    help="one prompt's token ids, comma-separated, e.g. 1,2,3 (repeatable: one prompt each)")
     p.add_argument("--max-new", type=int, default=32, help="new tokens per prompt, at most (default 32)")

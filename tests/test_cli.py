@@ -350,6 +350,18 @@ def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
     assert report["tokens"] == expected and len(report["step_s"]) == 4 and report["first_token_s"] > 0
 
 
+def test_generate_runs_the_fused_graphs_unless_form_says_otherwise(capsys, monkeypatch):
+    import blockc.generate.loop as loop
+    asked, real = [], loop.to_form
+    monkeypatch.setattr(loop, "to_form", lambda graph, form, **kw: asked.append(form) or real(graph, form, **kw))
+    args = ["generate", "tiny", "--set", "layers=1", "--prompt-ids", "1,2,3", "--max-new", "2"]
+    for extra, form in (([], "fused"), (["--form", "standard"], "standard"), (["--form", "decomposed"], "decomposed")):
+        asked.clear()
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 0, err
+        assert asked == [form, form] and out.rstrip().endswith(f"on ort-cpu, {form} graphs)")
+
+
 def test_generate_samples_with_a_seed(capsys):
     """--temperature/--top-k/--top-p/--repetition-penalty/--seed: the same
     seed gives the same ids, run after run and backend after backend (the

@@ -117,10 +117,23 @@ def test_generate_works_for_every_dtype_that_run_does(dtype, backend):
     assert generate(model, weights, PROMPTS[:1], 3, backend=backend).tokens == [expected]
 
 
+def test_generate_compiles_the_fused_graphs_unless_told(monkeypatch):
+    # the graphs docs/PERFORMANCE.md measures; form= picks another
+    import blockc.generate.loop as loop
+    asked, real = [], loop.to_form
+    monkeypatch.setattr(loop, "to_form", lambda graph, form, **kw: asked.append(form) or real(graph, form, **kw))
+    model = build_model("tiny", {"layers": "1"})
+    weights = weights_of(model)
+    assert generate(model, weights, PROMPTS, 2).form == "fused" and asked == ["fused", "fused"]
+    asked.clear()
+    assert generate(model, weights, PROMPTS, 2, form="standard").form == "standard" and asked == ["standard"] * 2
+
+
 def test_fused_graphs_generate_the_same():
     model = build_model("llama-tiny")
     weights = weights_of(model)
-    assert generate(model, weights, PROMPTS, 5, form="fused").tokens == generate(model, weights, PROMPTS, 5).tokens
+    assert generate(model, weights, PROMPTS, 5, form="fused").tokens == \
+        generate(model, weights, PROMPTS, 5, form="standard").tokens
 
 
 def test_stop_id_ends_a_row_and_pick_sees_the_history():
