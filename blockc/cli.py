@@ -295,8 +295,12 @@ def _bindings(args, graph) -> dict[str, int]:
             if fallback is not None:
                 bindings[name] = fallback
     bindings.update(_asked_dims(args, graph))
-    for limit, n in graph_limits(graph).dims_over(bindings):
+    limits = graph_limits(graph)
+    for limit, n in limits.dims_over(bindings):
         raise BlockcError(f"--dim {limit.dim}={n} exceeds the model's maximum of {limit.limit}")
+    too_big = limits.size_over(bindings)   # before any input is sampled or memory planned
+    if too_big:
+        raise BlockcError(too_big)
     symbols = graph.symbols()
     return {k: v for k, v in bindings.items() if k in symbols}
 

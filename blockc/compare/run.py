@@ -149,6 +149,9 @@ def plan_comparison(o: CompareOptions) -> Plan:
                 k = str(limit.dim)
                 raise BlockcError(f"{k}={n} exceeds {o.model}'s maximum of {limit.limit} ({limit.why}); "
                                   f"use a smaller --{k if k in ('batch', 'seq') else 'dim'}")
+            too_big = limits.size_over(shape)   # before any memory is planned from these sizes
+            if too_big:
+                raise BlockcError(too_big)
             missing = [k for k in symbols if k not in shape]
             if missing:
                 raise BlockcError(f"{o.model} has dimension(s) {', '.join(missing)} with no size: "
