@@ -119,6 +119,12 @@ def plan_comparison(o: CompareOptions) -> Plan:
     unknown = [p for p in o.peers if p not in PEERS]
     if unknown:
         raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
+    if not o.backends:   # the peers and the forms are measured against blockc's backends: no verdict without one
+        raise BlockcError(f"no backend to compare: --backends needs at least one of {', '.join(backend_names())}")
+    for flag, names in (("--backends", o.backends), ("--peers", o.peers)):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:   # each would be measured, and its rows printed, as many times
+            raise BlockcError(f"{flag} names {', '.join(twice)} more than once: each is measured once")
     if o.dtype not in (None, "float32", "float16"):
         raise BlockcError(f"--dtype {o.dtype}: compare runs float32 or float16")
     for name, values in (("--batch", o.batches), ("--seq", o.seqs)):

@@ -140,6 +140,11 @@ def test_peak_bandwidth_given_makes_fractions():
 @pytest.mark.parametrize("argv, message", [
     (["--backends", "ort-cpu,tpu"], "unknown backend 'tpu'"),
     (["--peers", "tvm"], "unknown peer 'tvm'"),
+    (["--backends", "ort-cpu,ort-cpu"], "--backends names ort-cpu more than once: each is measured once"),
+    (["--backends", "reference,ort-cpu,reference"], "--backends names reference more than once"),
+    (["--peers", "torch-eager,torch-eager"], "--peers names torch-eager more than once"),
+    (["--backends", ""], "no backend to compare: --backends needs at least one of reference, ort"),
+    (["--backends", "none"], "no backend to compare"),
     (["tiny", "--seq", "2000"], "seq=2000 exceeds tiny's maximum of 128"),   # its position table's rows
     (["--batch", "1,x"], "malformed --batch"),
     (["--batch", "0"], "--batch needs positive integers"),
@@ -153,6 +158,16 @@ def test_bad_input_fails_before_measuring(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert time.perf_counter() - t0 < 20   # nothing was measured
+
+
+@pytest.mark.parametrize("backends, peers, message", [
+    (("ort-cpu", "ort-cpu"), (), "--backends names ort-cpu more than once"),   # each row printed twice
+    ((), ("ort-optimizer",), "no backend to compare"),   # the peers alone: no verdict
+    (("reference",), ("torch-eager", "torch-eager"), "--peers names torch-eager more than once"),
+])
+def test_a_list_naming_a_backend_twice_or_none_is_refused_when_planned(backends, peers, message):
+    with pytest.raises(BlockcError, match=message):
+        plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=backends, peers=peers, **QUICK))
 
 
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
