@@ -258,6 +258,30 @@ def run_backends():
         yield pytest.param(name, marks=[] if ok else [pytest.mark.skip(reason=why)])
 
 
+def test_run_times_the_weights_the_build_and_the_run_apart(capsys, tmp_path, monkeypatch):
+    """A slow build (here 0.4 s of it, and the seeded weights, made on
+    access) is never counted as the run's time."""
+    import time as clock
+
+    from blockc.runtime.backends.reference import ReferenceBackend, ReferenceCompiled
+    real_compile, real_runner = ReferenceBackend.compile, ReferenceCompiled.unchecked_runner
+    monkeypatch.setattr(ReferenceBackend, "compile", lambda *a, **k: clock.sleep(0.4) or real_compile(*a, **k))
+    made = []
+    monkeypatch.setattr(ReferenceCompiled, "unchecked_runner", lambda self, feeds, bindings: made.append(
+        all(type(w) is np.ndarray for w in self.weights.values())) or real_runner(self, feeds, bindings))
+    code, out, err = run(capsys, "run", *TINY, "--backend", "reference")
+    assert code == 0, err
+    times = re.search(r": weights made ([\d.]+) ms, build ([\d.]+) ms, first run ([\d.]+) ms$", out.splitlines()[0])
+    assert times, out
+    assert float(times[2]) >= 400 > float(times[3]) and made == [True]   # weights made before the build
+    weights = tmp_path / "w.npz"
+    from blockc.frontends import build_model, init_weights, save_weights
+    save_weights(weights, init_weights(build_model("tiny", {"layers": "1"})))
+    code, out, err = run(capsys, "run", *TINY, "--backend", "reference", "--weights", str(weights))
+    assert code == 0, err
+    assert re.search(r": build [\d.]+ ms, first run [\d.]+ ms$", out.splitlines()[0]), out   # read, not made
+
+
 @pytest.mark.parametrize("backend", run_backends())
 def test_run_on_saved_inputs_matches_the_seeded_run(backend, tmp_path, capsys):
     inputs, ref, out = tmp_path / "in.npz", tmp_path / "ref.npz", tmp_path / "out.npz"
