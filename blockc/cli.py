@@ -202,23 +202,44 @@ def _graph(args, progress=None):
 # A job that ends sooner than this shows no progress bar: a quick export
 # prints what it always did, with no bar flashing by.
 PROGRESS_DELAY_S = 1.0
+# Where no bar can be drawn (a pipe, a log), compare's progress is a line at
+# most this often: a few lines a minute, never minutes of silence.
+PROGRESS_LINE_S = 15.0
 
 
 class _ProgressBar:
     """A ``blockc.progress`` callback that draws a rich progress bar, one line
     a stage, on ``stream`` (stderr), and only where that is a terminal and the
-    job has run ``delay`` seconds: pipes, files and tests see nothing. Stages
-    reported before the bar appears are shown as they stand. A context
-    manager: the bar is removed when the job ends, however it ends."""
+    job has run ``delay`` seconds: pipes, files and tests see nothing, unless
+    ``lines_every`` is given (a job of minutes, such as compare): then they
+    get a plain line, where the job stands, at most that many seconds apart,
+    so a log is never minutes of silence. Stages reported before the bar
+    appears are shown as they stand. A context manager: the bar is removed
+    when the job ends, however it ends."""
 
-    def __init__(self, stream=None, delay: float = PROGRESS_DELAY_S, show: bool = True):
+    def __init__(self, stream=None, delay: float = PROGRESS_DELAY_S, show: bool = True,
+                 lines_every: float | None = None):
         self.stream = stream if stream is not None else sys.stderr
-        self.show = show and self.stream.isatty()
+        terminal = self.stream.isatty()
+        self.show = show and terminal
+        self.lines_every = lines_every if show and not terminal else None
         self.delay, self.started = delay, time.perf_counter()
+        self.last_line = None
         self.stages: dict[str, tuple[int, int, str]] = {}
         self.bar, self.tasks = None, {}
 
+    def _line(self, stage: str, done: int, total: int, detail: str) -> None:
+        now = time.perf_counter()
+        if self.last_line is not None and now - self.last_line < self.lines_every and done < total:
+            return
+        self.last_line = now
+        self.stream.write(f"{stage} {done}/{total}{': ' + detail if detail else ''} "
+                          f"({now - self.started:.0f} s so far)\n")
+        self.stream.flush()
+
     def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
+        if self.lines_every is not None:
+            self._line(stage, done, total, detail)
         if not self.show:
             return
         self.stages[stage] = (done, total, detail)
@@ -591,7 +612,7 @@ def cmd_compare(args) -> int:
     console = make_console()
     for line in describe_plan(plan):
         console.print(line)
-    with _ProgressBar(delay=0, show=not args.no_progress) as bar:
+    with _ProgressBar(delay=0, show=not args.no_progress, lines_every=PROGRESS_LINE_S) as bar:
         report = run_comparison(plan, bar)
     print_report(report, console)
     if args.json:
@@ -832,7 +853,8 @@ def build_parser() -> argparse.ArgumentParser:
     _json_arg(p, what="the results", schema="docs/compare-report.md")
     p.add_argument("--report", metavar="DIR", help="also write an HTML report with charts into DIR")
     p.add_argument("--no-kernels", action="store_true", help="skip timing each fused kernel alone")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (nor, where stderr is not a "
+                   "terminal, the progress lines written there instead)")
     p.set_defaults(fn=cmd_compare)
     return parser
 
