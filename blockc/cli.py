@@ -232,9 +232,9 @@ class _ProgressBar:
         now = time.perf_counter()
         if self.last_line is not None and now - self.last_line < self.lines_every and done < total:
             return
-        self.last_line = now
-        self.stream.write(f"{stage} {done}/{total}{': ' + detail if detail else ''} "
-                          f"({now - self.started:.0f} s so far)\n")
+        self.last_line, spent = now, now - self.started
+        left = f", about {spent / done * (total - done):.0f} s left" if 0 < done < total else ""   # as the bar's
+        self.stream.write(f"{stage} {done}/{total}{': ' + detail if detail else ''} ({spent:.0f} s so far{left})\n")
         self.stream.flush()
 
     def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
