@@ -298,7 +298,10 @@ def describe_plan(plan: Plan) -> list[str]:
              f"{memory.describe_budget(None if plan.budget is None else plan.budget + plan.holding, o.max_memory is not None)}"]
     if too_big:
         lines.append(f"over the budget, not run: {', '.join(too_big)}")
-    lines.append(f"time: about {_duration(planned_seconds(plan))}")
+    from .machine import matmul_flops_per_s
+    lines.append(f"time: about {_duration(planned_seconds(plan))} on a quiet machine (each run guessed from its "
+                 f"FLOPs at {matmul_flops_per_s() / 1e9:.0f} GFLOP/s, the best matmul rate seen here; "
+                 f"longer where other work shares the cores)")
     return lines
 
 
