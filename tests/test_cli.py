@@ -386,6 +386,16 @@ def test_generate_runs_the_fused_graphs_unless_form_says_otherwise(capsys, monke
         assert asked == [form, form] and out.rstrip().endswith(f"on ort-cpu, {form} graphs)")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_generate_in_every_dtype_run_takes(dtype, capsys):
+    # the command as a user types it; tests/generate/test_loop.py holds every backend
+    args = ["tiny", "--set", "layers=1", "--set", f"dtype={dtype}", "--backend", "reference"]
+    assert run(capsys, "run", *args)[0] == 0
+    code, out, err = run(capsys, "generate", *args, "--prompt-ids", "1,2,3", "--max-new", "3")
+    assert code == 0, err
+    assert re.fullmatch(r"\[0\]( \d+){3}", out.splitlines()[0])
+
+
 def test_generate_samples_with_a_seed(capsys):
     """--temperature/--top-k/--top-p/--repetition-penalty/--seed: the same
     seed gives the same ids, run after run and backend after backend (the
