@@ -150,7 +150,8 @@ def test_a_long_job_writes_a_line_now_and_then_where_no_bar_can_be_drawn(monkeyp
         for done, detail in ((0, "a"), (1, "b"), (2, "c"), (3, "d")):
             bar(stages.MEASURING, done, 4, detail)
         bar(stages.MEASURING, 4, 4)
-    assert pipe.getvalue().splitlines() == ["measuring 0/4: a (0 s so far)", "measuring 2/4: c (20 s so far, about 20 s left)",
+    assert pipe.getvalue().splitlines() == ["measuring 0/4: a (0 s so far)",
+                                            "measuring 2/4: c (20 s so far, about 20 s left)",
                                             "measuring 4/4 (22 s so far)"]
     for stream, show in ((io.StringIO(), False), (Terminal(), True)):
         with _ProgressBar(stream=stream, delay=3600, show=show, lines_every=15.0) as bar:

@@ -64,7 +64,8 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
     fmt = _format_of(path)
     # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
     arrays = {name: np.asarray(a, order="C") for name, a in materialize(weights).items()}
-    bad = [f"{name} ({a.dtype})" for name, a in arrays.items() if a.dtype.kind not in "biuf" and not is_float_numpy(a.dtype)]
+    bad = [f"{name} ({a.dtype})" for name, a in arrays.items()
+           if a.dtype.kind not in "biuf" and not is_float_numpy(a.dtype)]
     if bad:
         raise WeightsError(f"cannot save non-numeric arrays: {', '.join(bad)}")
     write = _write_safetensors if fmt == ".safetensors" else _write_npz

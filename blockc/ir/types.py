@@ -11,9 +11,10 @@ from .dtypes import DType
 
 def size_problem(shape: Sequence[int], itemsize: int = 1) -> str | None:
     """Why no tensor of ``shape``, of elements of ``itemsize`` bytes, can
-    exist anywhere (``has ... elements, more than any tensor can hold``), or None: ONNX's dims, numpy's array sizes and the
-    generated C API all count a tensor's elements (and numpy its bytes) in
-    int64, so a product past 2**63 - 1 is not a size but an overflow."""
+    exist anywhere (``has ... elements, more than any tensor can hold``), or
+    None. ONNX's dims, numpy's array sizes and the generated C API all count
+    a tensor's elements (and numpy its bytes) in int64, so a product past
+    2**63 - 1 is not a size but an overflow."""
     numel = math.prod(shape)   # Python ints: exact however large
     if numel * itemsize < 2**63:
         return None
