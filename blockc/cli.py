@@ -211,23 +211,44 @@ def _graph(args, progress=None):
 # A job that ends sooner than this shows no progress bar: a quick export
 # prints what it always did, with no bar flashing by.
 PROGRESS_DELAY_S = 1.0
+# Where no bar can be drawn (a pipe, a log), compare's progress is a line at
+# most this often: a few lines a minute, never minutes of silence.
+PROGRESS_LINE_S = 15.0
 
 
 class _ProgressBar:
     """A ``blockc.progress`` callback that draws a rich progress bar, one line
     a stage, on ``stream`` (stderr), and only where that is a terminal and the
-    job has run ``delay`` seconds: pipes, files and tests see nothing. Stages
-    reported before the bar appears are shown as they stand. A context
-    manager: the bar is removed when the job ends, however it ends."""
+    job has run ``delay`` seconds: pipes, files and tests see nothing, unless
+    ``lines_every`` is given (a job of minutes, such as compare): then they
+    get a plain line, where the job stands, at most that many seconds apart,
+    so a log is never minutes of silence. Stages reported before the bar
+    appears are shown as they stand. A context manager: the bar is removed
+    when the job ends, however it ends."""
 
-    def __init__(self, stream=None, delay: float = PROGRESS_DELAY_S, show: bool = True):
+    def __init__(self, stream=None, delay: float = PROGRESS_DELAY_S, show: bool = True,
+                 lines_every: float | None = None):
         self.stream = stream if stream is not None else sys.stderr
-        self.show = show and self.stream.isatty()
+        terminal = self.stream.isatty()
+        self.show = show and terminal
+        self.lines_every = lines_every if show and not terminal else None
         self.delay, self.started = delay, time.perf_counter()
+        self.last_line = None
         self.stages: dict[str, tuple[int, int, str]] = {}
         self.bar, self.tasks = None, {}
 
+    def _line(self, stage: str, done: int, total: int, detail: str) -> None:
+        now = time.perf_counter()
+        if self.last_line is not None and now - self.last_line < self.lines_every and done < total:
+            return
+        self.last_line, spent = now, now - self.started
+        left = f", about {spent / done * (total - done):.0f} s left" if 0 < done < total else ""   # as the bar's
+        self.stream.write(f"{stage} {done}/{total}{': ' + detail if detail else ''} ({spent:.0f} s so far{left})\n")
+        self.stream.flush()
+
     def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
+        if self.lines_every is not None:
+            self._line(stage, done, total, detail)
         if not self.show:
             return
         self.stages[stage] = (done, total, detail)
@@ -311,6 +332,9 @@ def _bindings(args, graph) -> dict[str, int]:
         print(f"blockc: {note}", file=sys.stderr)
     for limit, n in limits.dims_over(bindings):
         raise BlockcError(f"--dim {limit.dim}={n} exceeds the model's maximum of {limit.limit}")
+    too_big = limits.size_over(bindings)   # before any input is sampled or memory planned
+    if too_big:
+        raise BlockcError(too_big)
     symbols = graph.symbols()
     return {k: v for k, v in bindings.items() if k in symbols}
 
@@ -390,13 +414,13 @@ def cmd_run(args) -> int:
     weights = _weights(args, model)
     feeds, bindings = _feeds(args, model, graph)
     backend.require()
-    t0 = time.perf_counter()
-    outputs = backend.run(graph, weights, feeds)
-    where = backend.title
-    elapsed = time.perf_counter() - t0
+    seconds, weights, outputs = _build_and_run(backend, graph, weights, feeds)
     dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
     source = f"inputs {args.inputs}" if args.inputs else f"seed {args.seed}"
-    print(f"{printable(graph.name)} [{args.form}] on {where}, {dims}, {source}: {elapsed * 1e3:.1f} ms")
+    if args.weights:   # read from the file before any of this: nothing was made
+        del seconds["weights made"]
+    print(f"{printable(graph.name)} [{args.form}] on {backend.title}, {dims}, {source}: "
+          + ", ".join(f"{what} {s * 1e3:.1f} ms" for what, s in seconds.items()))
     oracle = run_reference(graph, weights, feeds, float64=True) if args.check else None
     header = f"  {'output':<20} {'shape':<18} {'dtype':<9} {'mean':>11} {'std':>11} {'min':>11} {'max':>11}"
     print(header + ("  max |err| vs f64" if oracle else ""))
@@ -417,6 +441,26 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _build_and_run(backend, graph, weights, feeds) -> tuple[dict[str, float], dict, dict]:
+    """``(seconds, weights, outputs)``: making the weights (seeded ones are
+    made on access: all now, once, not inside the build or the run),
+    compiling ``graph`` with them, then one run of ``feeds``, each timed
+    apart; the feeds are checked before any of it (a bad feed should not
+    cost a build)."""
+    from .frontends.weights import materialize
+    from .runtime.bindings import bind_inputs
+    bindings = bind_inputs(graph, feeds)
+    t0 = time.perf_counter()
+    weights = materialize(weights)
+    t1 = time.perf_counter()
+    with backend.compile(graph, weights) as compiled:
+        run = compiled.unchecked_runner(feeds, bindings)
+        t2 = time.perf_counter()
+        outputs = run()
+        t3 = time.perf_counter()
+    return {"weights made": t1 - t0, "build": t2 - t1, "first run": t3 - t2}, weights, outputs
+
+
 def cmd_generate(args) -> int:
     import json
     from .generate.loop import cache_length, check_request, generate
@@ -435,7 +479,8 @@ def cmd_generate(args) -> int:
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
     result = generate(model, _weights(args, model), prompts, args.max_new, backend=args.backend, pick=pick,
-                      stop_id=args.stop_id, on_token=lines, cache=args.cache, cache_len=args.cache_len)
+                      stop_id=args.stop_id, on_token=lines, form=args.form, cache=args.cache,
+                      cache_len=args.cache_len)
     lines.finish(result.tokens)
     print(format_timings(result))
     if args.json:
@@ -582,7 +627,7 @@ def cmd_compare(args) -> int:
     console = make_console()
     for line in describe_plan(plan):
         console.print(line)
-    with _ProgressBar(delay=0, show=not args.no_progress) as bar:
+    with _ProgressBar(delay=0, show=not args.no_progress, lines_every=PROGRESS_LINE_S) as bar:
         report = run_comparison(plan, bar)
     print_report(report, console)
     if args.json:
@@ -773,6 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "key/value cache. Prints each prompt's new ids (redrawn as they come on a terminal), then "
                        "the time to the first token, each decode step's median and p90, and tokens per second.")
     _model_args(p)
+    _form_arg(p, default="fused")
     p.add_argument("--prompt-ids", action="append", required=True, metavar="IDS",
                    help="one prompt's token ids, comma-separated, e.g. 1,2,3 (repeatable: one prompt each)")
     p.add_argument("--max-new", type=int, default=32, help="new tokens per prompt, at most (default 32)")
@@ -841,7 +887,8 @@ def build_parser() -> argparse.ArgumentParser:
     _json_arg(p, what="the results", schema="docs/compare-report.md")
     p.add_argument("--report", metavar="DIR", help="also write an HTML report with charts into DIR")
     p.add_argument("--no-kernels", action="store_true", help="skip timing each fused kernel alone")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (nor, where stderr is not a "
+                   "terminal, the progress lines written there instead)")
     p.set_defaults(fn=cmd_compare)
     return parser
 

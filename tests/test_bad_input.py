@@ -205,6 +205,41 @@ def test_a_shape_past_int64_is_refused(capsys):
     one_line_error(code, err, "more than any tensor can hold")
 
 
+def relu_file(tmp_path, shape) -> str:
+    """An ONNX file ``y = Relu(x)`` whose input ``x`` has ``shape`` (ints or dim names)."""
+    from onnx import TensorProto, helper, save
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "big", [x], [y])
+    path = str(tmp_path / "big.onnx")
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+BIG = 2**62
+
+
+@pytest.mark.parametrize("shape, dims, message", [
+    ([BIG, BIG], [], f"input 'x' f32[{BIG},{BIG}] has 2.13e+37 elements of 4 bytes, more than any tensor can hold"),
+    (["n", BIG], ["--dim", "n=2"], f"input 'x' f32[n,{BIG}] at n=2 is [2, {BIG}] and has 9.22e+18 elements"),
+])
+@pytest.mark.parametrize("command", [["run", "--backend", "reference"], ["compare", "--backends", "reference"]])
+def test_an_onnx_input_past_int64_is_refused_naming_it(command, shape, dims, message, tmp_path, capsys):
+    """Not numpy's traceback when the input is sampled, nor a memory plan in
+    zettabytes: every command that binds the dims refuses such a tensor."""
+    code, out, err = run(capsys, command[0], relu_file(tmp_path, shape), *command[1:], *dims)
+    one_line_error(code, err, message)
+    assert "EiB" not in err and out == ""
+
+
+@pytest.mark.parametrize("argv", [["run", "tiny", "--dim", f"batch={2**45}", "--dim", "seq=128"],
+                                  ["compare", "tiny", "--batch", str(2**45)]])
+def test_sizes_whose_intermediate_passes_int64_are_refused_naming_it(argv, capsys):
+    # the ids and embeddings fit (2**55, 2**60 bytes); the attention scores [batch, heads, seq, seq] do not
+    code, out, err = run(capsys, *argv, "--set", "layers=1")
+    one_line_error(code, err, f"the output of matmul f32[batch,4,seq,seq] at batch={2**45}, seq=")
+
+
 # ---- model files -------------------------------------------------------------------------------
 def test_model_class_without_inputs(tmp_path, capsys):
     path = model_file(tmp_path, """

@@ -382,6 +382,30 @@ def run_backends():
         yield pytest.param(name, marks=[] if ok else [pytest.mark.skip(reason=why)])
 
 
+def test_run_times_the_weights_the_build_and_the_run_apart(capsys, tmp_path, monkeypatch):
+    """A slow build (here 0.4 s of it, and the seeded weights, made on
+    access) is never counted as the run's time."""
+    import time as clock
+
+    from blockc.runtime.backends.reference import ReferenceBackend, ReferenceCompiled
+    real_compile, real_runner = ReferenceBackend.compile, ReferenceCompiled.unchecked_runner
+    monkeypatch.setattr(ReferenceBackend, "compile", lambda *a, **k: clock.sleep(0.4) or real_compile(*a, **k))
+    made = []
+    monkeypatch.setattr(ReferenceCompiled, "unchecked_runner", lambda self, feeds, bindings: made.append(
+        all(type(w) is np.ndarray for w in self.weights.values())) or real_runner(self, feeds, bindings))
+    code, out, err = run(capsys, "run", *TINY, "--backend", "reference")
+    assert code == 0, err
+    times = re.search(r": weights made ([\d.]+) ms, build ([\d.]+) ms, first run ([\d.]+) ms$", out.splitlines()[0])
+    assert times, out
+    assert float(times[2]) >= 400 > float(times[3]) and made == [True]   # weights made before the build
+    weights = tmp_path / "w.npz"
+    from blockc.frontends import build_model, init_weights, save_weights
+    save_weights(weights, init_weights(build_model("tiny", {"layers": "1"})))
+    code, out, err = run(capsys, "run", *TINY, "--backend", "reference", "--weights", str(weights))
+    assert code == 0, err
+    assert re.search(r": build [\d.]+ ms, first run [\d.]+ ms$", out.splitlines()[0]), out   # read, not made
+
+
 @pytest.mark.parametrize("backend", run_backends())
 def test_run_on_saved_inputs_matches_the_seeded_run(backend, tmp_path, capsys):
     inputs, ref, out = tmp_path / "in.npz", tmp_path / "ref.npz", tmp_path / "out.npz"
@@ -472,6 +496,28 @@ def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
     assert re.match(r"10 tokens at [\d.]+ tokens/s", lines[4])
     report = json.loads(out_json.read_text())
     assert report["tokens"] == expected and len(report["step_s"]) == 4 and report["first_token_s"] > 0
+
+
+def test_generate_runs_the_fused_graphs_unless_form_says_otherwise(capsys, monkeypatch):
+    import blockc.generate.loop as loop
+    asked, real = [], loop.to_form
+    monkeypatch.setattr(loop, "to_form", lambda graph, form, **kw: asked.append(form) or real(graph, form, **kw))
+    args = ["generate", "tiny", "--set", "layers=1", "--prompt-ids", "1,2,3", "--max-new", "2"]
+    for extra, form in (([], "fused"), (["--form", "standard"], "standard"), (["--form", "decomposed"], "decomposed")):
+        asked.clear()
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 0, err
+        assert asked == [form, form] and out.rstrip().endswith(f"on ort-cpu, {form} graphs)")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_generate_in_every_dtype_run_takes(dtype, capsys):
+    # the command as a user types it; tests/generate/test_loop.py holds every backend
+    args = ["tiny", "--set", "layers=1", "--set", f"dtype={dtype}", "--backend", "reference"]
+    assert run(capsys, "run", *args)[0] == 0
+    code, out, err = run(capsys, "generate", *args, "--prompt-ids", "1,2,3", "--max-new", "3")
+    assert code == 0, err
+    assert re.fullmatch(r"\[0\]( \d+){3}", out.splitlines()[0])
 
 
 def test_generate_samples_with_a_seed(capsys):

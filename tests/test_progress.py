@@ -2,6 +2,7 @@
 written report through one callback (blockc/progress.py) and print nothing;
 `blockc export` draws them as a bar, on a terminal only."""
 import io
+import re
 import time
 
 import onnx
@@ -136,6 +137,35 @@ def test_the_bar_waits_for_a_slow_job_and_never_draws_into_a_pipe(tmp_path, monk
         bar(stages.TRACING, 36, 36)
         bar(stages.BUILDING_ONNX, 0, 75)
     assert stages.TRACING in screen.getvalue() and stages.BUILDING_ONNX in screen.getvalue()
+
+
+def test_a_long_job_writes_a_line_now_and_then_where_no_bar_can_be_drawn(monkeypatch):
+    """``lines_every``: a pipe or a log gets where the job stands, a line at
+    most that often and one at the end, instead of minutes of silence; a
+    terminal keeps its bar, and ``show=False`` (--no-progress) silences both."""
+    clock = iter([0.0, 0.0, 5.0, 20.0, 21.0, 22.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock, 22.0))
+    pipe = io.StringIO()
+    with _ProgressBar(stream=pipe, delay=0, lines_every=15.0) as bar:
+        for done, detail in ((0, "a"), (1, "b"), (2, "c"), (3, "d")):
+            bar(stages.MEASURING, done, 4, detail)
+        bar(stages.MEASURING, 4, 4)
+    assert pipe.getvalue().splitlines() == ["measuring 0/4: a (0 s so far)",
+                                            "measuring 2/4: c (20 s so far, about 20 s left)",
+                                            "measuring 4/4 (22 s so far)"]
+    for stream, show in ((io.StringIO(), False), (Terminal(), True)):
+        with _ProgressBar(stream=stream, delay=3600, show=show, lines_every=15.0) as bar:
+            bar(stages.MEASURING, 0, 4, "a")
+        assert stream.getvalue() == ""
+
+
+def test_blockc_compare_into_a_pipe_says_how_far_it_has_got(capsys):
+    args = ["compare", "tiny", "--set", "layers=1", "--seq", "8", "--backends", "reference", "--peers", "none",
+            "--blocks", "1", "--repeats", "1", "--min-time", "0", "--warmup", "0", "--no-kernels"]
+    assert main(args) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("measuring 0/") and re.fullmatch(r"measuring (\d+)/\1 \(\d+ s so far\)", lines[-1])
+    assert main([*args, "--no-progress"]) == 0 and capsys.readouterr().err == ""
 
 
 def test_blockc_export_into_a_pipe_prints_no_bar(tmp_path, capsys):

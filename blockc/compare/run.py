@@ -128,6 +128,12 @@ def plan_comparison(o: CompareOptions) -> Plan:
     unknown = [p for p in o.peers if p not in PEERS]
     if unknown:
         raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
+    if not o.backends:   # the peers and the forms are measured against blockc's backends: no verdict without one
+        raise BlockcError(f"no backend to compare: --backends needs at least one of {', '.join(backend_names())}")
+    for flag, names in (("--backends", o.backends), ("--peers", o.peers)):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:   # each would be measured, and its rows printed, as many times
+            raise BlockcError(f"{flag} names {', '.join(twice)} more than once: each is measured once")
     if o.dtype not in (None, "float32", "float16"):
         raise BlockcError(f"--dtype {o.dtype}: compare runs float32 or float16")
     for name, values in (("--batch", o.batches), ("--seq", o.seqs or DEFAULT_SEQS)):
@@ -161,6 +167,9 @@ def plan_comparison(o: CompareOptions) -> Plan:
                 k = str(limit.dim)
                 raise BlockcError(f"{k}={n} exceeds {o.model}'s maximum of {limit.limit} ({limit.why}); "
                                   f"use a smaller --{k if k in ('batch', 'seq') else 'dim'}")
+            too_big = limits.size_over(shape)   # before any memory is planned from these sizes
+            if too_big:
+                raise BlockcError(too_big)
             missing = [k for k in symbols if k not in shape]
             if missing:
                 raise BlockcError(f"{o.model} has dimension(s) {', '.join(missing)} with no size: "
@@ -302,7 +311,10 @@ def describe_plan(plan: Plan) -> list[str]:
     lines[:0] = plan.notes
     if too_big:
         lines.append(f"over the budget, not run: {', '.join(too_big)}")
-    lines.append(f"time: about {_duration(planned_seconds(plan))}")
+    from .machine import matmul_flops_per_s
+    lines.append(f"time: about {_duration(planned_seconds(plan))} on a quiet machine (each run guessed from its "
+                 f"FLOPs at {matmul_flops_per_s() / 1e9:.0f} GFLOP/s, the best matmul rate seen here; "
+                 f"longer where other work shares the cores)")
     return lines
 
 

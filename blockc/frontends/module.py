@@ -21,7 +21,7 @@ from ..files import format_bytes
 from ..ir.dims import Dim, Sym, evaluate
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
-from ..ir.types import TensorType
+from ..ir.types import TensorType, size_problem
 from ..progress import TRACING, Progress, ticker
 from .tensor import Tensor, current_graph, tracing
 
@@ -40,9 +40,9 @@ class Parameter:
         shape = tuple(int(d) for d in shape)
         if any(d <= 0 for d in shape):
             raise ModelError(at_user_line(f"parameter shape {list(shape)} has a non-positive dimension"))
-        if math.prod(shape) >= 2**63:  # ONNX, numpy and the C API count elements in int64
-            raise ModelError(at_user_line(f"parameter shape {list(shape)} has {math.prod(shape):.3g} elements, "
-                                          f"more than any tensor can hold (2**63)"))
+        too_big = size_problem(shape)
+        if too_big:
+            raise ModelError(at_user_line(f"parameter shape {list(shape)} {too_big}"))
         if isinstance(init, str) and init not in ("normal", "zeros", "ones"):
             raise ModelError(at_user_line(f"unknown initialiser {init!r}: use normal, zeros, ones or a function"))
         self.shape, self.init, self.std, self.dtype, self.fixed = shape, init, std, dtype, fixed

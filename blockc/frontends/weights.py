@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
 from ..files import check_writable, replace_together
-from ..ir.dtypes import DType
+from ..ir.dtypes import DType, is_float_numpy
 from ..ir.graph import Graph
 
 FORMATS = (".safetensors", ".npz")
@@ -64,7 +64,8 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
     fmt = _format_of(path)
     # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
     arrays = {name: np.asarray(a, order="C") for name, a in materialize(weights).items()}
-    bad = [f"{name} ({a.dtype})" for name, a in arrays.items() if a.dtype.kind not in "biuf" and not _is_ml_dtype(a)]
+    bad = [f"{name} ({a.dtype})" for name, a in arrays.items()
+           if a.dtype.kind not in "biuf" and not is_float_numpy(a.dtype)]
     if bad:
         raise WeightsError(f"cannot save non-numeric arrays: {', '.join(bad)}")
     write = _write_safetensors if fmt == ".safetensors" else _write_npz
@@ -78,14 +79,6 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
         raise WeightsError(str(e)) from None
     except Exception as e:
         raise WeightsError(f"cannot save weights to {path!r}: {type(e).__name__}: {e}") from e
-
-
-def _is_ml_dtype(a: np.ndarray) -> bool:
-    # ml_dtypes types (bfloat16, float8...) report kind 'V'; DType knows the ones blockc uses.
-    try:
-        return DType.from_numpy(a.dtype).is_float
-    except KeyError:
-        return False
 
 
 def _write_safetensors(path: str, arrays: dict[str, np.ndarray]) -> None:
@@ -125,7 +118,7 @@ def non_finite_weights(weights: Mapping[str, np.ndarray]) -> list[str]:
     found = []
     for name in weights:
         a = np.asarray(weights[name])
-        if not _is_ml_dtype(a) and a.dtype.kind not in "fc":
+        if not is_float_numpy(a.dtype) and a.dtype.kind not in "fc":
             continue
         if a.dtype.kind == "V":
             a = a.astype(np.float32)  # bfloat16 & co.: numpy's isnan needs a type it knows

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -56,13 +56,14 @@ class Generation:
     ``stop_id`` where it came), and how long it took. ``first_token_s``: from
     the prefill's start to the first tokens picked; ``step_s``: each decode
     step, feeds to picked tokens; ``compile_s``: tracing and compiling both
-    graphs, once, before any of it."""
+    graphs, once, before any of it; ``form``: the graph form that ran."""
 
     tokens: list[list[int]]
     first_token_s: float
     step_s: list[float] = field(default_factory=list)
     compile_s: float = 0.0
     backend: str = ""
+    form: str = ""
 
     @property
     def step_median_s(self) -> float | None:
@@ -79,7 +80,7 @@ class Generation:
         return sum(len(t) for t in self.tokens) / total if total > 0 else 0.0
 
     def as_json(self) -> dict:
-        return {"backend": self.backend, "tokens": self.tokens, "compile_s": self.compile_s,
+        return {"backend": self.backend, "form": self.form, "tokens": self.tokens, "compile_s": self.compile_s,
                 "first_token_s": self.first_token_s, "step_s": self.step_s,
                 "step_median_s": self.step_median_s, "step_p90_s": self.step_p90_s,
                 "tokens_per_s": self.tokens_per_s}
@@ -214,12 +215,13 @@ def into_cache(present: np.ndarray, cache_len: int) -> np.ndarray:
 
 def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
              *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | None = None,
-             on_token: OnToken | None = None, form: str = "standard", cache: str = "inplace",
+             on_token: OnToken | None = None, form: str = "fused", cache: str = "inplace",
              cache_len: int | None = None, **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
     batched. A row stops after ``stop_id``; all stop when every row has.
     ``backend``: any registered backend, built with ``backend_options``;
-    ``form``: the graph form compiled (``fused``: through the optimizer);
+    ``form``: the graph form compiled (by default ``fused``: through the
+    optimizer, the graphs ``docs/PERFORMANCE.md`` measures);
     ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
     just enough) or ``concat`` (see the module docstring). ``prompts``: see
     ``as_prompts`` (a 2-D integer array is one prompt a row)."""
@@ -239,8 +241,8 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         decode = target.compile(decode_graph, weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
-            return _loop(model, prefill, decode, length, prompts, max_new, pick, stop_id, on_token, compile_s,
-                         target.name)
+            return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stop_id, on_token,
+                                 compile_s, target.name), form=form)
         finally:
             if decode is not None:
                 decode.close()

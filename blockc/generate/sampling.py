@@ -1,8 +1,8 @@
 """Choosing the next token from a step's logits.
 
 A generation loop calls ``pick(logits, history) -> ids``: ``logits`` is a
-float array ``[batch, vocab]`` (float32 or float16 from whichever backend ran
-the model), ``history`` holds each row's prompt and generated ids so far, and
+float array ``[batch, vocab]`` (float32, float16, bfloat16 or float64, from
+whichever backend ran the model), ``history`` holds each row's prompt and generated ids so far, and
 the result is an int64 array ``[batch]``. Everything here runs on the host in
 float64, so for the same logits and seed the same ids come out whatever
 backend produced the logits.
@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..frontends.module import check_seed
+from ..ir.dtypes import is_float_numpy
 
 
 def _as_scores(logits) -> np.ndarray:
@@ -37,7 +38,7 @@ def _as_scores(logits) -> np.ndarray:
     scores = np.asarray(logits)
     if scores.ndim != 2 or scores.shape[1] == 0:
         raise BlockcError(f"logits must be [batch, vocab] with vocab > 0, got shape {list(scores.shape)}")
-    if not np.issubdtype(scores.dtype, np.floating):
+    if not is_float_numpy(scores.dtype):
         raise BlockcError(f"logits must be a float array, got {scores.dtype}")
     scores = scores.astype(np.float64)
     bad = ~np.isfinite(scores)

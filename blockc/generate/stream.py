@@ -53,5 +53,6 @@ def format_timings(gen: Generation) -> str:
                      f"over {len(gen.step_s)} steps")
     total = sum(len(t) for t in gen.tokens)
     prompts = f"{len(gen.tokens)} prompt{'' if len(gen.tokens) == 1 else 's'}"
-    lines.append(f"{total} tokens at {gen.tokens_per_s:.1f} tokens/s ({prompts} batched, on {gen.backend})")
+    lines.append(f"{total} tokens at {gen.tokens_per_s:.1f} tokens/s ({prompts} batched, on {gen.backend}"
+                 + (f", {gen.form} graphs)" if gen.form else ")"))
     return "\n".join(lines)

@@ -68,3 +68,13 @@ class DType(enum.Enum):
 
 
 FLOAT_NAMES = [d.name for d in DType if d.is_float]
+
+
+def is_float_numpy(dtype) -> bool:
+    """Whether numpy ``dtype`` is one of blockc's floats. numpy's own
+    ``issubdtype(..., np.floating)`` says no to ml_dtypes' bfloat16 (kind
+    'V'), which blockc computes in like any other float."""
+    try:
+        return DType.from_numpy(dtype).is_float
+    except (KeyError, TypeError):
+        return False

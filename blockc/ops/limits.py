@@ -1,6 +1,6 @@
 """What a graph's inputs may hold without any op reading out of bounds.
 
-Two kinds of limit follow from the graph alone, so every backend (and the
+Three kinds of limit follow from the graph alone, so every backend (and the
 generated C API) enforces the same ones, whatever model the graph came from:
 
 * **ids**: a graph input used as a ``gather``'s indices (a token embedding),
@@ -14,19 +14,28 @@ generated C API) enforces the same ones, whatever model the graph came from:
   end (its declaration's ``bounds``: the position table sliced to ``seq``,
   a preallocated cache written up to ``total``) bounds that end:
   ``seq <= 1024``, ``total <= 1001``.
+* **sizes**: every value of the graph, its dims bound, must be a tensor that
+  can exist: elements and bytes countable in int64 (``ir/types.size_problem``).
+  An ONNX input ``f32[2**62, 2**62]``, or ``--dim`` sizes whose product
+  overflows, are refused naming the value, before anything is allocated or
+  any memory planned.
 
-``runtime/bindings.input_problems`` checks feeds against them before any
-run, and the CLI checks ``--dim`` sizes with ``dims_over``;
+``runtime/bindings.input_problems`` checks feeds against the ids and dims
+before any run, and the CLI and ``compare`` check ``--dim`` sizes with
+``dims_over`` and ``size_over`` (as ``runtime/feeds.check_feeds`` does the
+sizes a user's arrays bind; not every run's feeds: arrays that exist fit,
+and a decode step should not pay for it);
 ``codegen/cuda/lower`` renders the dim limits into ``blockc_run``, and has
 the gathers of an id input report an id out of range to it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..ir.dims import Dim, Sym, evaluate, is_plain_symbol
 from ..ir.graph import Graph
+from ..ir.types import size_problem
 from .registry import get
 
 
@@ -43,6 +52,8 @@ class DimLimit:
 class Limits:
     ids: dict        # input name -> (high, why): its values must lie in [0, high); high an int or a Dim
     dims: list       # DimLimit, the tightest per dim expression
+    # (shape, itemsize) -> the first value of that size, inputs first: one check per distinct size
+    sizes: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.ids or self.dims)
@@ -70,6 +81,36 @@ class Limits:
                 notes.append(f"{name}={d.limit}, not the default {fitted[name]}: the model's maximum ({d.why})")
                 fitted[name] = d.limit
         return fitted, notes
+
+    def size_over(self, sizes: Mapping[str, int]) -> str | None:
+        """Why a value of the graph cannot exist at ``sizes`` (``ir/types.size_problem``),
+        naming the first such value and its shape, or None."""
+        for (shape, itemsize), v in self.sizes.items():
+            if all(isinstance(d, int) or d.symbols <= sizes.keys() for d in shape):
+                concrete = [evaluate(d, sizes) for d in shape]
+                too_big = size_problem(concrete, itemsize)
+                if too_big:
+                    used = {s: sizes[s] for d in shape if not isinstance(d, int) for s in sorted(d.symbols)}
+                    at = f" at {', '.join(f'{k}={n}' for k, n in used.items())} is {concrete} and" if used else ""
+                    return f"{_value(v)} {v.type}{at} {too_big}"
+        return None
+
+
+def _value(v) -> str:
+    if v.kind == "input":
+        return f"input {v.name!r}"
+    if v.kind == "param":
+        return f"weight {v.name!r}"
+    where = f" ({v.producer.loc})" if v.producer.loc else ""
+    return f"the output of {v.producer.op}{where}"
+
+
+def _sizes(graph: Graph) -> dict:
+    sizes: dict = {}
+    values = [*graph.inputs, *graph.params.values(), *(o for n in graph.nodes for o in n.outputs)]
+    for v in values:
+        sizes.setdefault((v.shape, v.dtype.itemsize), v)
+    return sizes
 
 
 def _table(v) -> str:
@@ -125,4 +166,4 @@ def graph_limits(graph: Graph) -> Limits:
             size = x.shape[axis % x.type.rank]
             if isinstance(size, int) and isinstance(end, Sym) and (end not in dims or size < dims[end].limit):
                 dims[end] = DimLimit(end, size, _holds(x, axis, size))
-    return Limits(ids, list(dims.values()))
+    return Limits(ids, list(dims.values()), _sizes(graph))

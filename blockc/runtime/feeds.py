@@ -18,6 +18,7 @@ from ..errors import BlockcError, InputsError
 from ..files import atomic_write, check_writable
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
+from ..ops.limits import graph_limits
 from .bindings import input_problems
 
 
@@ -97,6 +98,9 @@ def check_feeds(graph: Graph, arrays: Mapping[str, np.ndarray], *, dims: Mapping
             problems.append(f"dimension '{sym}' is {n}: dimensions must be positive")
         if sym in dims and dims[sym] != n:
             problems.append(f"dimension '{sym}' is {n} in {source}, but {dims[sym]} was asked for")
+    too_big = None if problems else graph_limits(graph).size_over(bindings)   # a value the arrays imply
+    if too_big:
+        problems.append(too_big)
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
         raise InputsError(f"{source} do not fit {graph.name}'s inputs ({count}):\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import time
@@ -140,6 +141,11 @@ def test_peak_bandwidth_given_makes_fractions():
 @pytest.mark.parametrize("argv, message", [
     (["--backends", "ort-cpu,tpu"], "unknown backend 'tpu'"),
     (["--peers", "tvm"], "unknown peer 'tvm'"),
+    (["--backends", "ort-cpu,ort-cpu"], "--backends names ort-cpu more than once: each is measured once"),
+    (["--backends", "reference,ort-cpu,reference"], "--backends names reference more than once"),
+    (["--peers", "torch-eager,torch-eager"], "--peers names torch-eager more than once"),
+    (["--backends", ""], "no backend to compare: --backends needs at least one of reference, ort"),
+    (["--backends", "none"], "no backend to compare"),
     (["tiny", "--seq", "2000"], "seq=2000 exceeds tiny's maximum of 128"),   # its position table's rows
     (["--batch", "1,x"], "malformed --batch"),
     (["--batch", "0"], "--batch needs positive integers"),
@@ -153,6 +159,16 @@ def test_bad_input_fails_before_measuring(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert time.perf_counter() - t0 < 20   # nothing was measured
+
+
+@pytest.mark.parametrize("backends, peers, message", [
+    (("ort-cpu", "ort-cpu"), (), "--backends names ort-cpu more than once"),   # each row printed twice
+    ((), ("ort-optimizer",), "no backend to compare"),   # the peers alone: no verdict
+    (("reference",), ("torch-eager", "torch-eager"), "--peers names torch-eager more than once"),
+])
+def test_a_list_naming_a_backend_twice_or_none_is_refused_when_planned(backends, peers, message):
+    with pytest.raises(BlockcError, match=message):
+        plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=backends, peers=peers, **QUICK))
 
 
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -545,6 +561,9 @@ def test_the_plan_is_said_before_measuring():
     lines = describe_plan(_plan(max_memory=8 << 30))
     assert lines[0].startswith("measuring 6 contestants and 2 A/A control(s) at 1 shape(s)")
     assert "the budget is 8 GiB" in lines[1] and lines[-1].startswith("time: about ")
+    # the figure says what it is: a quiet machine's, from which rate
+    assert re.search(r" on a quiet machine \(each run guessed from its FLOPs at \d+ GFLOP/s, the best matmul "
+                     r"rate seen here; longer where other work shares the cores\)$", lines[-1]), lines[-1]
 
 
 def test_readme_compare_examples_fit_the_memory_budget(tmp_path, monkeypatch):
@@ -628,10 +647,10 @@ def test_ort_original_is_unavailable_for_a_dsl_model(capsys):
     assert peer["name"] == "ort-original" and not peer["available"] and "not an ONNX file" in peer["reason"]
     assert not any(r["form"] == "ort-original" for r in report["results"])
     jsonschema.validate(json.loads(json.dumps(report)), _schema())
-    # asked for alone, with nothing else to run: the same error as any peer that cannot run here
+    # asked for alone, no backend: a peer is measured against blockc's backends, so that is refused first
     assert main(["compare", "tiny", "--backends", "none", "--peers", "ort-original", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "nothing to compare" in err and "ort-original: MODEL is not an ONNX file" in err and "Traceback" not in err
+    assert "no backend to compare" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("model, settings, expected", [

@@ -9,6 +9,7 @@ from blockc.errors import BlockcError
 from blockc.frontends import build_model, init_weights
 from blockc.generate import generate, greedy
 from blockc.generate.loop import left_pad
+from blockc.ir.dtypes import FLOAT_NAMES
 from blockc.runtime.backend import make_backend
 
 PROMPTS = [[5, 17, 99, 3, 42, 7], [200, 1, 64]]   # different lengths: the second is left-padded
@@ -95,10 +96,44 @@ def test_cuda_emu_generates_as_reference():
         generate(model, weights, PROMPTS, 3, backend="reference").tokens
 
 
+@pytest.mark.parametrize("backend", ["reference", "ort-cpu", "torch-eager", "cuda-emu"])
+@pytest.mark.parametrize("dtype", FLOAT_NAMES)
+def test_generate_works_for_every_dtype_that_run_does(dtype, backend):
+    """Where a backend runs the model in ``dtype``, generating on it gives
+    the greedy ids of recomputing the whole sequence on it; where it cannot
+    (ONNX Runtime's CPU kernels have no bfloat16), generate refuses as run
+    does, in blockc's own words."""
+    if not make_backend(backend).availability()[0]:
+        pytest.skip(make_backend(backend).availability()[1])
+    model = build_model("tiny", {"dtype": dtype, "layers": "1"})
+    weights = weights_of(model)
+    try:
+        expected = recompute_greedy(model, weights, PROMPTS[0], 3, backend)
+    except BlockcError as refused:
+        with pytest.raises(BlockcError) as caught:
+            generate(model, weights, PROMPTS[:1], 3, backend=backend)
+        assert type(caught.value) is type(refused)
+        return
+    assert generate(model, weights, PROMPTS[:1], 3, backend=backend).tokens == [expected]
+
+
+def test_generate_compiles_the_fused_graphs_unless_told(monkeypatch):
+    # the graphs docs/PERFORMANCE.md measures; form= picks another
+    import blockc.generate.loop as loop
+    asked, real = [], loop.to_form
+    monkeypatch.setattr(loop, "to_form", lambda graph, form, **kw: asked.append(form) or real(graph, form, **kw))
+    model = build_model("tiny", {"layers": "1"})
+    weights = weights_of(model)
+    assert generate(model, weights, PROMPTS, 2).form == "fused" and asked == ["fused", "fused"]
+    asked.clear()
+    assert generate(model, weights, PROMPTS, 2, form="standard").form == "standard" and asked == ["standard"] * 2
+
+
 def test_fused_graphs_generate_the_same():
     model = build_model("llama-tiny")
     weights = weights_of(model)
-    assert generate(model, weights, PROMPTS, 5, form="fused").tokens == generate(model, weights, PROMPTS, 5).tokens
+    assert generate(model, weights, PROMPTS, 5, form="fused").tokens == \
+        generate(model, weights, PROMPTS, 5, form="standard").tokens
 
 
 def test_stop_id_ends_a_row_and_pick_sees_the_history():

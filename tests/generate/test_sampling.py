@@ -11,6 +11,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
                                                     TopPLogitsWarper)
 
 from blockc.errors import BlockcError
+from blockc.ir.dtypes import DType
 from blockc.generate import Sampler, greedy
 from blockc.generate.sampling import repetition_penalty, top_k_filter, top_p_filter
 
@@ -135,11 +136,20 @@ def test_a_rows_draw_does_not_depend_on_the_other_rows():
         assert a(logits, [[]] * 3)[1] == b(other, [[]] * 3)[1]
 
 
-def test_float16_and_float32_logits_give_the_same_ids_as_float64():
-    logits = np.random.default_rng(2).normal(size=(2, 30)).astype(np.float16)
-    ids = [Sampler(top_p=0.9, seed=4)(logits.astype(dtype), [[], []]) for dtype in (np.float16, np.float32, np.float64)]
-    assert ids[0].tolist() == ids[1].tolist() == ids[2].tolist()
-    assert ids[0].dtype == np.int64 and ids[0].shape == (2,)
+def test_logits_of_every_float_dtype_give_the_same_ids_as_float64():
+    # every float a backend may return, bfloat16 too (numpy's issubdtype calls it no float)
+    logits = np.random.default_rng(2).normal(size=(2, 30)).astype(DType.bfloat16.numpy)
+    wide = logits.astype(np.float64)
+    for dtype in (d.numpy for d in DType if d.is_float):
+        for make in (lambda: greedy, lambda: Sampler(top_p=0.9, seed=4)):   # a fresh draw for each
+            ids = make()(logits.astype(dtype), [[], []])
+            assert ids.tolist() == make()(wide, [[], []]).tolist(), dtype
+            assert ids.dtype == np.int64 and ids.shape == (2,)
+
+
+def test_logits_that_are_not_floats_are_refused():
+    with pytest.raises(BlockcError, match="logits must be a float array, got int64"):
+        greedy(np.zeros((1, 3), np.int64))
 
 
 def test_top_k_one_and_temperature_zero_are_greedy():

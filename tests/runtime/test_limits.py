@@ -317,3 +317,19 @@ def test_a_default_dim_is_lowered_to_fit_the_model(command, capsys):
     asked = ["--seq", "9"] if command[0] == "compare" else ["--dim", "seq=9"]
     assert main(command + asked) == 2
     assert "seq=9 exceeds" in capsys.readouterr().err
+
+
+def test_sizes_past_int64_name_the_first_value_that_cannot_exist(tiny):
+    """``size_over``: every value of the graph at the bound dims, inputs
+    first; the unfused graph's attention scores outgrow int64 long before
+    its inputs do, and the fused graph, which never makes them, fits."""
+    model, fused, _ = tiny
+    standard = blockc.trace(model)
+    assert graph_limits(standard).size_over({"batch": 2, "seq": 16}) is None
+    over = {"batch": 2**45, "seq": 128}
+    said = graph_limits(standard).size_over(over)
+    assert said.startswith("the output of matmul (") and said.endswith(   # (the line that traced it)
+        f" f32[batch,4,seq,seq] at batch={2**45}, seq=128 is [{2**45}, 4, 128, 128] and has "
+        "2.31e+18 elements of 4 bytes, more than any tensor can hold (2**63 bytes)")
+    assert graph_limits(fused).size_over(over) is None
+    assert graph_limits(standard).size_over({"batch": 2**62, "seq": 2}).startswith("input 'input_ids' i64[batch,seq]")

@@ -28,6 +28,7 @@ from onnx import TensorProto
 
 from ...errors import OnnxFileError, printable
 from ...files import format_bytes
+from ...ir.types import size_problem
 from ..module import available_memory
 
 # protobuf cannot hold a message of 2 GiB or more; such a model keeps its
@@ -207,10 +208,10 @@ def _claimed(loaded: OnnxFile, t: TensorProto, where: str) -> tuple[tuple, np.dt
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
     except (KeyError, ValueError, TypeError):
         raise loaded.error(f"{where}: unknown element type {t.data_type}") from None
-    numel = math.prod(dims)
-    if numel >= 2**63:
-        raise loaded.error(f"{where}: shape {list(dims)} has {numel:.3g} elements, more than any tensor can hold")
-    return dims, dtype, numel * dtype.itemsize
+    too_big = size_problem(dims)
+    if too_big:
+        raise loaded.error(f"{where}: shape {list(dims)} {too_big}")
+    return dims, dtype, math.prod(dims) * dtype.itemsize
 
 
 def tensor_array(loaded: OnnxFile, t: TensorProto, folder: str, where: str) -> np.ndarray:
