@@ -501,27 +501,34 @@ def cmd_check(args) -> int:
 
 def cmd_cuda(args) -> int:
     import json
-    import os
     from .version import __version__
-    from .codegen.cuda import build as cuda_build
-    from .codegen.cuda.kernels.gemm import GPU_GEMM
+    from .codegen.cuda import build as cuda_build, toolchain
     from .codegen.cuda.lower import generate
+    from .files import output_folder
     from .report.cuda_summary import compile_report, format_cuda_summary
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if not args.no_compile and toolchain.find_nvcc().path:
+        # one CUDA's nvcc and headers, and archs it builds for: refused before any work
+        toolchain.check_archs(toolchain.find_toolkit().nvcc, archs)
     if args.dtype:
         args.set = list(args.set) + [f"dtype={args.dtype}"]
     model, graph = _graph(args)
     weights = _weights(args, model)
     bindings = _bindings(args, graph)
-    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm or GPU_GEMM, tf32=args.tf32)
-    meta = cuda_build.write_build(cuda, args.output, archs=archs, bindings=bindings)
-    summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs, compile=not args.no_compile)
-    _write_text(os.path.join(args.output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=cuda_build.gpu_gemm(args.gemm),
+                    tf32=args.tf32)
+    # the build appears whole or not at all: a failed compile or Ctrl-C leaves no folder
+    with output_folder(args.output, last="summary.json") as out:
+        meta = cuda_build.write_build(cuda, str(out), archs=archs, bindings=bindings)
+        summary = compile_report(cuda, meta, str(out / "model.cu"), archs, compile=not args.no_compile)
+        if summary.get("compiled") is False:
+            raise toolchain.ToolchainError(summary["error"])
+        _write_text(str(out / "summary.json"), json.dumps(summary, indent=2) + "\n")
     if args.json:
         _write_text(args.json, json.dumps(summary, indent=2) + "\n")
     print(format_cuda_summary(summary))
     print(f"\nwrote {args.output}: model.cu, blockc_cuda.h, blockc_model.h, weights.bin, model.json, summary.json, build.sh")
-    return 0 if summary.get("compiled", True) is not False else 1
+    return 0
 
 
 def _int_list(flag: str, text: str) -> tuple[int, ...]:

@@ -13,6 +13,9 @@
   builds an entry in it under a lock, renames it into place when complete,
   records its size and SHA-256 beside it, and rebuilds an entry that no
   longer matches (a truncated or corrupted file).
+* ``output_folder``: a folder of outputs (a CUDA build, a report) filled
+  under a temporary name and renamed into place when complete, so an error
+  or Ctrl-C leaves no folder and no partial file.
 * ``check_writable`` and ``check_writable_dir``: whether a file, or a folder
   to fill, can be written, asked before any work so that a bad output path
   costs nothing; every command and report that writes asks these.
@@ -212,8 +215,8 @@ def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
         staged = [os.path.join(staging, os.path.basename(t)) for t in targets]
         yield staged
         for s in staged:
-            if os.path.exists(s):
-                os.chmod(s, user_mode())
+            if os.path.exists(s):   # an executable one (a build.sh) stays executable
+                os.chmod(s, user_mode(executable=bool(os.stat(s).st_mode & 0o100)))
         # The first target (the model) goes aside first and comes back last.
         order = targets[::-1]
         aside: list[tuple[str, str]] = []
@@ -241,6 +244,62 @@ def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
         raise BlockcError(f"cannot write {targets[0]}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _make_parents(folder: str) -> list[str]:
+    """Make ``folder`` and its missing parents; the ones made, outermost first."""
+    missing = []
+    while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for d in reversed(missing):
+        os.mkdir(d)
+    return missing[::-1]
+
+
+@contextlib.contextmanager
+def output_folder(path: str | os.PathLike, *, last: str | None = None) -> Iterator[Path]:
+    """A folder of outputs that appears complete or not at all (a build, a
+    report). Yields a hidden temporary folder beside ``path`` to fill. On a
+    clean exit a new ``path`` is that folder renamed; an existing one gets
+    the files through ``replace_together``, ``last`` placed last, and keeps
+    its other files. On any error or interrupt (Ctrl-C) the temporary folder
+    and the parent folders made for it are removed: nothing is left."""
+    target = os.path.abspath(os.fspath(path))
+    made: list[str] = []
+    try:
+        made = _make_parents(os.path.dirname(target))
+        remove_stale_partials(target)
+        staging = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=partial_prefix(target), suffix=".tmp")
+    except OSError as e:
+        _remove_folders(made)
+        raise BlockcError(f"cannot write {target}: {e.strerror or e}") from None
+    done = False
+    try:
+        yield Path(staging)
+        os.chmod(staging, user_mode(executable=True))
+        if not os.path.lexists(target):
+            os.rename(staging, target)
+        else:
+            names = sorted(os.listdir(staging), key=lambda name: name != last)
+            for name in names:   # what a killed writer of any of them left in the folder
+                remove_stale_partials(os.path.join(target, name))
+            with replace_together([os.path.join(target, name) for name in names]) as staged:
+                for name, tmp in zip(names, staged):
+                    os.replace(os.path.join(staging, name), tmp)
+        done = True
+    except OSError as e:
+        raise BlockcError(f"cannot write {target}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not done:
+            _remove_folders(made)
+
+
+def _remove_folders(folders: list[str]) -> None:
+    for d in reversed(folders):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
 
 # -- the cache ------------------------------------------------------------------

@@ -188,3 +188,15 @@ def test_two_processes_building_one_model_for_the_first_time(cache, tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
+
+
+# -- a cached GPU build finds cuBLASLt wherever it is now ------------------------------
+def test_the_gpu_child_finds_cublas_through_the_loader_path_not_only_the_runpath(monkeypatch, tmp_path):
+    # a cached library's RUNPATH names where cuBLASLt was at build time; the
+    # runner puts where it is now first on the child's loader path
+    from blockc.runtime import cuda_runner
+    now = toolchain.CublasLocation(str(tmp_path / "inc"), str(tmp_path / "moved" / "lib"), 13, "moved")
+    monkeypatch.setattr(toolchain, "find_cublas", lambda *a, **k: now)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/elsewhere")
+    assert cuda_runner._child_env(None, emulated=False)["LD_LIBRARY_PATH"] == f"{now.lib}:/elsewhere"
+    assert cuda_runner._child_env(None, emulated=True)["LD_LIBRARY_PATH"] == "/elsewhere"   # the emulator needs none

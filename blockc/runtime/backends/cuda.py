@@ -8,6 +8,8 @@ not around the child process.
 """
 from __future__ import annotations
 
+import functools
+
 from ...errors import BlockcError
 from ..backend import Backend, CachedStep, Compiled, register
 from ..timing import Timing
@@ -116,9 +118,18 @@ class CudaBackend(GeneratedCuda):
     on_gpu = True
 
     def __init__(self, *, gemm: str | None = None, tf32: bool = False, **_options):
-        from ...codegen.cuda.kernels.gemm import GPU_GEMM, GemmChoice
-        self.choice = GemmChoice(gemm or GPU_GEMM, tf32)
-        self.gemm = self.choice.kind
+        self._requested, self._tf32 = gemm, tf32
+
+    @functools.cached_property
+    def choice(self):
+        # asked when first used, so a backend only listed never looks for cuBLASLt
+        from ...codegen.cuda.build import gpu_gemm
+        from ...codegen.cuda.kernels.gemm import GemmChoice
+        return GemmChoice(gpu_gemm(self._requested), self._tf32)
+
+    @property
+    def gemm(self) -> str:
+        return self.choice.kind
 
     def availability(self):
         from ...codegen.cuda import toolchain
