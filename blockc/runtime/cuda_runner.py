@@ -261,7 +261,7 @@ def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
     out = _entry(model, tag, (), gxx)
 
     def make(tmp: Path) -> None:
-        cuda_build.write_build(model, str(out))
+        cuda_build.write_build(model, str(out), weights=False)   # each run uploads its own
         toolchain.compile_emulated([str(out / "model.cu")], tmp, sanitize=sanitize,
                                    extra_flags=["-DBLOCKC_EMULATE", f"-I{out}"])
     return cached_file(out / f"libblockc_model_{tag}.so", make)
@@ -277,7 +277,7 @@ def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS) -> Path:
     out = _entry(model, "gpu", tuple(key), toolkit.nvcc)
 
     def make(tmp: Path) -> None:
-        cuda_build.write_build(model, str(out), archs=archs)
+        cuda_build.write_build(model, str(out), archs=archs, weights=False)   # each run uploads its own
         cmd = cuda_build.nvcc_command(toolkit, archs, gemm=model.gemm, out=str(tmp), origin=str(out))
         proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -158,6 +158,27 @@ def test_every_emulated_build_is_under_blockc_cache(cache):
 
 
 @needs_gxx
+def test_one_entry_serves_every_weights_of_a_graph_and_holds_none(cache):
+    # the key is the graph's build; the weights are each run's, uploaded at load
+    from blockc.codegen.cuda.lower import generate
+    from blockc.runtime.cuda_runner import emulated_library, run_model
+    model = blockc.build_model("gpt2", SETTINGS)
+    graph = blockc.to_form(blockc.trace(model), "fused")
+    ids = {"input_ids": np.arange(6, dtype=np.int64).reshape(1, 6) % 50}
+    outputs = []
+    for seed in (0, 1):
+        weights = blockc.init_weights(model, seed=seed)
+        cm = generate(graph, weights)
+        so = emulated_library(cm)
+        outputs.append(run_model(cm, so, ids, emulated=True).outputs["logits"])
+        np.testing.assert_allclose(outputs[-1], blockc.run_reference(graph, weights, ids)["logits"], rtol=1e-4,
+                                   atol=1e-4)
+    assert len([p for p in cache.iterdir() if p.name.startswith(graph.name)]) == 1
+    assert not list(cache.rglob("weights.bin"))
+    assert not np.allclose(outputs[0], outputs[1])
+
+
+@needs_gxx
 @pytest.mark.parametrize("damage", [b"", b"\x7fELF"])
 def test_a_truncated_cached_library_is_rebuilt(cache, damage):
     from blockc.runtime.cuda_runner import emulated_library

@@ -123,10 +123,13 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
     return meta
 
 
-def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mapping[str, int] | None = None) -> dict:
+def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mapping[str, int] | None = None,
+                weights: bool = True) -> dict:
     """Write the build directory: every file under a temporary name, then all
     renamed into place together (``files.replace_together``). ``build.sh``
-    links the model's GEMM library (``library_flags``) where this machine has it."""
+    links the model's GEMM library (``library_flags``) where this machine has it.
+    ``weights`` False: no ``weights.bin`` (a cache entry, shared by every model of
+    the same graph: each run uploads its own weights at load)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -144,12 +147,13 @@ def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mappin
         "model.cu": model.source.encode(),
         "blockc_cuda.h": open(RUNTIME_HEADER, "rb").read(),
         "blockc_model.h": open(API_HEADER, "rb").read(),
-        "weights.bin": weights_blob(model.params),
         "model.json": (json.dumps(meta, indent=2) + "\n").encode(),
         "build.sh": ("#!/bin/sh\n# Builds libblockc_model.so with nvcc (set NVCC to override).\n" + note
                      + "set -e\ncd \"$(dirname \"$0\")\"\n"
                      + " ".join(["\"${NVCC:-nvcc}\""] + [shlex.quote(a) for a in command[1:]]) + "\n").encode(),
     }
+    if weights:
+        files["weights.bin"] = weights_blob(model.params)
     targets = [os.path.join(out_dir, name) for name in files]
     with replace_together(targets) as staged:
         for path, data in zip(staged, files.values()):
