@@ -589,6 +589,24 @@ def cmd_compare(args) -> int:
     return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
 
 
+def cmd_cache(args) -> int:
+    import time
+
+    from .files import cache_entries, cache_limit, cache_root, format_bytes, prune_cache
+    root = cache_root()
+    if args.clear:
+        removed = prune_cache(0)
+        print(f"removed {len(removed)} entries ({format_bytes(sum(e.size for e in removed))}) from {root}")
+        return 0
+    entries = cache_entries()
+    for e in reversed(entries):   # the most recently used first
+        print(f"{format_bytes(e.size):>10}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(e.used))}  "
+              f"{e.path.relative_to(root)}")
+    print(f"{root}: {len(entries)} entries, {format_bytes(sum(e.size for e in entries))} "
+          f"(at most {format_bytes(cache_limit())}: BLOCKC_CACHE_MAX)")
+    return 0
+
+
 def _check_outputs(args) -> None:
     """Every path a command will write, checked before it does any work, so
     a bad -o costs nothing and never ends in a traceback halfway through."""
@@ -815,6 +833,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kernels", action="store_true", help="skip timing each fused kernel alone")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("cache", help="list or clear the build cache",
+                       description="List the build cache's entries (size, last use), most recent first, and its "
+                       "total against its cap (BLOCKC_CACHE_MAX, default 10G; the least recently used entries go "
+                       "after each build once the cache is over it). --clear removes every entry.")
+    p.add_argument("--clear", action="store_true", help="remove every entry (those being built are left)")
+    p.set_defaults(fn=cmd_cache)
     return parser
 
 

@@ -12,7 +12,10 @@
   ``$XDG_CACHE_HOME/blockc``, else ``~/.cache/blockc``); ``cached_file``
   builds an entry in it under a lock, renames it into place when complete,
   records its size and SHA-256 beside it, and rebuilds an entry that no
-  longer matches (a truncated or corrupted file).
+  longer matches (a truncated or corrupted file). The cache holds at most
+  ``cache_limit()`` (10 GiB, or ``$BLOCKC_CACHE_MAX``): after each build the
+  least recently used entries are removed (``prune_cache``);
+  ``cache_entries`` lists them (``blockc cache``).
 * ``output_folder``: a folder of outputs (a CUDA build, a report) filled
   under a temporary name and renamed into place when complete, so an error
   or Ctrl-C leaves no folder and no partial file.
@@ -32,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
@@ -52,6 +56,18 @@ def format_bytes(n: float) -> str:
         return f"{n:.0f} B"
     # .3g would write what rounds to 1000..1023 as "1e+03"
     return f"{n:.3g} {unit}" if abs(n) < 999.5 else f"{n:.0f} {unit}"
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, what: str = "--max-memory") -> int:
+    """``8G``, ``512M``, ``1.5GiB``, ``2000000000`` -> bytes; ``what`` names
+    the option or variable in the error."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise BlockcError(f"{what} {text!r}: expected a positive size, e.g. 8G, 512M or 2000000000")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
 
 
 def user_mode(executable: bool = False) -> int:
@@ -360,6 +376,7 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
     path = Path(path)
     stamp = path.with_name(path.name + ".ok")
     if _intact(path, stamp):
+        _used(stamp)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(path.name + ".lock")):
@@ -382,4 +399,86 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
                 tmp.unlink()
         with atomic_write(stamp, "w") as f:
             json.dump(record, f)
+    if path.resolve().is_relative_to(cache_root().resolve()):
+        prune_cache(keep=path.parent)
     return path
+
+
+def _used(stamp: Path) -> None:
+    """An entry's last use is its record's time: least recently used goes first."""
+    with contextlib.suppress(OSError):
+        os.utime(stamp)
+
+
+# -- the cache's size -----------------------------------------------------------
+CACHE_LIMIT = 10 << 30   # the cache's default cap; $BLOCKC_CACHE_MAX sets another ("20G", "500M")
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One built entry of the cache: its folder, its size in bytes and when
+    it was last used (a time in seconds since the epoch)."""
+
+    path: Path
+    size: int
+    used: float
+
+
+def cache_limit() -> int:
+    """The most the cache may hold: ``$BLOCKC_CACHE_MAX``, else ``CACHE_LIMIT``."""
+    text = os.environ.get("BLOCKC_CACHE_MAX")
+    return parse_size(text, "BLOCKC_CACHE_MAX") if text else CACHE_LIMIT
+
+
+def _folder_size(folder: Path) -> int:
+    total = 0
+    for base, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(base, name)).st_size
+    return total
+
+
+def cache_entries() -> list[CacheEntry]:
+    """Every entry of the cache (a folder holding a recorded file, ``NAME.ok``),
+    least recently used first."""
+    folders: dict[Path, float] = {}
+    for stamp in cache_root().rglob("*.ok"):
+        with contextlib.suppress(OSError):
+            folders[stamp.parent] = max(folders.get(stamp.parent, 0.0), stamp.stat().st_mtime)
+    return sorted((CacheEntry(f, _folder_size(f), used) for f, used in folders.items()), key=lambda e: e.used)
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether another process holds one of the entry's build locks."""
+    for lock in folder.glob("*.lock"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+    return False
+
+
+def prune_cache(limit: int | None = None, *, keep: Path | None = None) -> list[CacheEntry]:
+    """Remove the least recently used entries until the cache holds at most
+    ``limit`` bytes (``cache_limit()``); never ``keep`` (the entry just made)
+    nor one being built. Returns the entries removed."""
+    limit = cache_limit() if limit is None else limit
+    entries = cache_entries()
+    total = sum(e.size for e in entries)
+    removed = []
+    for entry in entries:
+        if total <= limit:
+            break
+        if entry.path == keep or _in_use(entry.path):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        total -= entry.size
+        removed.append(entry)
+    return removed
