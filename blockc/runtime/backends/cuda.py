@@ -41,9 +41,10 @@ class CudaCompiled(Compiled):
     def unchecked_runner(self, feeds, bindings):
         return lambda: self._launch(feeds, bindings).outputs
 
-    def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0):
+    def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0, runs_per_sample=1):
         run = self._launch(feeds, self.check(feeds), timeout=600.0,
-                           time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
+                           time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s,
+                                 "runs_per_sample": runs_per_sample})
         return Timing.of(run.times)
 
     def cached(self, carry, state):

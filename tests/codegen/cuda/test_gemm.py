@@ -343,3 +343,15 @@ def test_a_batch_of_gemms_past_65535_runs_on_a_gpu():
              "k": rng.standard_normal((100_000, 3, 2, 1)).astype(np.float32)}
     out = run_model(cm, gpu_library(cm), feeds, emulated=False).outputs
     np.testing.assert_allclose(out["y"], blockc.run_reference(g, {}, feeds, float64=True)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_cublas_asks_its_heuristic_in_an_eager_run_before_any_capture():
+    # the first run at new dims launches eagerly (the plans are made there), the next captures;
+    # a tiled build has no heuristic to ask and captures at once (its compile: the nvcc test above)
+    model, graph = gpt2_block(d_model=64, heads=2, dtype="float16")
+    weights = blockc.init_weights(model)
+    lt = generate(graph, weights, gemm="cublas").source
+    run_graph = lt[lt.index("static int blockc_run_graph("):]
+    eager = run_graph.index("return blockc_launch(m, inputs, outputs, dims, stream, 0);")
+    assert "m->eager_ran = 1;" in run_graph[:eager] and eager < run_graph.index("blockc_capture(m, g,")
+    assert "eager_ran" not in generate(graph, weights, gemm="tiled").source
