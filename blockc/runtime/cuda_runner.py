@@ -225,19 +225,39 @@ def run_emulated(so_path: str | os.PathLike, entry: str, args: Sequence[np.ndarr
 
 
 # ---- generated models ----------------------------------------------------------------
-def cuda_available() -> tuple[bool, str]:
-    """Whether a CUDA GPU and driver can be used here, and why not."""
+def _libcuda():
+    """The CUDA driver's library, loaded, or None where there is none."""
     import ctypes
     for lib in ("libcuda.so.1", "libcuda.so"):
         try:
-            cuda = ctypes.CDLL(lib)
+            return ctypes.CDLL(lib)
         except OSError:
             continue
-        count = ctypes.c_int(0)
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-            return False, "the CUDA driver is installed but sees no GPU"
-        return True, f"{count.value} GPU(s)"
-    return False, "no CUDA driver (libcuda) on this machine"
+    return None
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether a CUDA GPU and driver can be used here, and why not."""
+    import ctypes
+    cuda = _libcuda()
+    if cuda is None:
+        return False, "no CUDA driver (libcuda) on this machine"
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return False, "the CUDA driver is installed but sees no GPU"
+    return True, f"{count.value} GPU(s)"
+
+
+def driver_version() -> tuple[int, int] | None:
+    """The newest CUDA release the installed driver runs (``cuDriverGetVersion``:
+    e.g. (13, 0)), or None without a driver. A build of CUDA X.Y runs on a
+    driver of X.0 or later (CUDA's minor-version compatibility)."""
+    import ctypes
+    cuda = _libcuda()
+    version = ctypes.c_int(0)
+    if cuda is None or cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value // 1000, version.value % 1000 // 10
 
 
 def _entry(model: CudaModel, tag: str, flags: tuple, compiler: str) -> Path:

@@ -319,30 +319,29 @@ def test_a_batch_of_gemms_past_the_grids_y_and_z_limit_is_split_over_both(monkey
     # The emulator's limit, lowered from a GPU's 65,535 to 4 (the device reports it too), lets
     # 7 x 3 = 21 batches of one row tile each cross it with a few blocks: one grid axis
     # would need 21 > 4, and even y x z = 16 < 21 leaves the kernel a rest to loop over.
-    from blockc.runtime.cuda_runner import emulated_library, run_model
+    from blockc.runtime.cuda_runner import emulated_library
     monkeypatch.setenv("BLOCKC_EMU_MAX_GRID_YZ", "4")
+    _batched_gemm_matches_the_reference(7, emulated_library, emulated=True)
+
+
+def _batched_gemm_matches_the_reference(batch: int, library, *, emulated: bool) -> None:
+    from blockc.runtime.cuda_runner import run_model
     g = blockc.parse_graph(BATCHED)
-    cm = generate(g, {})
+    cm = generate(g, {}, gemm="tiled")
     rng = np.random.default_rng(3)
-    feeds = {"q": rng.standard_normal((7, 3, 1, 2)).astype(np.float32),
-             "k": rng.standard_normal((7, 3, 2, 1)).astype(np.float32)}
-    out = run_model(cm, emulated_library(cm), feeds, emulated=True).outputs
+    feeds = {"q": rng.standard_normal((batch, 3, 1, 2)).astype(np.float32),
+             "k": rng.standard_normal((batch, 3, 2, 1)).astype(np.float32)}
+    out = run_model(cm, library(cm), feeds, emulated=emulated).outputs
     np.testing.assert_allclose(out["y"], blockc.run_reference(g, {}, feeds, float64=True)["y"], rtol=1e-5, atol=1e-6)
 
 
 def test_a_batch_of_gemms_past_65535_runs_on_a_gpu():
     # the real limit: 100,000 batches in one tiled GEMM launch (emulated, it takes minutes)
-    from blockc.runtime.cuda_runner import cuda_available, gpu_library, run_model
+    from blockc.runtime.cuda_runner import cuda_available, gpu_library
     ok, why = cuda_available()
     if not ok:
         pytest.skip(why)
-    g = blockc.parse_graph(BATCHED)
-    cm = generate(g, {}, gemm="tiled")
-    rng = np.random.default_rng(4)
-    feeds = {"q": rng.standard_normal((100_000, 3, 1, 2)).astype(np.float32),
-             "k": rng.standard_normal((100_000, 3, 2, 1)).astype(np.float32)}
-    out = run_model(cm, gpu_library(cm), feeds, emulated=False).outputs
-    np.testing.assert_allclose(out["y"], blockc.run_reference(g, {}, feeds, float64=True)["y"], rtol=1e-5, atol=1e-6)
+    _batched_gemm_matches_the_reference(100_000, gpu_library, emulated=False)
 
 
 def test_cublas_asks_its_heuristic_in_an_eager_run_before_any_capture():
