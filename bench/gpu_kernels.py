@@ -2,7 +2,8 @@
 
 It measures the two GPU targets of docs/PERFORMANCE.md on blockc's generated
 CUDA, every time taken by CUDA events in the model's child process
-(``Compiled.time``: the one timing loop, on the device's clock):
+(``Compiled.time``: the one timing loop, on the device's clock, each sample
+20 back-to-back runs between two events):
 
 1. **Row kernels at the memory roofline.** The fused add+LayerNorm and the
    causal masked softmax, each a one-node graph with a symbolic row length
@@ -52,6 +53,9 @@ TARGET_FRACTION = 0.90     # of peak bandwidth, at row lengths >= TARGET_FROM
 TARGET_FROM = 1024
 BLOCK_SLACK = 1.15         # the block's time over its roofline, at most
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+# On a GPU each sample is 20 back-to-back runs between two events: an event
+# around each run alone adds 3-10 us of host time to it (timing.measure).
+GPU_TIMING = {"warmup": 5, "min_repeats": 50, "min_time_s": 0.5, "runs_per_sample": 20}
 
 # Each row kernel as blockc's IR text: symbolic rows and row length `n`.
 # The softmax is causal from the bottom right over `q` rows of `n` keys each.
@@ -186,7 +190,7 @@ def main(argv=None) -> int:
         peak = args.peak_gbps or (gpu_peak_gbps(device) if device else None)
         if peak is None:
             print(f"no published peak for {device or why}: give --peak-gbps", file=sys.stderr)
-        timing = {"warmup": 5, "min_repeats": 50, "min_time_s": 0.5}
+        timing = GPU_TIMING
         block = ("gpt2-block", {"dtype": "float16"}, {"batch": 8, "seq": 512})
 
     print(f"device: {device}; peak {peak or 'unknown'} GB/s; command: python {' '.join(sys.argv)}\n")

@@ -561,27 +561,34 @@ def cmd_check(args) -> int:
 
 def cmd_cuda(args) -> int:
     import json
-    import os
     from .version import __version__
-    from .codegen.cuda import build as cuda_build
-    from .codegen.cuda.kernels.gemm import GPU_GEMM
+    from .codegen.cuda import build as cuda_build, toolchain
     from .codegen.cuda.lower import generate
+    from .files import output_folder
     from .report.cuda_summary import compile_report, format_cuda_summary
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if not args.no_compile and toolchain.find_nvcc().path:
+        # one CUDA's nvcc and headers, and archs it builds for: refused before any work
+        toolchain.check_archs(toolchain.find_toolkit().nvcc, archs)
     if args.dtype:
         args.set = list(args.set) + [f"dtype={args.dtype}"]
     model, graph = _graph(args)
     weights = _weights(args, model)
     bindings = _bindings(args, graph)
-    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=args.gemm or GPU_GEMM, tf32=args.tf32)
-    meta = cuda_build.write_build(cuda, args.output, archs=archs, bindings=bindings)
-    summary = compile_report(cuda, meta, os.path.join(args.output, "model.cu"), archs, compile=not args.no_compile)
-    _write_text(os.path.join(args.output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    cuda = generate(graph, weights, form=args.form, version=__version__, gemm=cuda_build.gpu_gemm(args.gemm),
+                    tf32=args.tf32)
+    # the build appears whole or not at all: a failed compile or Ctrl-C leaves no folder
+    with output_folder(args.output, last="summary.json") as out:
+        meta = cuda_build.write_build(cuda, str(out), archs=archs, bindings=bindings)
+        summary = compile_report(cuda, meta, str(out / "model.cu"), archs, compile=not args.no_compile)
+        if summary.get("compiled") is False:
+            raise toolchain.ToolchainError(summary["error"])
+        _write_text(str(out / "summary.json"), json.dumps(summary, indent=2) + "\n")
     if args.json:
         _write_text(args.json, json.dumps(summary, indent=2) + "\n")
     print(format_cuda_summary(summary))
     print(f"\nwrote {args.output}: model.cu, blockc_cuda.h, blockc_model.h, weights.bin, model.json, summary.json, build.sh")
-    return 0 if summary.get("compiled", True) is not False else 1
+    return 0
 
 
 def _int_list(flag: str, text: str) -> tuple[int, ...]:
@@ -641,6 +648,24 @@ def cmd_compare(args) -> int:
         print(f"wrote {page}")
     # a row the memory budget kept from running is "skipped", said in the table; only an error fails
     return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
+
+
+def cmd_cache(args) -> int:
+    import time
+
+    from .files import cache_entries, cache_limit, cache_root, format_bytes, prune_cache
+    root = cache_root()
+    if args.clear:
+        removed = prune_cache(0)
+        print(f"removed {len(removed)} entries ({format_bytes(sum(e.size for e in removed))}) from {root}")
+        return 0
+    entries = cache_entries()
+    for e in reversed(entries):   # the most recently used first
+        print(f"{format_bytes(e.size):>10}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(e.used))}  "
+              f"{e.path.relative_to(root)}")
+    print(f"{root}: {len(entries)} entries, {format_bytes(sum(e.size for e in entries))} "
+          f"(at most {format_bytes(cache_limit())}: BLOCKC_CACHE_MAX)")
+    return 0
 
 
 def _check_outputs(args) -> None:
@@ -890,6 +915,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (nor, where stderr is not a "
                    "terminal, the progress lines written there instead)")
     p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("cache", help="list or clear the build cache",
+                       description="List the build cache's entries (size, last use), most recent first, and its "
+                       "total against its cap (BLOCKC_CACHE_MAX, default 10G; the least recently used entries go "
+                       "after each build once the cache is over it). --clear removes every entry.")
+    p.add_argument("--clear", action="store_true", help="remove every entry (those being built are left)")
+    p.set_defaults(fn=cmd_cache)
     return parser
 
 

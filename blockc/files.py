@@ -17,7 +17,13 @@
   ``$XDG_CACHE_HOME/blockc``, else ``~/.cache/blockc``); ``cached_file``
   builds an entry in it under a lock, renames it into place when complete,
   records its size and SHA-256 beside it, and rebuilds an entry that no
-  longer matches (a truncated or corrupted file).
+  longer matches (a truncated or corrupted file). The cache holds at most
+  ``cache_limit()`` (10 GiB, or ``$BLOCKC_CACHE_MAX``): after each build the
+  least recently used entries are removed (``prune_cache``);
+  ``cache_entries`` lists them (``blockc cache``).
+* ``output_folder``: a folder of outputs (a CUDA build, a report) filled
+  under a temporary name and renamed into place when complete, so an error
+  or Ctrl-C leaves no folder and no partial file.
 * ``check_writable`` and ``check_writable_dir``: whether a file, or a folder
   to fill, can be written, asked before any work so that a bad output path
   costs nothing; every command and report that writes asks these.
@@ -35,6 +41,7 @@ import re
 import shutil
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
@@ -55,6 +62,18 @@ def format_bytes(n: float) -> str:
         return f"{n:.0f} B"
     # .3g would write what rounds to 1000..1023 as "1e+03"
     return f"{n:.3g} {unit}" if abs(n) < 999.5 else f"{n:.0f} {unit}"
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, what: str = "--max-memory") -> int:
+    """``8G``, ``512M``, ``1.5GiB``, ``2000000000`` -> bytes; ``what`` names
+    the option or variable in the error."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise BlockcError(f"{what} {text!r}: expected a positive size, e.g. 8G, 512M or 2000000000")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
 
 
 def user_mode(executable: bool = False) -> int:
@@ -263,8 +282,8 @@ def replace_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
         staged = [os.path.join(staging, os.path.basename(t)) for t in targets]
         yield staged
         for s in staged:
-            if os.path.exists(s):
-                os.chmod(s, user_mode())
+            if os.path.exists(s):   # an executable one (a build.sh) stays executable
+                os.chmod(s, user_mode(executable=bool(os.stat(s).st_mode & 0o100)))
         _place(targets, staged, staging)
     except OSError as e:
         raise BlockcError(f"cannot write {targets[0]}: {e.strerror or e}") from None
@@ -302,6 +321,62 @@ def _place(targets: list[str], staged: list[str], staging: str) -> None:
             with contextlib.suppress(OSError):
                 os.replace(old, t)
         raise
+
+
+def _make_parents(folder: str) -> list[str]:
+    """Make ``folder`` and its missing parents; the ones made, outermost first."""
+    missing = []
+    while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for d in reversed(missing):
+        os.mkdir(d)
+    return missing[::-1]
+
+
+@contextlib.contextmanager
+def output_folder(path: str | os.PathLike, *, last: str | None = None) -> Iterator[Path]:
+    """A folder of outputs that appears complete or not at all (a build, a
+    report). Yields a hidden temporary folder beside ``path`` to fill. On a
+    clean exit a new ``path`` is that folder renamed; an existing one gets
+    the files through ``replace_together``, ``last`` placed last, and keeps
+    its other files. On any error or interrupt (Ctrl-C) the temporary folder
+    and the parent folders made for it are removed: nothing is left."""
+    target = os.path.abspath(os.fspath(path))
+    made: list[str] = []
+    try:
+        made = _make_parents(os.path.dirname(target))
+        remove_stale_partials(target)
+        staging = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=partial_prefix(target), suffix=".tmp")
+    except OSError as e:
+        _remove_folders(made)
+        raise BlockcError(f"cannot write {target}: {e.strerror or e}") from None
+    done = False
+    try:
+        yield Path(staging)
+        os.chmod(staging, user_mode(executable=True))
+        if not os.path.lexists(target):
+            os.rename(staging, target)
+        else:
+            names = sorted(os.listdir(staging), key=lambda name: name != last)
+            for name in names:   # what a killed writer of any of them left in the folder
+                remove_stale_partials(os.path.join(target, name))
+            with replace_together([os.path.join(target, name) for name in names]) as staged:
+                for name, tmp in zip(names, staged):
+                    os.replace(os.path.join(staging, name), tmp)
+        done = True
+    except OSError as e:
+        raise BlockcError(f"cannot write {target}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not done:
+            _remove_folders(made)
+
+
+def _remove_folders(folders: list[str]) -> None:
+    for d in reversed(folders):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
 
 # -- the cache ------------------------------------------------------------------
@@ -362,6 +437,7 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
     path = Path(path)
     stamp = path.with_name(path.name + ".ok")
     if _intact(path, stamp):
+        _used(stamp)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(path.name + ".lock")):
@@ -384,4 +460,86 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
                 tmp.unlink()
         with atomic_write(stamp, "w") as f:
             json.dump(record, f)
+    if path.resolve().is_relative_to(cache_root().resolve()):
+        prune_cache(keep=path.parent)
     return path
+
+
+def _used(stamp: Path) -> None:
+    """An entry's last use is its record's time: least recently used goes first."""
+    with contextlib.suppress(OSError):
+        os.utime(stamp)
+
+
+# -- the cache's size -----------------------------------------------------------
+CACHE_LIMIT = 10 << 30   # the cache's default cap; $BLOCKC_CACHE_MAX sets another ("20G", "500M")
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One built entry of the cache: its folder, its size in bytes and when
+    it was last used (a time in seconds since the epoch)."""
+
+    path: Path
+    size: int
+    used: float
+
+
+def cache_limit() -> int:
+    """The most the cache may hold: ``$BLOCKC_CACHE_MAX``, else ``CACHE_LIMIT``."""
+    text = os.environ.get("BLOCKC_CACHE_MAX")
+    return parse_size(text, "BLOCKC_CACHE_MAX") if text else CACHE_LIMIT
+
+
+def _folder_size(folder: Path) -> int:
+    total = 0
+    for base, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(base, name)).st_size
+    return total
+
+
+def cache_entries() -> list[CacheEntry]:
+    """Every entry of the cache (a folder holding a recorded file, ``NAME.ok``),
+    least recently used first."""
+    folders: dict[Path, float] = {}
+    for stamp in cache_root().rglob("*.ok"):
+        with contextlib.suppress(OSError):
+            folders[stamp.parent] = max(folders.get(stamp.parent, 0.0), stamp.stat().st_mtime)
+    return sorted((CacheEntry(f, _folder_size(f), used) for f, used in folders.items()), key=lambda e: e.used)
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether another process holds one of the entry's build locks."""
+    for lock in folder.glob("*.lock"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+    return False
+
+
+def prune_cache(limit: int | None = None, *, keep: Path | None = None) -> list[CacheEntry]:
+    """Remove the least recently used entries until the cache holds at most
+    ``limit`` bytes (``cache_limit()``); never ``keep`` (the entry just made)
+    nor one being built. Returns the entries removed."""
+    limit = cache_limit() if limit is None else limit
+    entries = cache_entries()
+    total = sum(e.size for e in entries)
+    removed = []
+    for entry in entries:
+        if total <= limit:
+            break
+        if entry.path == keep or _in_use(entry.path):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        total -= entry.size
+        removed.append(entry)
+    return removed

@@ -70,6 +70,51 @@ def test_cuda_onto_an_existing_file(target, tmp_path, capsys):
     assert (tmp_path / "afile").read_text() == "keep me"
 
 
+def _fail_to_compile(*_args, **_kwargs):
+    from blockc.codegen.cuda.toolchain import ToolchainError
+    raise ToolchainError("nvcc failed to compile model.cu", ["nvcc", "model.cu"], "model.cu(1): error: made up")
+
+
+def test_a_cuda_build_that_does_not_compile_errs_on_stderr_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    from blockc.codegen.cuda import toolchain
+    if toolchain.find_nvcc().path is None:
+        pytest.skip("no nvcc")
+    monkeypatch.setattr(toolchain, "compile_nvcc", _fail_to_compile)
+    code, out, err = run(capsys, "cuda", "tiny", "--set", "layers=1", "-o", str(tmp_path / "build" / "b"))
+    assert code == 2 and out == "" and err.startswith("blockc: error: nvcc failed to compile model.cu"), (out, err)
+    assert "model.cu(1): error: made up" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []    # not b, not build/, not a temporary folder
+
+
+def test_a_failed_cuda_build_leaves_the_previous_build_whole(tmp_path, monkeypatch, capsys):
+    from blockc.codegen.cuda import toolchain
+    if toolchain.find_nvcc().path is None:
+        pytest.skip("no nvcc")
+    build = tmp_path / "b"
+    assert run(capsys, "cuda", "tiny", "--set", "layers=1", "--no-compile", "-o", str(build))[0] == 0
+    before = {p.name: p.read_bytes() for p in build.iterdir()}
+    monkeypatch.setattr(toolchain, "compile_nvcc", _fail_to_compile)
+    assert run(capsys, "cuda", "tiny", "--set", "layers=1", "--set", "d_model=32", "-o", str(build))[0] == 2
+    assert {p.name: p.read_bytes() for p in build.iterdir()} == before and list(tmp_path.iterdir()) == [build]
+
+
+def test_ctrl_c_during_cuda_leaves_no_partial_build(tmp_path, monkeypatch, capsys):
+    from blockc.report import cuda_summary
+
+    def interrupted(*_args, **_kwargs):   # weights.bin is written by now
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cuda_summary, "compile_report", interrupted)
+    code, _, err = run(capsys, "cuda", "tiny", "--set", "layers=1", "-o", str(tmp_path / "b"))
+    assert code == 130 and "interrupted" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_compare_leaves_no_report_folder(tmp_path, capsys):
+    code, _, err = run(capsys, "compare", "nosuch", "--report", str(tmp_path / "r" / "report"))
+    one_line_error(code, err, "unknown model 'nosuch'")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_json_report_into_a_missing_folder_is_refused_before_the_work(tmp_path, capsys):
     code, out, err = run(capsys, "fusions", "tiny", "--no-onnx-forms", "--json", str(tmp_path / "no" / "r.json"))
     one_line_error(code, err, "does not exist")
@@ -98,6 +143,17 @@ def test_bad_arch(arch, message, tmp_path, capsys):
     code, _, err = run(capsys, "cuda", "tiny", "--no-compile", "--arch", arch, "-o", str(tmp_path / "b"))
     one_line_error(code, err, f"--arch {arch}: {message}", "e.g. --arch sm_80,sm_90")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("arch", ["sm_12", "sm_999", "sm_80a"])
+def test_an_arch_the_nvcc_in_use_cannot_build_for(arch, tmp_path, capsys):
+    from blockc.codegen.cuda import toolchain
+    nvcc = toolchain.find_nvcc().path
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    code, out, err = run(capsys, "cuda", "tiny", "--arch", f"sm_80,{arch}", "-o", str(tmp_path / "b"))
+    one_line_error(code, err, f"--arch {arch}: {nvcc} (CUDA ", "cannot build for it; it builds for sm_", "sm_90")
+    assert "nvcc fatal" not in err and out == "" and list(tmp_path.iterdir()) == []
 
 
 def test_negative_d_ff_is_a_setting_error_not_blamed_on_the_script(capsys):

@@ -13,7 +13,7 @@ import pytest
 
 from blockc.cli import build_parser, main
 
-COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check", "cuda", "compare", "generate"]
+COMMANDS = ["models", "show", "summary", "export", "run", "fusions", "check", "cuda", "compare", "generate", "cache"]
 
 
 def run(capsys, *argv):

@@ -64,3 +64,43 @@ def test_saving_arrays_under_a_file_names_the_file(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(BlockcError, match=f"{tmp_path / 'afile'} is a file, not a folder"):
         save_npz(str(tmp_path / "afile" / "out.npz"), {"a": np.zeros(1)})
+
+
+# -- the cache's size: capped, least recently used first, listed and cleared -------------------
+def _entry(name: str, size: int):
+    from blockc.files import cache_root, cached_file
+    return cached_file(cache_root() / name / "lib.so", lambda tmp: tmp.write_bytes(b"x" * size))
+
+
+def test_the_cache_keeps_under_its_cap_by_dropping_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BLOCKC_CACHE_MAX", "2.5K")
+    a, b = _entry("a", 1024), _entry("b", 1024)
+    os.utime(a.with_name("lib.so.ok"), (100, 100))   # a was built first ...
+    os.utime(b.with_name("lib.so.ok"), (200, 200))
+    assert _entry("a", 1024) == a                    # ... but used last
+    _entry("c", 1024)                                # 3 KiB > 2.5 KiB: b goes
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["a", "c"]
+
+
+def test_the_default_cap_and_a_bad_one(monkeypatch):
+    from blockc.files import CACHE_LIMIT, cache_limit
+    monkeypatch.delenv("BLOCKC_CACHE_MAX", raising=False)
+    assert cache_limit() == CACHE_LIMIT == 10 << 30
+    monkeypatch.setenv("BLOCKC_CACHE_MAX", "lots")
+    with pytest.raises(BlockcError, match=r"^BLOCKC_CACHE_MAX 'lots': expected a positive size, e\.g\. 8G, 512M"):
+        cache_limit()
+
+
+def test_blockc_cache_lists_and_clears_the_entries(tmp_path, monkeypatch, capsys):
+    from blockc.cli import main
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("BLOCKC_CACHE_MAX", raising=False)
+    _entry("gpt2-gpu-1234", 2048)
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "gpt2-gpu-1234" in out[0] and out[0].split()[:2] == ["2.09", "KiB"]
+    assert out[-1] == f"{tmp_path / 'cache'}: 1 entries, 2.09 KiB (at most 10 GiB: BLOCKC_CACHE_MAX)"
+    assert main(["cache", "--clear"]) == 0
+    assert capsys.readouterr().out.startswith("removed 1 entries (2.09 KiB)")
+    assert list((tmp_path / "cache").iterdir()) == []

@@ -37,23 +37,12 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 from dataclasses import dataclass
 
 from ..errors import BlockcError
-from ..files import format_bytes
+from ..files import format_bytes, parse_size  # noqa: F401  (parse_size: --max-memory's, said once in files)
 from ..frontends.module import available_memory
 from ..report.footprint import footprint
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``8G``, ``512M``, ``1.5GiB``, ``2000000000`` -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m or float(m.group(1)) <= 0:
-        raise BlockcError(f"--max-memory {text!r}: expected a positive size, e.g. 8G, 512M or 2000000000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def default_budget() -> int | None:

@@ -176,10 +176,24 @@ def _picked(pick: Pick, logits: np.ndarray, history: list[list[int]], vocab: int
 CACHES = ("inplace", "concat")
 
 
+CACHE_BUCKET = 64   # the smallest default in-place cache, in positions
+
+
+def bucketed(needed: int, most: int) -> int:
+    """The default in-place cache for ``needed`` positions: the next power of
+    two from ``CACHE_BUCKET`` on, at most ``most``. Each length is a decode
+    graph and so a build: ``--max-new 5`` and ``6`` share one, and a run
+    builds at most log2(max_positions) of them."""
+    length = CACHE_BUCKET
+    while length < needed:
+        length *= 2
+    return max(needed, min(length, most))
+
+
 def cache_length(model: DecoderLM, prompts: Sequence[Sequence[int]], max_new: int, cache: str,
                  cache_len: int | None) -> int | None:
-    """The positions an in-place cache must hold: the longest prompt and
-    every new token but the last (which no step reads back); ``cache_len``
+    """The positions an in-place cache holds: the longest prompt and every
+    new token but the last (which no step reads back), ``bucketed``; ``cache_len``
     if it is given, holds them and fits the model's positions (a longer
     buffer could never be filled), else a ``BlockcError``. None for the
     concat cache, which has no buffer to size."""
@@ -192,7 +206,7 @@ def cache_length(model: DecoderLM, prompts: Sequence[Sequence[int]], max_new: in
     longest = max(len(p) for p in prompts)
     needed = longest + max_new - 1
     if cache_len is None:
-        return needed
+        return bucketed(needed, model.cfg.max_positions)
     if isinstance(cache_len, bool) or not isinstance(cache_len, (int, np.integer)) or cache_len < 1:
         raise BlockcError(f"cache_len must be a positive integer, got {cache_len!r}")
     if needed > cache_len:

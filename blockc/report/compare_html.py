@@ -17,7 +17,7 @@ from typing import Mapping
 import jinja2
 
 from ..errors import BlockcError
-from ..files import check_writable_dir, format_bytes, replace_together
+from ..files import check_writable_dir, format_bytes, output_folder
 from ..ir.graph import Graph
 from . import plots
 
@@ -26,16 +26,13 @@ INDEX = "index.html"
 
 
 def check_report_dir(path) -> pathlib.Path:
-    """Check that ``path`` can hold the report (``files.check_writable_dir``)
-    and make it (and its parents) if needed; the CLI calls this before
-    measuring anything, so a bad ``--report DIR`` fails in a second, not
-    after the benchmark."""
+    """Check that ``path`` can hold the report (``files.check_writable_dir``);
+    the CLI calls this before measuring anything, so a bad ``--report DIR``
+    fails in a second, not after the benchmark. Nothing is made: the folder
+    appears with the report (``files.output_folder``), so a run that fails
+    leaves none."""
     directory = pathlib.Path(path)
     check_writable_dir(directory, "the report to", "--report")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BlockcError(f"cannot write the report to {directory}: {e.strerror or e}") from None
     return directory
 
 
@@ -58,12 +55,11 @@ def write_html_report(report: Mapping, directory, *, before: Graph | None = None
 # -- files --------------------------------------------------------------------------------------
 def _write_all(directory: pathlib.Path, files: dict[str, bytes]) -> None:
     """Every file staged, then all put in place together, ``index.html`` last
-    (``files.replace_together`` places its first target last); on any failure
-    nothing is replaced and nothing temporary is left."""
-    names = sorted(files, key=lambda name: name != INDEX)
-    with replace_together([directory / name for name in names]) as staged:
-        for name, tmp in zip(names, staged):
-            pathlib.Path(tmp).write_bytes(files[name])
+    (``files.output_folder``); on any failure nothing is replaced and nothing
+    temporary, not even the folder, is left."""
+    with output_folder(directory, last=INDEX) as staging:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
 
 
 def _render_images(report: Mapping, before: Graph | None, after: Graph | None) -> dict[str, bytes | None]:

@@ -193,6 +193,7 @@ def call_model(lib, spec: dict) -> dict:
             t = spec["time"]
             result["times"] = timing.measure(run_once, warmup=int(t["warmup"]), min_repeats=int(t["min_repeats"]),
                                              min_time_s=float(t["min_time_s"]),
+                                             runs_per_sample=int(t.get("runs_per_sample", 1)),
                                              clock=_event_clock(lib, timing, events, api.check)).samples
         else:
             for _ in range(int(spec.get("runs", 1))):

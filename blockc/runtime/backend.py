@@ -102,12 +102,14 @@ class Compiled:
         run = self._run
         return lambda: run(feeds)
 
-    def time(self, feeds: Feeds, *, warmup: int = 3, min_repeats: int = 10, min_time_s: float = 1.0) -> Timing:
-        """Seconds per run of ``feeds``: ``warmup`` untimed runs, then runs until
-        both ``min_repeats`` and ``min_time_s`` are reached (``timing.measure``
-        on the host clock around ``runner(feeds)``, unless the backend has its
-        own)."""
-        return measure(self.runner(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s)
+    def time(self, feeds: Feeds, *, warmup: int = 3, min_repeats: int = 10, min_time_s: float = 1.0,
+             runs_per_sample: int = 1) -> Timing:
+        """Seconds per run of ``feeds``: ``warmup`` untimed runs, then samples of
+        ``runs_per_sample`` back-to-back runs until both ``min_repeats`` and
+        ``min_time_s`` are reached (``timing.measure`` on the host clock around
+        ``runner(feeds)``, unless the backend has its own)."""
+        return measure(self.runner(feeds), warmup=warmup, min_repeats=min_repeats, min_time_s=min_time_s,
+                       runs_per_sample=runs_per_sample)
 
     def cached(self, carry: Mapping[str, str], state: Feeds) -> "CachedStep":
         """A step that keeps state between runs: ``carry`` maps each output

@@ -99,8 +99,11 @@ def linked_sanitizer(so_path: str | os.PathLike) -> str | None:
     return None
 
 
-def _child_env(sanitize: str | None, switches: Mapping[str, str] | None = None) -> dict[str, str]:
+def _child_env(sanitize: str | None, switches: Mapping[str, str] | None = None, *,
+               emulated: bool = True) -> dict[str, str]:
     env = {**os.environ, **(switches or {})}
+    if not emulated:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(_gpu_library_path() + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
     if sanitize is None:
         return env
     env["LD_PRELOAD"] = toolchain.sanitizer_runtime(sanitize)
@@ -109,6 +112,16 @@ def _child_env(sanitize: str | None, switches: Mapping[str, str] | None = None) 
     else:
         env["TSAN_OPTIONS"] = "halt_on_error=1:report_signal_unsafe=0:" + env.get("TSAN_OPTIONS", "")
     return env
+
+
+def _gpu_library_path() -> list[str]:
+    """Where this machine's cuBLASLt is now, for the loader ahead of the
+    library's RUNPATH: a cached build finds it even when the cache or the
+    environment it was built in has moved."""
+    try:
+        return [toolchain.find_cublas().lib]
+    except toolchain.ToolchainError:
+        return []
 
 
 def _timed_out(what: str, so_path: Path, timeout: float, stderr: str) -> CudaRunTimeout:
@@ -165,7 +178,7 @@ def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str,
         json.dump({**spec, "so": str(so_path), "result": result_path, "timing_module": timing.__file__}, f)
     cmd = [sys.executable, "-I", str(_CHILD), spec_path]
     try:
-        proc = subprocess.run(cmd, env=_child_env(sanitize, switches), capture_output=True, text=True,
+        proc = subprocess.run(cmd, env=_child_env(sanitize, switches, emulated=emulated), capture_output=True, text=True,
                               timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -212,19 +225,39 @@ def run_emulated(so_path: str | os.PathLike, entry: str, args: Sequence[np.ndarr
 
 
 # ---- generated models ----------------------------------------------------------------
-def cuda_available() -> tuple[bool, str]:
-    """Whether a CUDA GPU and driver can be used here, and why not."""
+def _libcuda():
+    """The CUDA driver's library, loaded, or None where there is none."""
     import ctypes
     for lib in ("libcuda.so.1", "libcuda.so"):
         try:
-            cuda = ctypes.CDLL(lib)
+            return ctypes.CDLL(lib)
         except OSError:
             continue
-        count = ctypes.c_int(0)
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-            return False, "the CUDA driver is installed but sees no GPU"
-        return True, f"{count.value} GPU(s)"
-    return False, "no CUDA driver (libcuda) on this machine"
+    return None
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether a CUDA GPU and driver can be used here, and why not."""
+    import ctypes
+    cuda = _libcuda()
+    if cuda is None:
+        return False, "no CUDA driver (libcuda) on this machine"
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return False, "the CUDA driver is installed but sees no GPU"
+    return True, f"{count.value} GPU(s)"
+
+
+def driver_version() -> tuple[int, int] | None:
+    """The newest CUDA release the installed driver runs (``cuDriverGetVersion``:
+    e.g. (13, 0)), or None without a driver. A build of CUDA X.Y runs on a
+    driver of X.0 or later (CUDA's minor-version compatibility)."""
+    import ctypes
+    cuda = _libcuda()
+    version = ctypes.c_int(0)
+    if cuda is None or cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value // 1000, version.value % 1000 // 10
 
 
 def _entry(model: CudaModel, tag: str, flags: tuple, compiler: str) -> Path:
@@ -248,7 +281,7 @@ def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
     out = _entry(model, tag, (), gxx)
 
     def make(tmp: Path) -> None:
-        cuda_build.write_build(model, str(out))
+        cuda_build.write_build(model, str(out), weights=False)   # each run uploads its own
         toolchain.compile_emulated([str(out / "model.cu")], tmp, sanitize=sanitize,
                                    extra_flags=["-DBLOCKC_EMULATE", f"-I{out}"])
     return cached_file(out / f"libblockc_model_{tag}.so", make)
@@ -256,19 +289,19 @@ def emulated_library(model: CudaModel, *, sanitize: str | None = None) -> Path:
 
 def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS) -> Path:
     """The GPU build of ``model``, compiled with nvcc unless cached (as
-    ``emulated_library``), linked with its GEMM library (``build.library_flags``)."""
-    found = toolchain.find_nvcc()
-    if found.path is None:
-        raise BlockcError(f"no nvcc: {found.reason}")
-    cmd = cuda_build.nvcc_command(found.path, archs, gemm=model.gemm)   # where cuBLASLt is: part of the key
-    out = _entry(model, "gpu", tuple(cmd), found.path)
+    ``emulated_library``), with one CUDA's nvcc and headers
+    (``toolchain.find_toolkit``), linked with its GEMM library (``build.library_flags``)."""
+    toolkit = toolchain.find_toolkit()
+    toolchain.check_archs(toolkit.nvcc, archs)
+    key = cuda_build.nvcc_command(toolkit, archs, gemm=model.gemm)   # where cuBLASLt is: part of the key
+    out = _entry(model, "gpu", tuple(key), toolkit.nvcc)
 
     def make(tmp: Path) -> None:
-        cuda_build.write_build(model, str(out), archs=archs)
-        cmd = cuda_build.nvcc_command(found.path, archs, gemm=model.gemm, out=str(tmp))
+        cuda_build.write_build(model, str(out), archs=archs, weights=False)   # each run uploads its own
+        cmd = cuda_build.nvcc_command(toolkit, archs, gemm=model.gemm, out=str(tmp), origin=str(out))
         proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BlockcError(f"nvcc failed:\n{proc.stderr[-4000:]}")
+            raise toolchain.ToolchainError("nvcc failed to build the model", cmd, proc.stderr + proc.stdout)
     return cached_file(out / "libblockc_model_gpu.so", make)
 
 
@@ -321,7 +354,7 @@ class CudaSession:
         self._stderr = open(os.path.join(folder, "stderr"), "w+")
         self._proc = subprocess.Popen([sys.executable, "-I", str(_CHILD), spec_path], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                                      env=_child_env(sanitize))
+                                      env=_child_env(sanitize, emulated=emulated))
         self.counters: dict = {}
         self._addresses = {self._in_names[int(k)]: v for k, v in self._reply("loading the model")["addresses"].items()}
 

@@ -127,3 +127,14 @@ def test_fused_inplace_decode_is_group_query_attention_and_matches_float64(name)
     got = make_backend("ort-cpu").run(fused, weights, feeds)
     for key, value in oracle.items():
         assert np.abs(got[key] - value).max() < 1e-4, key
+
+
+def test_the_default_cache_is_bucketed_so_nearby_requests_share_one_build():
+    from blockc.generate.loop import cache_length
+    model = build_model("llama-tiny")
+    prompt = [[1, 2, 3]]
+    five, six = (cache_length(model, prompt, n, "inplace", None) for n in (5, 6))
+    assert five == six == 64                       # one decode graph, so one build, for both
+    assert cache_length(model, prompt, 70, "inplace", None) == 128 >= 3 + 70 - 1
+    top = model.cfg.max_positions
+    assert cache_length(model, [[1] * (top - 1)], 1, "inplace", None) == top   # never past the model's positions

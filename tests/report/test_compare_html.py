@@ -259,8 +259,21 @@ def test_unwritable_directory_is_a_blockc_error(tmp_path):
         check_report_dir(a_file / "sub")
     with pytest.raises(BlockcError, match="cannot write the report"):
         write_html_report(make_report(), a_file / "sub", before=None, after=None)
-    assert check_report_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
-    assert list((tmp_path / "a" / "b").iterdir()) == []
+    # checked, not made: the folder appears with the report, so a failed run leaves none
+    assert check_report_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b" and not (tmp_path / "a").exists()
+
+
+def test_a_report_into_a_new_folder_appears_whole_and_a_failed_one_leaves_no_folder(tmp_path, monkeypatch):
+    index = write_html_report(make_report(), tmp_path / "a" / "b", before=None, after=None)
+    assert index == tmp_path / "a" / "b" / "index.html" and index.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]   # no temporary folder beside it
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pathlib.Path, "write_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_html_report(make_report(), tmp_path / "new" / "r", before=None, after=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory anyway")

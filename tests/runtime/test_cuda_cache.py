@@ -158,6 +158,27 @@ def test_every_emulated_build_is_under_blockc_cache(cache):
 
 
 @needs_gxx
+def test_one_entry_serves_every_weights_of_a_graph_and_holds_none(cache):
+    # the key is the graph's build; the weights are each run's, uploaded at load
+    from blockc.codegen.cuda.lower import generate
+    from blockc.runtime.cuda_runner import emulated_library, run_model
+    model = blockc.build_model("gpt2", SETTINGS)
+    graph = blockc.to_form(blockc.trace(model), "fused")
+    ids = {"input_ids": np.arange(6, dtype=np.int64).reshape(1, 6) % 50}
+    outputs = []
+    for seed in (0, 1):
+        weights = blockc.init_weights(model, seed=seed)
+        cm = generate(graph, weights)
+        so = emulated_library(cm)
+        outputs.append(run_model(cm, so, ids, emulated=True).outputs["logits"])
+        np.testing.assert_allclose(outputs[-1], blockc.run_reference(graph, weights, ids)["logits"], rtol=1e-4,
+                                   atol=1e-4)
+    assert len([p for p in cache.iterdir() if p.name.startswith(graph.name)]) == 1
+    assert not list(cache.rglob("weights.bin"))
+    assert not np.allclose(outputs[0], outputs[1])
+
+
+@needs_gxx
 @pytest.mark.parametrize("damage", [b"", b"\x7fELF"])
 def test_a_truncated_cached_library_is_rebuilt(cache, damage):
     from blockc.runtime.cuda_runner import emulated_library
@@ -188,3 +209,15 @@ def test_two_processes_building_one_model_for_the_first_time(cache, tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
+
+
+# -- a cached GPU build finds cuBLASLt wherever it is now ------------------------------
+def test_the_gpu_child_finds_cublas_through_the_loader_path_not_only_the_runpath(monkeypatch, tmp_path):
+    # a cached library's RUNPATH names where cuBLASLt was at build time; the
+    # runner puts where it is now first on the child's loader path
+    from blockc.runtime import cuda_runner
+    now = toolchain.CublasLocation(str(tmp_path / "inc"), str(tmp_path / "moved" / "lib"), 13, "moved")
+    monkeypatch.setattr(toolchain, "find_cublas", lambda *a, **k: now)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/elsewhere")
+    assert cuda_runner._child_env(None, emulated=False)["LD_LIBRARY_PATH"] == f"{now.lib}:/elsewhere"
+    assert cuda_runner._child_env(None, emulated=True)["LD_LIBRARY_PATH"] == "/elsewhere"   # the emulator needs none

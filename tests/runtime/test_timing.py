@@ -26,6 +26,40 @@ def test_the_clock_is_a_parameter_of_the_one_loop():
     assert t.samples == [0.25] * 3
 
 
+def test_a_sample_is_n_back_to_back_runs_between_two_clock_reads():
+    """Reading a device's clock costs host time (an event recorded and waited
+    for): bracketing each run adds it to every sample; bracketing N runs
+    spreads it over them."""
+    events = []
+    overhead, run = 8e-6, 1e-6
+
+    def stop():
+        n = events[::-1].index("start")   # runs since the last start
+        events.append("stop")
+        return overhead + n * run
+    t = measure(lambda: events.append("run"), warmup=1, min_repeats=3, min_time_s=0.0, runs_per_sample=10,
+                clock=event_clock(lambda: events.append("start"), stop))
+    assert events == ["start", "run", "stop"] + (["start"] + ["run"] * 10 + ["stop"]) * 3
+    assert t.repeats == 3 and t.samples == [pytest.approx(run + overhead / 10)] * 3
+    with pytest.raises(ValueError, match="runs_per_sample"):
+        measure(lambda: None, runs_per_sample=0)
+
+
+def test_the_cuda_child_times_n_back_to_back_runs_per_sample():
+    import numpy as np
+
+    import blockc
+    from blockc.codegen.cuda import toolchain
+    from blockc.codegen.cuda.lower import generate
+    from blockc.runtime.cuda_runner import emulated_library, run_model
+    if toolchain.find_gxx() is None:
+        pytest.skip("no g++")
+    cm = generate(blockc.parse_graph("graph g(%x: f32[n]) {\n  %0:f32[n] = relu %x\n  return y=%0\n}\n"), {})
+    r = run_model(cm, emulated_library(cm), {"x": np.ones(4, np.float32)}, emulated=True,
+                  time={"warmup": 0, "min_repeats": 2, "min_time_s": 0.0, "runs_per_sample": 5})
+    assert len(r.times) == 2 and r.counters["graph_launches"] == 10
+
+
 def test_interleaved_rounds_alternate_contestants():
     order = []
     out = measure_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},

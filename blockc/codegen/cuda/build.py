@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import struct
+import warnings
 from typing import Mapping
 
 import numpy as np
@@ -30,7 +31,7 @@ from ...errors import BlockcError
 from ...files import cache_root, replace_together, user_mode
 from ...ops import registry
 from . import toolchain
-from .kernels.gemm import GemmChoice
+from .kernels.gemm import EMULATED_GEMM, GPU_GEMM, GemmChoice
 from .lower import CudaModel
 from .templates import TEMPLATE_DIR
 
@@ -55,23 +56,45 @@ def weights_blob(params: list) -> bytes:
     return head + b"".join(chunks)
 
 
-def library_flags(gemm: GemmChoice, *, link: bool = True) -> list[str]:
+def library_flags(gemm: GemmChoice, *, link: bool = True, toolkit: toolchain.Toolkit | None = None,
+                  origin: str | None = None) -> list[str]:
     """What nvcc needs beyond its own toolkit for a build's GEMMs: cuBLASLt's
-    include folder and, to link, the library by its soname with an rpath
+    headers and, to link, the library by its soname with a RUNPATH relative
+    to ``origin`` (the folder the built library will be in) and absolute
     (``toolchain.find_cublas``: the toolkit or NVIDIA's wheel). Only
     cuBLASLt: no generated call needs the rest of cuBLAS."""
     if gemm.kind != "cublas":
         return []
-    found = toolchain.find_cublas()
-    return found.compile_flags() + (found.link_flags() if link else [])
+    found = toolchain.find_cublas(toolkit)
+    return found.compile_flags() + (found.link_flags(origin) if link else [])
 
 
-def nvcc_command(nvcc: str, archs=ARCHS, *, gemm: GemmChoice = GemmChoice(),
-                 out: str = "libblockc_model.so") -> list[str]:
-    cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v", "-Werror", "all-warnings"]
-    for arch in archs:
-        cmd += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
-    return cmd + ["-o", out, "model.cu"] + library_flags(gemm)
+def gpu_gemm(requested: str | None) -> str:
+    """The GEMM a GPU build uses: ``requested``, else cuBLASLt where this
+    machine has one, else the tiled kernel, with a one-line notice (a
+    ``UserWarning``; the CLI prints it as ``blockc: warning: ...``)."""
+    if requested:
+        return requested
+    try:
+        toolchain.find_cublas()
+    except toolchain.ToolchainError:
+        warnings.warn("no cuBLASLt on this machine: GEMMs use the tiled kernel "
+                      "(pip install 'blockc[cuda]' for cuBLASLt)", stacklevel=2)
+        return EMULATED_GEMM
+    return GPU_GEMM
+
+
+def nvcc_command(toolkit: toolchain.Toolkit | None, archs=ARCHS, *, gemm: GemmChoice = GemmChoice(),
+                 out: str = "libblockc_model.so", origin: str | None = None) -> list[str]:
+    """The nvcc command that builds ``model.cu`` (in the current folder) into
+    ``out``, which will be in ``origin``: SASS for each arch and PTX for the
+    highest (``toolchain.gencode_flags``), the headers of ``toolkit``'s own
+    release, cuBLASLt where the build uses it. ``toolkit`` None: plain
+    ``nvcc`` from PATH (a build.sh for another machine)."""
+    cmd = [toolkit.nvcc if toolkit else "nvcc", "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC",
+           "-Xptxas", "-v", "-Werror", "all-warnings", *toolchain.gencode_flags(archs)]
+    cmd += list(toolkit.include_flags) if toolkit else []
+    return cmd + ["-o", out, "model.cu"] + library_flags(gemm, toolkit=toolkit, origin=origin)
 
 
 def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dict:
@@ -100,32 +123,37 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
     return meta
 
 
-def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mapping[str, int] | None = None) -> dict:
+def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mapping[str, int] | None = None,
+                weights: bool = True) -> dict:
     """Write the build directory: every file under a temporary name, then all
     renamed into place together (``files.replace_together``). ``build.sh``
-    links the model's GEMM library (``library_flags``) where this machine has it."""
+    links the model's GEMM library (``library_flags``) where this machine has it.
+    ``weights`` False: no ``weights.bin`` (a cache entry, shared by every model of
+    the same graph: each run uploads its own weights at load)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise BlockcError(f"cannot write {out_dir}: {e.strerror or e}") from None
     meta = describe(model, bindings)
+    toolkit = toolchain.toolkit_or_none()
     try:
-        command = nvcc_command("nvcc", archs, gemm=model.gemm)
+        command = nvcc_command(toolkit, archs, gemm=model.gemm, origin=out_dir)
         note = ""
     except toolchain.ToolchainError as e:
         # The source is still worth writing: build.sh then expects a toolkit with cuBLASLt on its paths.
-        command = nvcc_command("nvcc", archs) + ["-lcublasLt"]
+        command = nvcc_command(toolkit, archs) + ["-lcublasLt"]
         note = "# " + str(e).splitlines()[0] + "\n"
     files = {
         "model.cu": model.source.encode(),
         "blockc_cuda.h": open(RUNTIME_HEADER, "rb").read(),
         "blockc_model.h": open(API_HEADER, "rb").read(),
-        "weights.bin": weights_blob(model.params),
         "model.json": (json.dumps(meta, indent=2) + "\n").encode(),
         "build.sh": ("#!/bin/sh\n# Builds libblockc_model.so with nvcc (set NVCC to override).\n" + note
                      + "set -e\ncd \"$(dirname \"$0\")\"\n"
                      + " ".join(["\"${NVCC:-nvcc}\""] + [shlex.quote(a) for a in command[1:]]) + "\n").encode(),
     }
+    if weights:
+        files["weights.bin"] = weights_blob(model.params)
     targets = [os.path.join(out_dir, name) for name in files]
     with replace_together(targets) as staged:
         for path, data in zip(staged, files.values()):

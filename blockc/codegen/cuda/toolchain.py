@@ -14,13 +14,17 @@ Where things are found:
 * nvcc: ``$PATH``, then ``/usr/local/cuda/bin/nvcc``, then NVIDIA's
   ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin/nvcc`` for CUDA 13,
   ``nvidia/cuda_nvcc/bin/nvcc`` for the ``-cu12`` wheels).
-* headers (``cuda_fp16.h``, ``cuda_runtime.h``, cuBLAS): the toolkit beside
-  that nvcc, ``/usr/local/cuda/include``, then the wheels' ``include`` folders.
-* cuBLASLt (``find_cublas``): a header and its library from one place -- the
-  toolkit beside nvcc, ``/usr/local/cuda``, then the ``nvidia-cublas`` wheel
-  -- linked by its versioned name (``-l:libcublasLt.so.13``: the wheel ships
-  no unversioned ``.so``) with an rpath to its folder, so the built library
-  finds it without ``LD_LIBRARY_PATH``.
+* ``find_toolkit``: that nvcc and the headers of its own release -- the
+  folders its ``--dryrun`` says it searches -- checked to agree
+  (``CUDART_VERSION``) and to hold CCCL (``nv/target``). Headers of two CUDAs
+  are never mixed. ``check_archs`` asks that nvcc which archs it builds for.
+* headers for the emulator (``cuda_fp16.h``): the toolkit beside nvcc,
+  ``/usr/local/cuda/include``, then the wheels' ``include`` folders.
+* cuBLASLt (``find_cublas``): a header and its library from one place, of the
+  toolkit's major release -- the toolkit beside nvcc, ``/usr/local/cuda``,
+  then the ``nvidia-cublas`` wheel -- linked by its versioned name
+  (``-l:libcublasLt.so.13``: the wheel ships no unversioned ``.so``) with a
+  RUNPATH to its folder, relative to ``$ORIGIN`` and absolute.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from blockc.errors import BlockcError
-from blockc.files import cache_root, cached_file
+from blockc.files import cache_root, cached_file, partial_prefix
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 EMU_HEADER = EMU_DIR / "cuda_emu.h"
@@ -117,7 +121,32 @@ def find_nvcc() -> NvccSearch:
 
 
 def _toolkit_of(nvcc: str) -> Path:
-    return Path(os.path.realpath(nvcc)).parent.parent
+    return nvcc_layout(nvcc)[0]
+
+
+def nvcc_layout(nvcc: str) -> tuple[Path, tuple[Path, ...]]:
+    """nvcc's toolkit folder and the header folders it searches by itself, as
+    its own ``--dryrun`` says (``_HERE_``, ``INCLUDES``, ``SYSTEM_INCLUDES``):
+    a wrapper script's folder (/usr/local/bin/nvcc) is no toolkit."""
+    real = os.path.realpath(nvcc)
+    return _layout(real, os.stat(real).st_mtime)
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(nvcc: str, stamp: float) -> tuple[Path, tuple[Path, ...]]:
+    try:
+        proc = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+        text = proc.stdout + proc.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        text = ""
+    here = re.search(r"^#\$ _HERE_=(.+)$", text, re.M)
+    root = Path(os.path.normpath(here.group(1) if here else os.path.dirname(nvcc))).parent
+    searched = [Path(os.path.normpath(p.removeprefix("-I")))
+                for line in re.findall(r"^#\$ (?:SYSTEM_)?INCLUDES=(.*)$", text, re.M)
+                for p in re.findall(r'"([^"]+)"', line) if p != "-isystem"]
+    return root, tuple(searched or [root / "include", root / "include" / "cccl", root / "targets" / "x86_64-linux" /
+                                    "include", root / "targets" / "x86_64-linux" / "include" / "cccl"])
 
 
 def cuda_include_dirs() -> list[str]:
@@ -139,26 +168,170 @@ def cuda_include_dirs() -> list[str]:
     return seen
 
 
+# ---- one CUDA: nvcc and the headers of its release --------------------------------------
+
+_NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_CUDART_VERSION = re.compile(r"#define\s+CUDART_VERSION\s+(\d+)")
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """One CUDA release that builds for a GPU: its ``nvcc``, its ``version``
+    (major, minor), the folder of the headers of that same release
+    (``cuda_runtime_api.h``, ``crt/``) and ``include_flags`` for any of its
+    header folders nvcc does not search by itself (CUDA 12's wheels give each
+    component its own folder)."""
+
+    nvcc: str
+    version: tuple[int, int]
+    include: str
+    include_flags: tuple[str, ...]
+    where: str
+
+    @property
+    def release(self) -> str:
+        return "%d.%d" % self.version
+
+
+def nvcc_release(nvcc: str) -> tuple[int, int]:
+    """The CUDA release ``nvcc --version`` names, e.g. (13, 0)."""
+    m = _NVCC_RELEASE.search(compiler_version(nvcc))
+    if not m:
+        raise ToolchainError(f"cannot tell which CUDA {nvcc} is: its --version names no release")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _header_release(include: Path) -> tuple[int, int] | None:
+    m = _CUDART_VERSION.search((include / "cuda_runtime_api.h").read_text(errors="replace"))
+    return (int(m.group(1)) // 1000, int(m.group(1)) % 1000 // 10) if m else None
+
+
+def find_toolkit() -> Toolkit:
+    """The CUDA that builds for a GPU: the nvcc ``find_nvcc`` finds and the
+    headers beside it, checked to be of its release and complete. Headers of
+    two CUDAs are never mixed: another release's ``crt/host_runtime.h`` breaks
+    every kernel's launch stub (``__cudaLaunch``). Raises ToolchainError
+    naming what is missing or mismatched and how to fix it."""
+    found = find_nvcc()
+    if found.path is None:
+        raise ToolchainError(found.reason)
+    version = nvcc_release(found.path)
+    release = "%d.%d" % version
+    root, own = nvcc_layout(found.path)
+    split = [root.parent / part / "include" for part in ("cuda_runtime", "cuda_cccl")]  # CUDA 12's wheels
+    runtime = next((d for d in [*own, *split] if (d / "cuda_runtime_api.h").is_file()), None)
+    if runtime is None:
+        raise ToolchainError(f"nvcc {found.path} (CUDA {release}) has no CUDA headers beside it (no "
+                             f"cuda_runtime_api.h in {', '.join(map(str, own))}): install the toolkit's headers, or "
+                             f"pip install 'nvidia-cuda-runtime=={release}.*' for the wheel nvcc")
+    headers = _header_release(runtime)
+    if headers != version:
+        shown = "%d.%d" % headers if headers else "of an unknown release"
+        raise ToolchainError(f"nvcc {found.path} is CUDA {release} but the headers beside it ({runtime}) are "
+                             f"CUDA {shown}: use one CUDA for both (pip install 'nvidia-cuda-runtime=={release}.*' "
+                             "beside a wheel nvcc, or put the nvcc of those headers first on PATH)")
+    cccl = next((d for d in [*own, *split] if (d / "nv" / "target").exists()), None)
+    if cccl is None:
+        raise ToolchainError(f"nvcc {found.path} (CUDA {release}) has no CCCL headers (nv/target) beside it: "
+                             f"pip install 'nvidia-cuda-cccl=={release}.*', or install the toolkit's headers")
+    flags = tuple(f"-I{d}" for d in dict.fromkeys((runtime, cccl)) if d not in own)
+    return Toolkit(found.path, version, os.path.realpath(runtime), flags, found.reason)
+
+
+@functools.lru_cache(maxsize=None)
+def _listed_archs(nvcc: str, stamp: float) -> tuple[int, ...]:
+    try:
+        proc = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolchainError(f"cannot run {nvcc} --list-gpu-arch: {e}") from None
+    numbers = tuple(int(n) for n in re.findall(r"\bcompute_(\d+)\b", proc.stdout))
+    if proc.returncode != 0 or not numbers:
+        raise ToolchainError(f"{nvcc} --list-gpu-arch lists no architecture", [nvcc, "--list-gpu-arch"],
+                             proc.stdout + proc.stderr)
+    return numbers
+
+
+def gpu_archs(nvcc: str) -> tuple[int, ...]:
+    """The ``sm_XX`` numbers ``nvcc --list-gpu-arch`` builds for (asked once per nvcc)."""
+    real = os.path.realpath(nvcc)
+    return _listed_archs(real, os.stat(real).st_mtime)
+
+
+def check_archs(nvcc: str, archs: Sequence[str]) -> None:
+    """Refuse an ``sm_XX`` this nvcc cannot build for, before nvcc runs: a
+    number it does not list, ``a`` (arch-specific) below sm_90, ``f`` (family)
+    below sm_100."""
+    listed = gpu_archs(nvcc)
+    for arch in archs:
+        m = re.fullmatch(r"sm_(\d+)([af]?)", arch)
+        number = int(m.group(1)) if m else None
+        if m and number in listed and number >= {"": 0, "a": 90, "f": 100}[m.group(2)]:
+            continue
+        raise ToolchainError(f"--arch {arch}: {nvcc} (CUDA {'%d.%d' % nvcc_release(nvcc)}) cannot build for it; "
+                             f"it builds for {', '.join(f'sm_{n}' for n in sorted(listed))} (with a suffix "
+                             "'a' from sm_90 on, 'f' from sm_100 on)")
+
+
+def gencode_flags(archs: Sequence[str]) -> list[str]:
+    """SASS for each arch, and the highest one's PTX beside its SASS, so a GPU
+    newer than every listed arch still runs the build (its driver compiles the PTX)."""
+    top = max(archs, key=lambda a: int(re.sub(r"\D", "", a) or 0))
+    flags = []
+    for arch in archs:
+        code = f"[{arch},compute_{arch[3:]}]" if arch == top else arch
+        flags += ["-gencode", f"arch=compute_{arch[3:]},code={code}"]
+    return flags
+
+
+# ---- cuBLASLt -------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class CublasLocation:
     """One cuBLASLt: its header folder, its library folder, the library's
-    major version (the ``N`` of ``libcublasLt.so.N``) and where it was found."""
+    major version (the ``N`` of ``libcublasLt.so.N``) and where it was found.
+    ``own`` says the header folder is the toolkit's own; any other (a wheel's
+    shared ``include``, which may hold another CUDA's runtime headers) is
+    reached through a folder of cuBLAS's headers alone."""
 
     include: str
     lib: str
     major: int
     where: str
+    own: bool = False
 
     def compile_flags(self) -> list[str]:
-        return [f"-I{self.include}"]
+        return [f"-I{self.include if self.own else cublas_headers_only(self.include)}"]
 
-    def link_flags(self) -> list[str]:
-        # By soname, not -lcublasLt: a wheel has no unversioned libcublasLt.so.
-        # The rpath lets the built library load it without LD_LIBRARY_PATH.
-        return [f"-L{self.lib}", f"-l:libcublasLt.so.{self.major}", "-Xlinker", f"-rpath,{self.lib}"]
+    def link_flags(self, origin: str | os.PathLike | None = None) -> list[str]:
+        """By soname, not -lcublasLt: a wheel has no unversioned libcublasLt.so.
+        RUNPATH: the folder relative to ``$ORIGIN`` (the built library's folder,
+        ``origin`` here) and absolute, so a moved cache or a moved environment
+        still finds it (the runner also puts ``lib`` on the child's loader path)."""
+        paths = ([f"$ORIGIN/{os.path.relpath(self.lib, os.path.realpath(origin))}"] if origin else []) + [self.lib]
+        return [f"-L{self.lib}", f"-l:libcublasLt.so.{self.major}", "-Xlinker", "-rpath," + ":".join(paths)]
 
 
-def _cublas_in(include: Path, libs: Sequence[Path], where: str) -> CublasLocation | None:
+def cublas_headers_only(include: str) -> str:
+    """A folder in the cache holding links to ``include``'s cuBLAS headers
+    alone, made once per ``include``."""
+    folder = cache_root() / "cublas-headers" / hashlib.sha256(include.encode()).hexdigest()[:16]
+    names = sorted(n for n in os.listdir(include) if n.startswith("cublas") and n.endswith(".h"))
+    if folder.is_dir() and sorted(os.listdir(folder)) == names:
+        return str(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=partial_prefix(folder), suffix=".tmp"))
+    for name in names:
+        os.symlink(os.path.join(include, name), tmp / name)
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)
+
+
+def _cublas_in(include: Path, libs: Sequence[Path], where: str, major: int | None,
+               own: Path | None) -> CublasLocation | None:
     if not (include / "cublasLt.h").is_file():
         return None
     for lib in libs:
@@ -166,33 +339,44 @@ def _cublas_in(include: Path, libs: Sequence[Path], where: str) -> CublasLocatio
             majors = sorted((int(m.group(1)) for f in os.listdir(lib) if (m := _CUBLASLT_SO.match(f))), reverse=True)
         except OSError:
             continue
+        majors = [m for m in majors if major in (None, m)]
         if majors:
-            return CublasLocation(os.path.realpath(include), os.path.realpath(lib), majors[0], where)
+            real = os.path.realpath(include)
+            return CublasLocation(real, os.path.realpath(lib), majors[0], where,
+                                  own is not None and real == os.path.realpath(own))
     return None
 
 
-def find_cublas() -> CublasLocation:
+def toolkit_or_none() -> Toolkit | None:
+    """``find_toolkit``'s answer, or None where there is no complete one."""
+    try:
+        return find_toolkit()
+    except ToolchainError:
+        return None
+
+
+def find_cublas(toolkit: Toolkit | None = None) -> CublasLocation:
     """cuBLASLt's header and library, from one place: the toolkit beside nvcc,
-    ``/usr/local/cuda``, then NVIDIA's ``nvidia-cublas`` wheel. Raises
+    ``/usr/local/cuda``, then NVIDIA's ``nvidia-cublas`` wheel; of the
+    toolkit's major release where there is one (``find_toolkit``). Raises
     ToolchainError saying how to get one."""
+    toolkit = toolkit or toolkit_or_none()
+    roots = ([_toolkit_of(toolkit.nvcc)] if toolkit else []) + [STANDARD_CUDA]
     candidates: list[tuple[Path, list[Path], str]] = []
-    toolkits = []
-    nvcc = find_nvcc().path
-    if nvcc:
-        toolkits.append(_toolkit_of(nvcc))
-    toolkits.append(STANDARD_CUDA)
-    for tk in toolkits:
-        inc, libs = _TOOLKIT_CUBLAS
+    inc, libs = _TOOLKIT_CUBLAS
+    for tk in roots:
         for include in (tk / inc, tk / "targets" / "x86_64-linux" / inc):
             candidates.append((include, [tk / lib for lib in libs], f"the CUDA toolkit in {tk}"))
     for root in _nvidia_wheel_roots():
         for inc, libs in _WHEEL_CUBLAS:
             candidates.append((root / inc, [root / lib for lib in libs], f"NVIDIA's nvidia-cublas wheel in {root}"))
+    major = toolkit.version[0] if toolkit else None
     for include, libs, where in candidates:
-        found = _cublas_in(include, libs, where)
+        found = _cublas_in(include, libs, where, major, Path(toolkit.include) if toolkit else None)
         if found:
             return found
-    raise ToolchainError("no cuBLASLt (cublasLt.h with libcublasLt.so.N): not in the CUDA toolkit, "
+    of = f" for CUDA {major}" if major else ""
+    raise ToolchainError(f"no cuBLASLt{of} (cublasLt.h with libcublasLt.so.N): not in the CUDA toolkit, "
                          "/usr/local/cuda or NVIDIA's wheels; pip install 'blockc[cuda]' (nvidia-cublas), "
                          "or generate with --gemm tiled")
 
@@ -502,18 +686,12 @@ def compile_nvcc(source: str | os.PathLike, arch_list: Sequence[str] = DEFAULT_A
             result = compile_nvcc(source, arch_list, werror=werror, out=Path(tmp) / "object.o",
                                   extra_flags=extra_flags, timeout=timeout)
         return NvccResult(None, result.kernels, result.log)
-    found = find_nvcc()
-    if found.path is None:
-        raise ToolchainError(found.reason)
+    toolkit = find_toolkit()
+    check_archs(toolkit.nvcc, arch_list)
     source = Path(source).resolve()
     out = Path(out)
-    gencode = []
-    for arch in arch_list:
-        if not re.fullmatch(r"sm_\d+[a-z]?", arch):
-            raise ValueError(f"arch must look like 'sm_90', not {arch!r}")
-        gencode += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
-    cmd = [found.path, "-c", str(source), "-o", str(out), "-std=c++17", *gencode,
-           "-Xptxas", "-v", "-include", str(EMU_HEADER)]
+    cmd = [toolkit.nvcc, "-c", str(source), "-o", str(out), "-std=c++17", *gencode_flags(arch_list),
+           *toolkit.include_flags, "-Xptxas", "-v", "-include", str(EMU_HEADER)]
     if werror:
         cmd += ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Werror"]
     cmd += list(extra_flags)

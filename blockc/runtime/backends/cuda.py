@@ -8,6 +8,8 @@ not around the child process.
 """
 from __future__ import annotations
 
+import functools
+
 from ...errors import BlockcError
 from ..backend import Backend, CachedStep, Compiled, register
 from ..timing import Timing
@@ -39,9 +41,10 @@ class CudaCompiled(Compiled):
     def unchecked_runner(self, feeds, bindings):
         return lambda: self._launch(feeds, bindings).outputs
 
-    def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0):
+    def time(self, feeds, *, warmup=3, min_repeats=10, min_time_s=1.0, runs_per_sample=1):
         run = self._launch(feeds, self.check(feeds), timeout=600.0,
-                           time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s})
+                           time={"warmup": warmup, "min_repeats": min_repeats, "min_time_s": min_time_s,
+                                 "runs_per_sample": runs_per_sample})
         return Timing.of(run.times)
 
     def cached(self, carry, state):
@@ -116,9 +119,18 @@ class CudaBackend(GeneratedCuda):
     on_gpu = True
 
     def __init__(self, *, gemm: str | None = None, tf32: bool = False):
-        from ...codegen.cuda.kernels.gemm import GPU_GEMM, GemmChoice
-        self.choice = GemmChoice(gemm or GPU_GEMM, tf32)
-        self.gemm = self.choice.kind
+        self._requested, self._tf32 = gemm, tf32
+
+    @functools.cached_property
+    def choice(self):
+        # asked when first used, so a backend only listed never looks for cuBLASLt
+        from ...codegen.cuda.build import gpu_gemm
+        from ...codegen.cuda.kernels.gemm import GemmChoice
+        return GemmChoice(gpu_gemm(self._requested), self._tf32)
+
+    @property
+    def gemm(self) -> str:
+        return self.choice.kind
 
     def availability(self):
         from ...codegen.cuda import toolchain

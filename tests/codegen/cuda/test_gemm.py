@@ -222,6 +222,7 @@ def test_cublas_build_compiles_links_and_resolves(where, tmp_path, monkeypatch):
     found = _cublas()
     if found is None:
         pytest.skip("no cuBLASLt: pip install 'blockc[cuda]' (nvidia-cublas)")
+    nvcc = toolchain.find_toolkit()
     if where == "toolkit":
         # the toolkit layout, made from what is installed, found before any wheel
         toolkit = _toolkit_from(found, tmp_path / "cuda")
@@ -232,14 +233,20 @@ def test_cublas_build_compiles_links_and_resolves(where, tmp_path, monkeypatch):
     cm = generate(graph, blockc.init_weights(model), gemm="cublas")
     out = tmp_path / "build"
     cuda_build.write_build(cm, str(out))
-    cmd = cuda_build.nvcc_command(NVCC.path, ("sm_80", "sm_90"), gemm=cm.gemm)   # warnings are errors
+    cmd = cuda_build.nvcc_command(nvcc, ("sm_80", "sm_90"), gemm=cm.gemm, origin=str(out))   # warnings are errors
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # RUNPATH: cuBLASLt's folder from $ORIGIN first (a moved cache and environment), then absolute
+    dynamic = subprocess.run(["readelf", "-d", str(out / "libblockc_model.so")], capture_output=True, text=True).stdout
+    runpath = re.search(r"RUNPATH.*\[(.*)\]", dynamic).group(1).split(":")
+    lib = toolchain.find_cublas().lib
+    assert runpath[0].startswith("$ORIGIN/") and os.path.normpath(runpath[0].replace("$ORIGIN", str(out))) == lib
+    assert runpath[1:] == [lib]
     ldd = subprocess.run(["ldd", str(out / "libblockc_model.so")], capture_output=True, text=True).stdout
     line = next(l for l in ldd.splitlines() if "libcublasLt.so" in l)
     assert "not found" not in line and f"libcublasLt.so.{found.major} => " in line
     if where == "toolkit":
-        assert str(tmp_path / "cuda" / "lib64") in line     # the rpath points at the toolkit's folder
+        assert "/cuda/lib64/libcublasLt" in line     # the rpath points at the toolkit's folder
     assert "libcublas.so" not in ldd.replace("libcublasLt.so", "")   # only cuBLASLt is needed
     # build.sh carries the same command
     assert f"-l:libcublasLt.so.{found.major}" in (out / "build.sh").read_text()
@@ -272,3 +279,81 @@ lib.blockc_destroy(a), lib.blockc_destroy(b)
     assert proc.returncode == 0, proc.stderr
     rc, error_a, error_b = proc.stdout.splitlines()
     assert rc == "1" and "over the model's maximum" in error_a and error_b == "''"
+
+
+# ---- without cuBLASLt: the tiled GEMM, said in one line ------------------------------------
+
+def _no_cublas(*_args, **_kwargs):
+    raise toolchain.ToolchainError("no cuBLASLt (cublasLt.h with libcublasLt.so.N): ...")
+
+
+def test_without_cublas_a_gpu_build_falls_back_to_the_tiled_gemm_with_a_notice(monkeypatch, tmp_path):
+    import json
+
+    from blockc.cli import main
+    monkeypatch.setattr(toolchain, "find_cublas", _no_cublas)
+    with pytest.warns(UserWarning, match=r"^no cuBLASLt on this machine: GEMMs use the tiled kernel "
+                                         r"\(pip install 'blockc\[cuda\]' for cuBLASLt\)$") as notices:
+        assert main(["cuda", "tiny", "--set", "layers=1", "--no-compile", "-o", str(tmp_path / "b")]) == 0
+    assert len([w for w in notices if w.category is UserWarning]) == 1    # one line, once
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["gemm"] == "tiled"
+    assert cuda_build.gpu_gemm("cublas") == "cublas"       # asked for by name: no fallback
+
+
+def test_the_gpu_backend_falls_back_too(monkeypatch):
+    from blockc.runtime.backend import make_backend
+    monkeypatch.setattr(toolchain, "find_cublas", _no_cublas)
+    with pytest.warns(UserWarning, match="no cuBLASLt"):
+        assert make_backend("cuda").gemm == "tiled"
+    assert make_backend("cuda", gemm="cublas").gemm == "cublas"
+
+
+# ---- batch x heads past the grid's 65,535 along y and z ------------------------------------
+
+BATCHED = """graph g(%q: f32[batch,3,1,2], %k: f32[batch,3,2,1]) {
+  %0:f32[batch,3,1,1] = matmul %q, %k
+  return y=%0
+}
+"""
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+def test_a_batch_of_gemms_past_the_grids_y_and_z_limit_is_split_over_both(monkeypatch):
+    # The emulator's limit, lowered from a GPU's 65,535 to 4 (the device reports it too), lets
+    # 7 x 3 = 21 batches of one row tile each cross it with a few blocks: one grid axis
+    # would need 21 > 4, and even y x z = 16 < 21 leaves the kernel a rest to loop over.
+    from blockc.runtime.cuda_runner import emulated_library
+    monkeypatch.setenv("BLOCKC_EMU_MAX_GRID_YZ", "4")
+    _batched_gemm_matches_the_reference(7, emulated_library, emulated=True)
+
+
+def _batched_gemm_matches_the_reference(batch: int, library, *, emulated: bool) -> None:
+    from blockc.runtime.cuda_runner import run_model
+    g = blockc.parse_graph(BATCHED)
+    cm = generate(g, {}, gemm="tiled")
+    rng = np.random.default_rng(3)
+    feeds = {"q": rng.standard_normal((batch, 3, 1, 2)).astype(np.float32),
+             "k": rng.standard_normal((batch, 3, 2, 1)).astype(np.float32)}
+    out = run_model(cm, library(cm), feeds, emulated=emulated).outputs
+    np.testing.assert_allclose(out["y"], blockc.run_reference(g, {}, feeds, float64=True)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_of_gemms_past_65535_runs_on_a_gpu():
+    # the real limit: 100,000 batches in one tiled GEMM launch (emulated, it takes minutes)
+    from blockc.runtime.cuda_runner import cuda_available, gpu_library
+    ok, why = cuda_available()
+    if not ok:
+        pytest.skip(why)
+    _batched_gemm_matches_the_reference(100_000, gpu_library, emulated=False)
+
+
+def test_cublas_asks_its_heuristic_in_an_eager_run_before_any_capture():
+    # the first run at new dims launches eagerly (the plans are made there), the next captures;
+    # a tiled build has no heuristic to ask and captures at once (its compile: the nvcc test above)
+    model, graph = gpt2_block(d_model=64, heads=2, dtype="float16")
+    weights = blockc.init_weights(model)
+    lt = generate(graph, weights, gemm="cublas").source
+    run_graph = lt[lt.index("static int blockc_run_graph("):]
+    eager = run_graph.index("return blockc_launch(m, inputs, outputs, dims, stream, 0);")
+    assert "m->eager_ran = 1;" in run_graph[:eager] and eager < run_graph.index("blockc_capture(m, g,")
+    assert "eager_ran" not in generate(graph, weights, gemm="tiled").source

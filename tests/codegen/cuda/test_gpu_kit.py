@@ -16,11 +16,18 @@ from blockc.codegen.cuda import toolchain
 KIT = Path(__file__).parents[3] / "bench" / "gpu_kernels.py"
 
 
-def kit():
-    spec = importlib.util.spec_from_file_location("gpu_kernels", KIT)
+def _bench(name: str):
+    """``bench/NAME.py`` as a module (gpu_quick imports gpu_kernels beside it)."""
+    import sys
+    sys.path.insert(0, str(KIT.parent))
+    spec = importlib.util.spec_from_file_location(name, KIT.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def kit():
+    return _bench("gpu_kernels")
 
 
 @pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++: the CUDA emulator needs one")
@@ -56,3 +63,52 @@ def test_without_a_gpu_the_kit_says_so(capsys):
     assert kit().main(["--blocks", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu_kernels: error:") and "--emulate" in err and "Traceback" not in err
+
+
+# ---- bench/gpu_quick.py: the kit for one lent slot --------------------------------------------
+
+def quick():
+    return _bench("gpu_quick")
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++: the CUDA emulator needs one")
+def test_the_quick_kit_runs_emulated_and_writes_one_json(tmp_path, capsys):
+    out = tmp_path / "quick.json"
+    code = quick().main(["--emulate", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["schema"] == "blockc.gpu-quick/1" and result["emulated"] is True
+    checks = {c["check"]: c for c in result["preflight"]}
+    if toolchain.find_nvcc().path is None:      # the preflight stops the kit, saying why
+        assert code == 2 and not checks["nvcc and its headers are one CUDA"]["ok"]
+        return
+    assert code == 0 and checks["nvcc and its headers are one CUDA"]["ok"]
+    assert [(r["op"], r["dtype"], r["row_length"]) for r in result["row_kernels"]] == [
+        ("add_layernorm", "float16", 256), ("masked_softmax", "float16", 256)]
+    attention = result["attention"]
+    assert attention["shape"] == [1, 1, 64, 64] and attention["median_s"] > 0
+    assert attention["max_abs_error"] < 2e-3 * max(1.0, attention["max_abs_reference"])   # fp16 against float64
+    assert result["block"]["model"] == "gpt2-block" and result["block"]["median_s"] > 0
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_the_quick_kits_preflight_refuses_a_driver_older_than_the_toolkit(monkeypatch):
+    if toolchain.find_nvcc().path is None:
+        pytest.skip("no nvcc")
+    kit = quick()
+    major = toolchain.find_toolkit().version[0]
+    monkeypatch.setattr(kit, "driver_version", lambda: (major - 1, 8))
+    checks = kit.preflight(emulated=False)
+    assert checks[-1]["check"] == "the driver runs the toolkit's release" and not checks[-1]["ok"]
+    assert f"driver CUDA {major - 1}.8, toolkit CUDA {major}." in checks[-1]["detail"]
+    assert f"install a driver for CUDA {major}.0 or later" in checks[-1]["detail"]
+    monkeypatch.setattr(kit, "driver_version", lambda: (major, 0))
+    assert [c["ok"] for c in kit.preflight(emulated=False)] == [True, True, toolchain.toolkit_or_none() is not None
+                                                                and _has_cublas()]
+
+
+def _has_cublas() -> bool:
+    try:
+        toolchain.find_cublas()
+        return True
+    except toolchain.ToolchainError:
+        return False

@@ -143,13 +143,18 @@ def test_cublas_from_the_toolkit_comes_first(monkeypatch, tmp_path, no_system_cu
 @pytest.mark.parametrize("inc, lib, major", [("cu13/include", "cu13/lib", 13), ("cublas/include", "cublas/lib", 12)])
 def test_cublas_from_nvidias_wheel_links_by_soname_with_an_rpath(monkeypatch, tmp_path, no_system_cuda, inc, lib,
                                                                   major):
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "nvidia"
     _fake_cublas(root / inc, root / lib, major, unversioned=False)
     monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
     found = toolchain.find_cublas()
-    assert found.compile_flags() == [f"-I{root / inc}"]
+    # not the wheel's shared include folder: a folder of cuBLAS's headers alone
+    (headers,) = found.compile_flags()
+    assert headers.startswith(f"-I{tmp_path / 'cache'}") and os.listdir(headers[2:]) == ["cublasLt.h"]
     # -lcublasLt would find nothing: the wheel ships only the versioned file
-    assert found.link_flags() == [f"-L{root / lib}", f"-l:libcublasLt.so.{major}", "-Xlinker", f"-rpath,{root / lib}"]
+    build = tmp_path / "out" / "build"
+    assert found.link_flags(build) == [f"-L{root / lib}", f"-l:libcublasLt.so.{major}", "-Xlinker",
+                                       f"-rpath,$ORIGIN/../../nvidia/{lib}:{root / lib}"]
     assert "wheel" in found.where
 
 
@@ -206,3 +211,122 @@ def test_sanitizers_need_threads(tmp_path):
         toolchain.compile_emulated([], tmp_path / "x.so", sanitize="address", threads=False)
     with pytest.raises(ValueError, match="sanitize must be"):
         toolchain.compile_emulated([], tmp_path / "x.so", sanitize="memory")
+
+
+# ---- one CUDA: the toolchain layouts (fake ones: nvcc scripts and header folders) ----------
+
+FAKE_NVCC = """#!/bin/sh
+case "$*" in
+  *--version*) echo "Cuda compilation tools, release {release}, V{release}.1" ;;
+  *--list-gpu-arch*) printf 'compute_75\\ncompute_80\\ncompute_90\\ncompute_100\\ncompute_120\\n' ;;
+  *--dryrun*) echo '#$ _HERE_={root}/bin'
+              echo '#$ INCLUDES="-I{root}/bin/../include"  '
+              echo '#$ SYSTEM_INCLUDES="-isystem" "{root}/bin/../include/cccl"  ' ;;
+  *) echo "this fake nvcc compiles nothing" >&2; exit 1 ;;
+esac
+"""
+
+
+def _fake_cuda(root: Path, release: str, *, headers: str | None = None, cccl: bool = True,
+               cublas: str | None = "lib64") -> Path:
+    """A CUDA at ``root``: bin/nvcc of ``release``, include/ with the runtime
+    headers of ``headers`` (default: the same release), crt/, CCCL's
+    nv/target, and cuBLASLt in ``cublas`` (None: no cuBLAS)."""
+    nvcc = _fake_tool(root / "bin" / "nvcc")
+    nvcc.write_text(FAKE_NVCC.format(release=release, root=root))
+    include = root / "include"
+    major, minor = map(int, (headers or release).split("."))
+    (include / "crt").mkdir(parents=True)
+    (include / "crt" / "host_runtime.h").write_text(f"// CUDA {headers or release}\n")
+    (include / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION {major * 1000 + minor * 10}\n")
+    if cccl:
+        (include / "cccl" / "nv").mkdir(parents=True)
+        (include / "cccl" / "nv" / "target").write_text("")
+    if cublas:
+        _fake_cublas(include, root / cublas, major, unversioned=cublas == "lib64")
+    return nvcc
+
+
+def test_system_cuda_alone_is_one_toolkit(monkeypatch, tmp_path, no_system_cuda):
+    nvcc = _fake_cuda(tmp_path / "cuda", "13.0")
+    monkeypatch.setattr(toolchain, "STANDARD_CUDA", tmp_path / "cuda")
+    tk = toolchain.find_toolkit()
+    assert (tk.nvcc, tk.version, tk.include, tk.include_flags) == (str(nvcc), (13, 0), str(tmp_path / "cuda" / "include"), ())
+    cublas = toolchain.find_cublas(tk)
+    assert cublas.own and cublas.compile_flags() == [f"-I{tmp_path / 'cuda' / 'include'}"]
+
+
+def test_wheels_alone_are_one_toolkit(monkeypatch, tmp_path, no_system_cuda):
+    root = tmp_path / "nvidia"
+    nvcc = _fake_cuda(root / "cu13", "13.2", cublas="lib")
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    tk = toolchain.find_toolkit()
+    assert (tk.nvcc, tk.release, tk.include) == (str(nvcc), "13.2", str(root / "cu13" / "include"))
+    cublas = toolchain.find_cublas(tk)
+    assert cublas.own and cublas.lib == str(root / "cu13" / "lib") and cublas.major == 13
+
+
+def test_system_nvcc_with_newer_wheels_never_reads_the_wheels_runtime_headers(monkeypatch, tmp_path, no_system_cuda):
+    # nvcc 13.0 on PATH, pip install ".[cuda]" brought 13.2: the wheels' shared include
+    # folder holds 13.2's crt/host_runtime.h, which breaks 13.0's launch stubs if searched first
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    system = _fake_cuda(tmp_path / "cuda-13.0", "13.0", cublas=None)
+    monkeypatch.setenv("PATH", str(system.parent))
+    wheels = tmp_path / "nvidia"
+    _fake_cuda(wheels / "cu13", "13.2", cublas="lib")
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [wheels])
+    tk = toolchain.find_toolkit()
+    assert (tk.nvcc, tk.release) == (str(system), "13.0")
+    from blockc.codegen.cuda import build as cuda_build
+    from blockc.codegen.cuda.kernels.gemm import GemmChoice
+    cmd = cuda_build.nvcc_command(tk, ("sm_80", "sm_90"), gemm=GemmChoice("cublas"), origin=str(tmp_path / "b"))
+    assert cmd[0] == str(system)
+    assert not [a for a in cmd if a.startswith("-I") and str(wheels) in a]   # no -I into the wheels
+    (headers,) = [a[2:] for a in cmd if a.startswith("-I")]
+    assert os.listdir(headers) == ["cublasLt.h"]     # cuBLAS's own headers, linked from the wheel
+    assert f"-L{wheels / 'cu13' / 'lib'}" in cmd and "-l:libcublasLt.so.13" in cmd
+
+
+def test_a_wheel_nvcc_with_another_releases_headers_is_refused(monkeypatch, tmp_path, no_system_cuda):
+    root = tmp_path / "nvidia"
+    _fake_cuda(root / "cu13", "13.2", headers="13.0")
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    with pytest.raises(ToolchainError, match=r"is CUDA 13\.2 but the headers beside it .* are CUDA 13\.0: use one "
+                                             r"CUDA for both \(pip install 'nvidia-cuda-runtime==13\.2\.\*'"):
+        toolchain.find_toolkit()
+
+
+def test_a_wheel_nvcc_without_cccl_says_which_wheel(monkeypatch, tmp_path, no_system_cuda):
+    root = tmp_path / "nvidia"
+    _fake_cuda(root / "cu13", "13.2", cccl=False)
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_roots", lambda: [root])
+    with pytest.raises(ToolchainError, match=r"no CCCL headers \(nv/target\).*pip install 'nvidia-cuda-cccl==13\.2\.\*'"):
+        toolchain.find_toolkit()
+
+
+def test_the_cuda_extra_installs_a_whole_toolkit():
+    import tomllib
+    with open(Path(__file__).parents[3] / "pyproject.toml", "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["cuda"]
+    names = {req.split(">")[0].split(";")[0].strip() for req in extra}
+    assert {"nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cublas"} <= names
+
+
+# ---- --arch: what the nvcc in use builds for --------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["sm_12", "sm_999", "sm_80a", "sm_90f", "compute_80"])
+def test_an_arch_nvcc_does_not_list_is_refused(tmp_path, arch):
+    nvcc = _fake_cuda(tmp_path / "cuda", "13.0")
+    with pytest.raises(ToolchainError, match=rf"--arch {arch}: .*nvcc \(CUDA 13\.0\) cannot build for it; it builds "
+                                             r"for sm_75, sm_80, sm_90, sm_100, sm_120"):
+        toolchain.check_archs(str(nvcc), ["sm_80", arch])
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100f", "sm_120"])
+def test_an_arch_nvcc_lists_passes(tmp_path, arch):
+    toolchain.check_archs(str(_fake_cuda(tmp_path / "cuda", "13.0")), [arch])
+
+
+def test_the_highest_arch_carries_ptx_beside_its_sass():
+    assert toolchain.gencode_flags(["sm_90", "sm_80"]) == ["-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+                                                           "-gencode", "arch=compute_80,code=sm_80"]

@@ -68,6 +68,7 @@ extern __thread Lane* t_lane __attribute__((tls_model("initial-exec")));
 
 [[noreturn]] void fail(const Block& b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 size_t stack_bytes();
+int max_grid_yz();  // the grid's y and z limit (BLOCKC_EMU_MAX_GRID_YZ, else 65,535)
 void start_block(Block& b, unsigned index);  // lanes, counters and dynamic shared memory for block `index`
 void finish_thread(Lane& me);               // marks `me` exited and checks nobody waits on it
 

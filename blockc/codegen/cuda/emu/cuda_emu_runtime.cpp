@@ -4,6 +4,7 @@
 // when BLOCKC_LAUNCH returns; cuda_emu_streams.cpp has them, their capture and
 // graphs); events record host time.
 #include "cuda_emu.h"
+#include "cuda_emu_internal.h"
 
 #include <algorithm>
 #include <atomic>
@@ -188,6 +189,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int) {
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMaxRegistersPerBlock: *value = 65536; break;
     case cudaDevAttrL2CacheSize: *value = 50 * 1024 * 1024; break;
+    case cudaDevAttrMaxGridDimX: *value = 0x7fffffff; break;
+    case cudaDevAttrMaxGridDimY:
+    case cudaDevAttrMaxGridDimZ: *value = blockc_emu::detail::max_grid_yz(); break;
     default: *value = 0; return cudaErrorInvalidValue;
   }
   return cudaSuccess;
@@ -208,7 +212,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int) {
   prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
   prop->maxThreadsDim[2] = 64;
   prop->maxGridSize[0] = 0x7fffffff;
-  prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
+  prop->maxGridSize[1] = prop->maxGridSize[2] = blockc_emu::detail::max_grid_yz();
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {

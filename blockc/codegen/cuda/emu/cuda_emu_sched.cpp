@@ -302,12 +302,23 @@ void fill(SharedVar& v) { std::memset(v.addr, 0xff, v.size); }
 
 bool valid_config(dim3 grid, dim3 block) {
   unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
-  return grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x <= 0x7fffffffu && grid.y <= 65535 &&
-         grid.z <= 65535 && block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 &&
+  const unsigned yz = (unsigned)max_grid_yz();
+  return grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x <= 0x7fffffffu && grid.y <= yz &&
+         grid.z <= yz && block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 &&
          block.y <= 1024 && block.z <= 64 && threads <= 1024;
 }
 
 }  // namespace
+
+int max_grid_yz() {
+  // A GPU's 65,535; BLOCKC_EMU_MAX_GRID_YZ lowers it so that a test crosses it with a few blocks.
+  static const int limit = [] {
+    const char* v = std::getenv("BLOCKC_EMU_MAX_GRID_YZ");
+    const long n = v ? std::strtol(v, nullptr, 10) : 0;
+    return n > 0 && n < 65535 ? (int)n : 65535;
+  }();
+  return limit;
+}
 
 size_t stack_bytes() {
   const char* kb = std::getenv("BLOCKC_EMU_STACK_KB");

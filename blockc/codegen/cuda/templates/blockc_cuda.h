@@ -242,6 +242,22 @@ inline size_t blockc_dynamic_shared_limit(K* kernel) {
   return 48 * 1024;
 }
 
+// How many blocks a grid may have along y and along z (65,535 on every GPU
+// so far), asked once: launchers whose block count can pass it split the count
+// over both axes and loop over any rest (the tiled GEMM's batch x heads x rows).
+inline long long blockc_max_grid_yz() {
+  static const long long limit = [] {
+    int device = 0, y = 0, z = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&y, cudaDevAttrMaxGridDimY, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&z, cudaDevAttrMaxGridDimZ, device) != cudaSuccess || y <= 0 || z <= 0) {
+      (void)cudaGetLastError();
+      return 65535LL;
+    }
+    return (long long)(y < z ? y : z);
+  }();
+  return limit;
+}
+
 // ---- tensor cores (sm_80+): cp.async, ldmatrix and mma.sync m16n8k16 ----
 // A device pass for sm_80 or later defines them as inline PTX, the emulator
 // as the C++ below; kernels that use them guard their bodies the same way
