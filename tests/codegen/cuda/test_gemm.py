@@ -317,14 +317,93 @@ BATCHED = """graph g(%q: f32[batch,3,1,2], %k: f32[batch,3,2,1]) {
 """
 
 
-@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
-def test_a_batch_of_gemms_past_the_grids_y_and_z_limit_is_split_over_both(monkeypatch):
+# The launch geometry alone (blockc_cuda.h's blockc_grid_yz and the kernel's loop), at the real
+# size: one thread a block, so the emulator runs 100,000 blocks in seconds, against its GPU limit.
+SPREAD = r"""#include "blockc_cuda.h"
+__global__ void cover(long long count, int* hits) {
+  for (long long t = blockc_yz_first(); t < count; t += blockc_yz_step()) atomicAdd(&hits[t], 1);
+}
+extern "C" int run_cover(void** buffers, const long long* ints) {
+  const long long count = ints[0], most = ints[1];
+  const dim3 grid = most > 0 ? blockc_grid_yz(1, count, most) : blockc_grid_yz(1, count);
+  long long* seen = (long long*)buffers[1];
+  seen[0] = grid.x, seen[1] = grid.y, seen[2] = grid.z, seen[3] = blockc_max_grid_yz();
+  BLOCKC_LAUNCH(cover, grid, dim3(1), 0, 0, count, (int*)buffers[0]);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def spread_lib(tmp_path_factory):
+    from blockc.codegen.cuda.templates import TEMPLATE_DIR
+    if toolchain.find_gxx() is None:
+        pytest.skip("no g++")
+    src = tmp_path_factory.mktemp("spread") / "spread.cu"
+    src.write_text(SPREAD)
+    return toolchain.compile_emulated([src], src.with_suffix(".so"), racecheck=False,
+                                      extra_flags=["-DBLOCKC_EMULATE", f"-I{TEMPLATE_DIR}"])
+
+
+@pytest.mark.parametrize("count, most", [(100_000, 0), (21, 4), (16, 4), (1, 4), (65_535 * 2 + 1, 0)])
+def test_batch_x_heads_past_65535_is_spread_over_y_and_z_each_piece_once(spread_lib, count, most):
+    from blockc.runtime.cuda_runner import run_emulated
+    hits, seen = run_emulated(spread_lib, "run_cover", [np.zeros(count, np.int32), np.zeros(4, np.int64),
+                                                         count, most], timeout=120)
+    x, y, z, device = seen
+    assert device == 65_535                                   # a GPU's limit, which the emulator enforces
+    assert x == 1 and 1 <= y <= (most or device) and 1 <= z <= (most or device)
+    np.testing.assert_array_equal(hits, np.ones(count, np.int32))   # every (tile, batch) exactly once
+
+
+def test_a_batch_of_gemms_past_the_grids_y_and_z_limit_is_split_over_both(monkeypatch, spread_lib):
     # The emulator's limit, lowered from a GPU's 65,535 to 4 (the device reports it too), lets
     # 7 x 3 = 21 batches of one row tile each cross it with a few blocks: one grid axis
     # would need 21 > 4, and even y x z = 16 < 21 leaves the kernel a rest to loop over.
-    from blockc.runtime.cuda_runner import emulated_library
+    from blockc.runtime.cuda_runner import emulated_library, run_emulated
     monkeypatch.setenv("BLOCKC_EMU_MAX_GRID_YZ", "4")
+    _, (_, y, z, device) = run_emulated(spread_lib, "run_cover", [np.zeros(21, np.int32), np.zeros(4, np.int64), 21, 0])
+    assert (device, y, z) == (4, 4, 4)    # the lowered limit holds, so the GEMM below must split to pass it
     _batched_gemm_matches_the_reference(7, emulated_library, emulated=True)
+
+
+# The generated GEMM's own launcher at batch x heads = 100,000, its launch recorded instead of run
+# (the kernel is what the test above runs): every grid dim within the device's limits.
+LAUNCHER = r"""#include "blockc_cuda.h"
+static dim3 recorded;
+#undef BLOCKC_LAUNCH
+#define BLOCKC_LAUNCH(kernel, grid, block, shmem, stream, ...) (recorded = dim3(grid))
+#include "model.cu"
+extern "C" int run_launcher(void** buffers, const long long* ints) {
+  NAME_batch batch = {{1, 1, 1, ints[0]}, {0, 0, 0, 2}, {0, 0, 0, 2}};
+  NAME_launch(nullptr, nullptr, nullptr, 1, 1, 2, batch, 0);
+  int limits[3] = {0, 0, 0};
+  cudaDeviceGetAttribute(&limits[0], cudaDevAttrMaxGridDimX, 0);
+  cudaDeviceGetAttribute(&limits[1], cudaDevAttrMaxGridDimY, 0);
+  cudaDeviceGetAttribute(&limits[2], cudaDevAttrMaxGridDimZ, 0);
+  long long* seen = (long long*)buffers[0];
+  seen[0] = recorded.x, seen[1] = recorded.y, seen[2] = recorded.z;
+  const long long every_gpu[3] = {0x7fffffffLL, 65535, 65535};  // where the device does not say
+  for (int i = 0; i < 3; ++i) seen[3 + i] = limits[i] > 0 ? limits[i] : every_gpu[i];
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+def test_the_gemm_launcher_keeps_every_grid_dim_within_the_devices_limits_at_100000_batches(tmp_path):
+    from blockc.codegen.cuda.templates import TEMPLATE_DIR
+    from blockc.runtime.cuda_runner import run_emulated
+    cm = generate(blockc.parse_graph(BATCHED), {}, gemm="tiled")
+    name, = re.findall(r"static void (\w+)_launch\(", cm.source)
+    (tmp_path / "model.cu").write_text(cm.source)
+    (tmp_path / "launcher.cu").write_text(LAUNCHER.replace("NAME_", name + "_"))
+    lib = toolchain.compile_emulated([tmp_path / "launcher.cu"], tmp_path / "launcher.so", racecheck=False,
+                                     extra_flags=["-DBLOCKC_EMULATE", f"-I{tmp_path}", f"-I{TEMPLATE_DIR}"])
+    grid_and_limits, = run_emulated(lib, "run_launcher", [np.zeros(6, np.int64), 100_000 * 3])
+    grid, limits = grid_and_limits[:3], grid_and_limits[3:]
+    assert (grid >= 1).all() and (grid <= limits).all(), f"grid {grid} past the limits {limits}"
+    assert grid[1] * grid[2] >= 300_000    # one block a (row tile, batch): no block loops at this size
 
 
 def _batched_gemm_matches_the_reference(batch: int, library, *, emulated: bool) -> None:

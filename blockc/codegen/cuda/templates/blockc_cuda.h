@@ -243,8 +243,7 @@ inline size_t blockc_dynamic_shared_limit(K* kernel) {
 }
 
 // How many blocks a grid may have along y and along z (65,535 on every GPU
-// so far), asked once: launchers whose block count can pass it split the count
-// over both axes and loop over any rest (the tiled GEMM's batch x heads x rows).
+// so far), asked once.
 inline long long blockc_max_grid_yz() {
   static const long long limit = [] {
     int device = 0, y = 0, z = 0;
@@ -257,6 +256,19 @@ inline long long blockc_max_grid_yz() {
   }();
   return limit;
 }
+
+// `count` pieces of work (the tiled GEMM's row tiles x batch x heads) may pass
+// what one grid axis allows: the launch spreads them over y and z, each within
+// `most`, and every block takes the indices blockc_yz_first(), + blockc_yz_step(),
+// ... below count, so a rest past y x z is still covered, each index once.
+inline dim3 blockc_grid_yz(unsigned x, long long count, long long most) {
+  const long long z = (count + most - 1) / most < most ? (count + most - 1) / most : most;
+  const long long y = (count + z - 1) / z < most ? (count + z - 1) / z : most;
+  return dim3(x, (unsigned)y, (unsigned)z);
+}
+inline dim3 blockc_grid_yz(unsigned x, long long count) { return blockc_grid_yz(x, count, blockc_max_grid_yz()); }
+__device__ __forceinline__ long long blockc_yz_first() { return blockIdx.y + (long long)gridDim.y * blockIdx.z; }
+__device__ __forceinline__ long long blockc_yz_step() { return (long long)gridDim.y * gridDim.z; }
 
 // ---- tensor cores (sm_80+): cp.async, ldmatrix and mma.sync m16n8k16 ----
 // A device pass for sm_80 or later defines them as inline PTX, the emulator
