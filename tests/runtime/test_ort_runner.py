@@ -173,6 +173,18 @@ def test_bfloat16_weights_are_bound_as_bfloat16():
     assert np.array_equal(run_ort(g, w, {"x": x})["y"], np.concatenate([x, w["w"]]).astype(np.float32))
 
 
+def test_read_only_and_strided_weights_are_bound():
+    # memory-mapped weights are read-only; a transposed view is not contiguous (bound as a copy)
+    g, w = attention_block()
+    for a in w.values():
+        a.setflags(write=False)
+    w["qkv"] = np.asfortranarray(w["qkv"])
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    with OrtSession(g, w) as sess:
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert sess.weights["proj"] is w["proj"] and sess.weights["qkv"].flags.c_contiguous
+
+
 def test_weights_changed_between_two_sessions_are_used():
     g, w = attention_block()
     feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
