@@ -19,7 +19,7 @@ in later.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -283,10 +283,21 @@ def _check_names(graph: Graph) -> None:
 def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np.ndarray],
                  progress: Progress | None) -> None:
     """One initializer per parameter, added one at a time so that at most one
-    extra copy of one weight is alive; every problem reported at once."""
-    problems = []
+    extra copy of one weight is alive."""
     tick = ticker(progress, WRITING_WEIGHTS, len(graph.params), every=1)  # a weight is made, then copied
-    for done, (name, v) in enumerate(graph.params.items(), 1):
+    for done, (name, w) in enumerate(checked_weights(graph, weights), 1):
+        # add + CopyFrom, not append: append serializes, which fails past 2 GiB
+        target.initializer.add().CopyFrom(numpy_helper.from_array(w, name))
+        del w
+        tick(done)
+
+
+def checked_weights(graph: Graph, weights: Mapping[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, contiguous array)`` for each parameter of ``graph``, read from
+    ``weights`` once and checked against the parameter's type; after the last,
+    every problem is raised at once as a ``WeightsError``."""
+    problems = []
+    for name, v in graph.params.items():
         try:
             w = weights[name]  # read once: a lazy mapping may compute it
         except KeyError:
@@ -298,10 +309,8 @@ def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np
         elif tuple(w.shape) != tuple(v.shape) or w.dtype != v.dtype.numpy:
             problems.append(f"{name}: got {w.dtype}{list(w.shape)}, the graph expects {v.type}")
         else:
-            # add + CopyFrom, not append: append serializes, which fails past 2 GiB
-            target.initializer.add().CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w), name))
+            yield name, np.ascontiguousarray(w)
         del w
-        tick(done)
     if problems:
         raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))
 

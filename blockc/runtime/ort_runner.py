@@ -1,20 +1,19 @@
 """Run a blockc graph on ONNX Runtime.
 
 ``OrtSession`` exports the graph once and keeps an ``InferenceSession`` to run
-many times (what a benchmark times); ``run_ort`` is the one-shot form. Models
-whose weights need external data are written to a temporary folder that lives
-as long as the session.
+many times (what a benchmark times); ``run_ort`` is the one-shot form. The
+weights reach ONNX Runtime as OrtValues over the caller's arrays, never
+through protobuf (see ``OrtSession``).
 """
 from __future__ import annotations
 
 import ctypes
 import os
-import tempfile
 from typing import Mapping
 
 import numpy as np
 
-from ..codegen.onnx_export import EXTERNAL_DATA_THRESHOLD, export_onnx, wants_external_data, write_model
+from ..codegen.onnx_export import checked_weights, export_onnx
 from ..errors import BlockcError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -23,6 +22,9 @@ from .bindings import bind_inputs
 
 _CUDA, _CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 _LEVELS = ("disabled", "basic", "extended", "all")
+# The weights file a session's model declares and ONNX Runtime never opens: every
+# parameter is bound to an OrtValue at load (``OrtSession``).
+_BOUND_AT_LOAD = "bound-at-load.data"
 
 
 def _ort():
@@ -57,6 +59,9 @@ def session_options(optimization: str = "basic", threads: int | None = None,
         options.intra_op_num_threads = threads
     if optimized_model_path is not None:
         options.optimized_model_filepath = str(optimized_model_path)
+        # the weights beside it, not in it: whoever reads the graph (a kernel count) reads no weight bytes
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         os.path.basename(str(optimized_model_path)) + ".data")
     return options
 
 
@@ -71,13 +76,21 @@ class OrtSession:
     ``decisions`` go to ``export_onnx``, with the execution provider the
     session will use as the provider the fused-op encodings are chosen for.
     ``optimized_model_path``: where ONNX Runtime saves the graph it actually
-    runs, after its own optimizations (what ``blockc compare`` counts as kernels).
+    runs, after its own optimizations (what ``blockc compare`` counts as
+    kernels), its weights beside it in ``<name>.data``.
+
+    The weights never pass through protobuf: the model ONNX Runtime loads is
+    the weightless export (each parameter an initializer declared as external
+    data, holding no bytes, checked without them), and each parameter's
+    initializer is bound to an OrtValue over the caller's own array
+    (``SessionOptions.add_external_initializers``). Serializing them would
+    copy every weight twice and take seconds on a 125M model; a model of any
+    size loads the same way. The arrays are kept as long as the session.
     """
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
                  optimization: str = "basic", threads: int | None = None, fused_as: str = "auto",
                  opset: int | None = None, decisions: list | None = None,
-                 external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
                  optimized_model_path: str | None = None):
         ort = _ort()
         if provider not in ("cpu", "cuda", "auto"):
@@ -90,25 +103,12 @@ class OrtSession:
         providers = [_CUDA, _CPU] if provider in ("cuda", "auto") and _CUDA in available else [_CPU]
 
         self.graph = graph
-        model = export_onnx(graph, weights, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
-                            opset=opset, decisions=decisions, external_data=external_data,
-                            external_threshold=external_threshold)
-        external = wants_external_data(model, external_data, external_threshold)
-
-        # Kept for the session's lifetime: ONNX Runtime may map the data file.
-        self._tmpdir = None
+        self._weights = dict(checked_weights(graph, weights))   # the memory ONNX Runtime reads: kept alive
+        model = export_onnx(graph, None, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
+                            opset=opset, decisions=decisions, data_location=_BOUND_AT_LOAD)
+        self._bind_weights(ort, options)
         try:
-            if external:
-                self._tmpdir = tempfile.TemporaryDirectory(prefix="blockc-ort-")
-                path = os.path.join(self._tmpdir.name, "model.onnx")
-                write_model(model, path, external_data=True)
-                del model
-                self._session = ort.InferenceSession(path, options, providers=providers)
-            else:
-                self._session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-        except BlockcError:
-            self.close()
-            raise
+            self._session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         except Exception as err:  # onnxruntime's exceptions share no public base class
             self.close()
             raise BlockcError(f"onnxruntime could not load the exported model: {_short(err)}") from err
@@ -122,6 +122,19 @@ class OrtSession:
         # numpy has no bfloat16 for onnxruntime: such graphs go through OrtValues.
         self._bfloat16 = any(v.dtype == DType.bfloat16 for v in graph.inputs) or \
             any(v.dtype == DType.bfloat16 for _, v in graph.outputs)
+
+    def _bind_weights(self, ort, options) -> None:
+        """Each parameter's initializer bound to an OrtValue over its array (not copied)."""
+        params = self.graph.params
+        self._weight_values = [_to_ortvalue(ort, a, params[name].dtype) for name, a in self._weights.items()]
+        if self._weights:
+            options.add_external_initializers(list(self._weights), self._weight_values)
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The arrays ONNX Runtime reads the parameters from: the caller's own
+        where they were contiguous and of the parameter's dtype (empty once closed)."""
+        return self._weights
 
     @property
     def providers(self) -> list[str]:
@@ -162,11 +175,9 @@ class OrtSession:
         return OrtCachedStep(self._session, self.graph, carry, state, check=check)
 
     def close(self) -> None:
-        """Release the session and its temporary files (also done when garbage collected)."""
+        """Release the session and the weights it reads (also done when garbage collected)."""
         self._session = None
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
+        self._weight_values, self._weights = [], {}
 
     def __enter__(self) -> "OrtSession":
         return self
@@ -264,8 +275,7 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
             **kw) -> dict[str, np.ndarray]:
     """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
 
-    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``, ``decisions``,
-    ``external_data``, ``external_threshold``).
+    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``, ``decisions``).
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:

@@ -442,9 +442,8 @@ def test_ort_session_passes_the_form_through():
         feeds = small_feeds(g, {"batch": 2, "seq": 3})
         assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession contrib")
     assert [d["form"] for d in decisions] == ["contrib", "function", "contrib"]
-    # Functions survive the round trip through a file with external weights.
-    with OrtSession(g, weights, fused_as="function", external_data=True) as s:
-        assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession function, external data")
+    with OrtSession(g, weights, fused_as="function") as s:
+        assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession function")
 
 
 # ---- the shipped table and the script that makes it -------------------------------------

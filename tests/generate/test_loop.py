@@ -60,6 +60,20 @@ def test_cached_batch_equals_each_prompt_recomputed(name, backend):
     assert len(got.step_s) == 7 and got.first_token_s > 0 and got.tokens_per_s > 0
 
 
+def test_prefill_and_decode_read_one_copy_of_the_weights(monkeypatch):
+    from blockc.runtime import ort_runner
+    given, real = [], ort_runner.OrtSession.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        given.append({name: w.ctypes.data for name, w in self.weights.items()})   # what ONNX Runtime reads
+    monkeypatch.setattr(ort_runner.OrtSession, "__init__", spy)
+    model = build_model("llama-tiny")
+    generate(model, init_weights(model), PROMPTS, 3, backend="ort-cpu")   # seeded: made on access
+    prefill, decode = given
+    assert prefill and prefill == decode
+
+
 @pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
 def test_padded_batch_equals_each_prompt_alone(name):
     model = build_model(name)

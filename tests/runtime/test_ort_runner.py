@@ -2,10 +2,10 @@
 reused across dim values, providers, options, external data and errors."""
 from __future__ import annotations
 
-import os
 
 import ml_dtypes
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -14,7 +14,6 @@ from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
 from blockc.ir.types import TensorType
-from blockc.runtime import ort_runner
 from blockc.runtime.ort_runner import OrtSession, run_ort
 from blockc.runtime.reference import run_reference
 
@@ -123,24 +122,85 @@ def test_bfloat16_inputs_and_outputs_cross_the_numpy_bridge():
     assert out["wide"].dtype == np.float32 and np.array_equal(out["wide"], x.astype(np.float32))
 
 
-# -- external data ------------------------------------------------------------------------
-def test_external_data_session_uses_a_temporary_folder():
-    g, w = attention_block()
-    sess = OrtSession(g, w, external_threshold=1024)
-    folder = sess._tmpdir.name
-    assert sorted(os.listdir(folder)) == ["model.onnx", "model.onnx.data"]
-    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
-    assert_close(g, w, feeds, sess.run(feeds), 1e-4)
-    sess.close()
-    assert not os.path.exists(folder)
-    with pytest.raises(BlockcError, match="closed"):
-        sess.run(feeds)
+# -- weights: OrtValues over the caller's arrays, never through protobuf ------------------------
+def spy_on_sessions(monkeypatch) -> list:
+    """The model bytes each ``InferenceSession`` is made from."""
+    made, real = [], ort.InferenceSession
+
+    def spy(model, *a, **k):
+        made.append(model)
+        return real(model, *a, **k)
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    return made
 
 
-def test_small_models_load_from_memory():
-    g, w = attention_block()
+def test_the_session_gets_the_weights_without_serializing_them(monkeypatch):
+    made = spy_on_sessions(monkeypatch)
+    g, w = attention_block(d=64)
+    feeds = feeds_for(g, {"batch": 2, "seq": 3, "past": 2})
     with OrtSession(g, w) as sess:
-        assert sess._tmpdir is None
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert all(sess.weights[name] is w[name] for name in w)   # the caller's arrays, not copies
+    [model] = made
+    assert len(model) < sum(a.nbytes for a in w.values()) / 10
+    assert_declared_only(g, model)
+
+
+def assert_declared_only(g: Graph, model: bytes) -> None:
+    """Each parameter's initializer in ``model`` is declared external and holds no bytes."""
+    params = [t for t in onnx.load_from_string(model).graph.initializer if t.name in g.params]
+    assert sorted(t.name for t in params) == sorted(g.params)
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL and not t.raw_data for t in params)
+
+
+def test_weights_are_bound_on_every_level_and_dtype(monkeypatch):
+    made = spy_on_sessions(monkeypatch)
+    g, w = attention_block(F16)
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    for level in ("basic", "all"):
+        assert_close(g, w, feeds, run_ort(g, w, feeds, optimization=level), 5e-2)
+    assert len(made) == 2
+    for model in made:
+        assert_declared_only(g, model)
+
+
+def test_bfloat16_weights_are_bound_as_bfloat16():
+    g = Graph("bf16_param")
+    x = g.add_input("x", T(BF16, "seq", 4))
+    g.set_outputs([("y", g.op("cast", g.op("concat", x, g.add_param("w", T(BF16, 2, 4)), axis=0), to="f32"))])
+    w = {"w": np.array([[1.5, -2.25, 3.0, 0.0078125], [7, 8, 9, 10]], ml_dtypes.bfloat16)}
+    x = np.array([[0.5, 1, 2, 4]], ml_dtypes.bfloat16)
+    assert np.array_equal(run_ort(g, w, {"x": x})["y"], np.concatenate([x, w["w"]]).astype(np.float32))
+
+
+def test_read_only_and_strided_weights_are_bound():
+    # memory-mapped weights are read-only; a transposed view is not contiguous (bound as a copy)
+    g, w = attention_block()
+    for a in w.values():
+        a.setflags(write=False)
+    w["qkv"] = np.asfortranarray(w["qkv"])
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    with OrtSession(g, w) as sess:
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert sess.weights["proj"] is w["proj"] and sess.weights["qkv"].flags.c_contiguous
+
+
+def test_weights_changed_between_two_sessions_are_used():
+    g, w = attention_block()
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    first = run_ort(g, w, feeds)["hidden"]
+    changed = {name: a * 0.5 for name, a in w.items()}
+    assert_close(g, changed, feeds, run_ort(g, changed, feeds), 1e-4)
+    assert np.array_equal(run_ort(g, w, feeds)["hidden"], first)
+
+
+def test_closing_releases_the_weights():
+    g, w = attention_block()
+    sess = OrtSession(g, w)
+    sess.close()
+    assert sess.weights == {}
+    with pytest.raises(BlockcError, match="closed"):
+        sess.run(feeds_for(g, {"batch": 1, "seq": 3, "past": 1}))
 
 
 # -- providers and options -------------------------------------------------------------------
@@ -222,26 +282,6 @@ def test_load_failure_is_wrapped():
     g.set_outputs([("y", g.op("erf", x))])
     with pytest.raises(BlockcError, match="onnxruntime could not load the exported model: .*Erf"):
         OrtSession(g, {})
-
-
-def test_load_failure_cleans_up_the_temporary_folder(monkeypatch):
-    made = []
-    real = ort_runner.tempfile.TemporaryDirectory
-
-    def tracking(*a, **k):
-        made.append(real(*a, **k))
-        return made[-1]
-
-    monkeypatch.setattr(ort_runner.tempfile, "TemporaryDirectory", tracking)
-
-    def refuse(*a, **k):
-        raise RuntimeError("no")
-
-    monkeypatch.setattr(ort, "InferenceSession", refuse)
-    g, w = attention_block()
-    with pytest.raises(BlockcError, match="could not load"):
-        OrtSession(g, w, external_data=True)
-    assert len(made) == 1 and not os.path.exists(made[0].name)
 
 
 def test_weight_errors_surface_before_onnxruntime():
