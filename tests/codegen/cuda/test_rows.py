@@ -286,7 +286,9 @@ def test_rows_at_any_phase_read_no_score_a_causal_query_cannot_see(t, tmp_path):
     for n, q in SHIFTED_RUNS:
         run_shifted(graph, cm, lib, t, n, q, reach=0)
     for n, q in SHIFTED_RUNS[:1] + SHIFTED_RUNS[3:4]:
-        with pytest.raises(CudaRunCrash, match="use-after-poison"):
+        # ASan names a read of a poisoned half "use-after-poison", or "unknown-crash" where the
+        # poisoned bytes end inside an 8-byte shadow granule (it depends on the buffer's alignment)
+        with pytest.raises(CudaRunCrash, match="use-after-poison|unknown-crash"):
             run_shifted(graph, cm, lib, t, n, q, reach=1)
 
 
