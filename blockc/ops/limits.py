@@ -30,6 +30,7 @@ the gathers of an id input report an id out of range to it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -52,8 +53,14 @@ class DimLimit:
 class Limits:
     ids: dict        # input name -> (high, why): its values must lie in [0, high); high an int or a Dim
     dims: list       # DimLimit, the tightest per dim expression
-    # (shape, itemsize) -> the first value of that size, inputs first: one check per distinct size
-    sizes: dict = field(default_factory=dict)
+    graph: Graph | None = field(default=None, repr=False, compare=False)   # what ``sizes`` is read from
+
+    @functools.cached_property
+    def sizes(self) -> dict:
+        """(shape, itemsize) -> the first value of that size, inputs first: one
+        check per distinct size. Made when ``size_over`` first asks: every run
+        and decode step checks its feeds against the limits, and none reads it."""
+        return _sizes(self.graph) if self.graph is not None else {}
 
     def __bool__(self) -> bool:
         return bool(self.ids or self.dims)
@@ -166,4 +173,4 @@ def graph_limits(graph: Graph) -> Limits:
             size = x.shape[axis % x.type.rank]
             if isinstance(size, int) and isinstance(end, Sym) and (end not in dims or size < dims[end].limit):
                 dims[end] = DimLimit(end, size, _holds(x, axis, size))
-    return Limits(ids, list(dims.values()), _sizes(graph))
+    return Limits(ids, list(dims.values()), graph)
