@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.dims import Sym
 from ...ir.dtypes import DType
+from ...ops.activations import ACTIVATIONS
 from ...ops.fused_onnx import MASK_BIAS
+from ...ops.masking import causal_offset
 from ..layers import grouped_attention, join_heads, split_heads
 from ..tensor import apply, cache_write, concat, where
-from .convert import Rule, Unsupported, _attr, is_tensor, normalize_from, tensor
+from .convert import Rule, Unsupported, _attr, dims_of, is_tensor, normalize_from, tensor
 from .opset23 import _require, _rotary_embedding
 
 DOMAIN = "com.microsoft"
@@ -82,13 +83,14 @@ def _skip_norm(ir_op: str, params: int):
     return Rule(run, since=VERSION, until=VERSION)
 
 
-def _bias_gelu(approximate: str):
-    """BiasGelu (exact) / FastGelu (tanh): ``gelu(x + bias)``."""
+def _bias_activation(act):
+    """``act``'s com.microsoft op (BiasGelu, FastGelu): ``act(x + bias)``, its
+    row in ``ops/activations.py`` the one place that names the op."""
     def run(node, ins, ctx):
         x = tensor(ins[0])
         if len(ins) > 1 and ins[1] is not None:
             x = x + tensor(ins[1], x)
-        return [x.gelu(approximate)]
+        return [apply(act.op, x, **act.attrs)]
     return Rule(run, since=VERSION, until=VERSION)
 
 
@@ -139,7 +141,7 @@ def _causal_top_left(node, q, k) -> bool:
     """``unidirectional``, which blockc's causal flag means only for as many keys as queries."""
     if not _attr(node, "unidirectional", 0):
         return False
-    if q.shape[2] != k.shape[2]:
+    if causal_offset(q.shape[2], k.shape[2]) != 0:   # the two alignments agree only at offset 0
         raise Unsupported(f"{node.op_type} with unidirectional=1 over {q.shape[2]} queries and {k.shape[2]} keys: "
                           f"its causal mask is aligned at the first key, blockc's at the last")
     return True
@@ -204,7 +206,7 @@ def _dim_of(v, node, name: str):
         v = type(v)(producer.inputs[0])
     if is_tensor(v):
         raise Unsupported(f"GroupQueryAttention's {name} is computed at run time (blockc needs it known)")
-    values = {d if isinstance(d, Sym) else int(d) for d in np.asarray(v, dtype=object).reshape(-1)}
+    values = set(dims_of(v))
     if len(values) != 1:
         raise Unsupported(f"GroupQueryAttention with {name} differing between rows: blockc's attention takes "
                           f"one key count for every row")
@@ -245,8 +247,7 @@ def _group_query_attention(node, ins, ctx):
 RULES = {
     "SkipLayerNormalization": _skip_norm("layernorm", 2),
     "SkipSimplifiedLayerNormalization": _skip_norm("rmsnorm", 1),
-    "BiasGelu": _bias_gelu("none"),
-    "FastGelu": _bias_gelu("tanh"),
+    **{act.contrib: _bias_activation(act) for act in ACTIVATIONS.values() if act.contrib},
     "RotaryEmbedding": Rule(_rotary, since=VERSION, until=VERSION),
     "MultiHeadAttention": Rule(_multi_head_attention, since=VERSION, until=VERSION),
     "Attention": Rule(_qkv_attention, since=VERSION, until=VERSION),
