@@ -637,22 +637,20 @@ def cmd_compare(args) -> int:
     with _ProgressBar(delay=0, show=not args.no_progress, lines_every=PROGRESS_LINE_S) as bar:
         report = run_comparison(plan, bar)
     print_report(report, console)
-    if args.json:
-        _write_text(args.json, json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
-    if args.report:
+    if args.report:   # first: the folder appears with it, and --json may name a file inside it
         from .compare.pictures import block_graphs
         from .report.compare_html import write_html_report
         before, after = block_graphs(options)
         page = write_html_report(report, args.report, before=before, after=after)
         print(f"wrote {page}")
+    if args.json:
+        _write_text(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
     # a row the memory budget kept from running is "skipped", said in the table; only an error fails
     return 0 if all(r["status"] != "error" for r in report["results"] if not r["peer"]) else 1
 
 
 def cmd_cache(args) -> int:
-    import time
-
     from .files import cache_entries, cache_limit, cache_root, format_bytes, prune_cache
     root = cache_root()
     if args.clear:
@@ -679,8 +677,16 @@ def _check_outputs(args) -> None:
     elif args.command == "compare" and args.report:
         from .report.compare_html import check_report_dir
         check_report_dir(args.report)
-    if getattr(args, "json", None):
-        check_writable(args.json)
+    if getattr(args, "json", None) and not _inside(args.json, getattr(args, "report", None)):
+        check_writable(args.json)   # (one inside --report's folder is written after the report makes it)
+
+
+def _inside(path: str, folder: str | None) -> bool:
+    """Whether ``path`` lies in ``folder`` (or below it)."""
+    if not folder:
+        return False
+    folder = os.path.abspath(folder)
+    return os.path.commonpath([os.path.abspath(path), folder]) == folder
 
 
 def _write_text(path: str, text: str) -> None:

@@ -4,6 +4,7 @@ page as a real headless browser (Debian's chromium) renders it."""
 from __future__ import annotations
 
 import copy
+import json
 import html.parser
 import os
 import pathlib
@@ -380,3 +381,16 @@ def test_a_row_over_the_memory_budget_shows_as_skipped_with_its_reason(tmp_path)
     page = write_html_report(report, tmp_path, before=None, after=None).read_text()
     skipped = [cells for cls, cells in results_table(page)[1:] if "skipped" in cls]
     assert any(c[1] == "skipped row" and "more than the budget of 4 GiB" in c[2] for c in skipped)
+
+
+def test_compare_writes_its_json_inside_the_report_folder_it_makes(tmp_path, capsys):
+    """``--json`` may name a file in the ``--report`` folder, which does not
+    exist until the report is written: neither the up-front check nor the
+    writing may need it before."""
+    from blockc.cli import main
+    out = tmp_path / "out"
+    quick = ["--set", "layers=1", "--backends", "reference", "--peers", "none", "--no-kernels", "--no-progress",
+             "--blocks", "1", "--rounds", "1", "--repeats", "1", "--warmup", "0", "--min-time", "0", "--seq", "8"]
+    assert main(["compare", "tiny", *quick, "--report", str(out), "--json", str(out / "r.json")]) == 0, \
+        capsys.readouterr()
+    assert (out / "index.html").is_file() and json.loads((out / "r.json").read_text())["results"]
