@@ -582,7 +582,8 @@ def cmd_cuda(args) -> int:
         meta = cuda_build.write_build(cuda, str(out), archs=archs, bindings=bindings)
         summary = compile_report(cuda, meta, str(out / "model.cu"), archs, compile=not args.no_compile)
         if summary.get("compiled") is False:
-            raise toolchain.ToolchainError(summary["error"])
+            # nvcc named the files in the hidden folder, which goes with this error
+            raise toolchain.ToolchainError(summary["error"].replace(str(out), args.output))
         _write_text(str(out / "summary.json"), json.dumps(summary, indent=2) + "\n")
     if args.json:
         _write_text(args.json, json.dumps(summary, indent=2) + "\n")

@@ -70,9 +70,9 @@ def test_cuda_onto_an_existing_file(target, tmp_path, capsys):
     assert (tmp_path / "afile").read_text() == "keep me"
 
 
-def _fail_to_compile(*_args, **_kwargs):
+def _fail_to_compile(source, *_args, **_kwargs):
     from blockc.codegen.cuda.toolchain import ToolchainError
-    raise ToolchainError("nvcc failed to compile model.cu", ["nvcc", "model.cu"], "model.cu(1): error: made up")
+    raise ToolchainError("nvcc failed to compile model.cu", ["nvcc", str(source)], f"{source}(1): error: made up")
 
 
 def test_a_cuda_build_that_does_not_compile_errs_on_stderr_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
@@ -83,6 +83,8 @@ def test_a_cuda_build_that_does_not_compile_errs_on_stderr_and_leaves_no_folder(
     code, out, err = run(capsys, "cuda", "tiny", "--set", "layers=1", "-o", str(tmp_path / "build" / "b"))
     assert code == 2 and out == "" and err.startswith("blockc: error: nvcc failed to compile model.cu"), (out, err)
     assert "model.cu(1): error: made up" in err and "Traceback" not in err
+    # nvcc's lines name the file where the user asked for it, not the hidden folder that is gone
+    assert f"{tmp_path / 'build' / 'b' / 'model.cu'}(1): error" in err and ".tmp" not in err, err
     assert list(tmp_path.iterdir()) == []    # not b, not build/, not a temporary folder
 
 

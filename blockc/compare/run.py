@@ -124,12 +124,12 @@ def plan_comparison(o: CompareOptions) -> Plan:
     unknown = [b for b in o.backends if b not in backend_names()]
     if unknown:
         raise BlockcError(f"unknown backend {', '.join(map(repr, unknown))}; backends: {', '.join(backend_names())}")
-    options = split_options(o.backends, {"fused_as": o.fused_as} if o.fused_as else {})   # none takes it: refused
     unknown = [p for p in o.peers if p not in PEERS]
     if unknown:
         raise BlockcError(f"unknown peer {', '.join(map(repr, unknown))}; peers: {', '.join(PEERS)} (or none)")
     if not o.backends:   # the peers and the forms are measured against blockc's backends: no verdict without one
         raise BlockcError(f"no backend to compare: --backends needs at least one of {', '.join(backend_names())}")
+    options = split_options(o.backends, {"fused_as": o.fused_as} if o.fused_as else {})   # none takes it: refused
     for flag, names in (("--backends", o.backends), ("--peers", o.peers)):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:   # each would be measured, and its rows printed, as many times
