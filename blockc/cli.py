@@ -611,14 +611,14 @@ def compare_options(args):
     import shlex
 
     from .compare import CompareOptions
-    from .compare.memory import parse_size
+    from .files import parse_size
     return CompareOptions(
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
         peers=_name_list(args.peers), batches=_int_list("--batch", args.batch),
         seqs=None if args.seq is None else _int_list("--seq", args.seq),
         dims=_parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats,
         min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
-        max_memory=None if args.max_memory is None else parse_size(args.max_memory),
+        max_memory=None if args.max_memory is None else parse_size(args.max_memory, "--max-memory"),
         fused_as=args.backend_options.get("fused_as"), peak_gbps=args.peak_gbps, seed=args.seed,
         weights=args.weights, kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
 

@@ -67,7 +67,7 @@ def format_bytes(n: float) -> str:
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def parse_size(text: str, what: str = "--max-memory") -> int:
+def parse_size(text: str, what: str) -> int:
     """``8G``, ``512M``, ``1.5GiB``, ``2000000000`` -> bytes; ``what`` names
     the option or variable in the error."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)

@@ -39,8 +39,7 @@ import gc
 import os
 from dataclasses import dataclass
 
-from ..errors import BlockcError
-from ..files import format_bytes, parse_size  # noqa: F401  (parse_size: --max-memory's, said once in files)
+from ..files import format_bytes
 from ..frontends.module import available_memory
 from ..report.footprint import footprint
 

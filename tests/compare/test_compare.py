@@ -20,6 +20,7 @@ from blockc.compare import CompareOptions, plan_comparison, planned_steps, run_c
 from blockc.compare import memory
 from blockc.progress import MEASURING
 from blockc.errors import BlockcError
+from blockc.files import parse_size
 
 SMALL = ["d_model=32", "heads=2", "layers=1", "vocab=61", "max_positions=64"]
 QUICK = dict(warmup=1, min_repeats=2, min_time_s=0.0, blocks=2)
@@ -457,13 +458,13 @@ def test_the_budget_that_holds_not_even_the_reference_is_refused():
 
 @pytest.mark.parametrize("text, size", [("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("4096", 4096)])
 def test_max_memory_sizes(text, size):
-    assert memory.parse_size(text) == size
+    assert parse_size(text, "--max-memory") == size
 
 
 @pytest.mark.parametrize("text", ["", "8X", "-1G", "0"])
 def test_bad_max_memory_is_refused(text):
     with pytest.raises(BlockcError, match="--max-memory"):
-        memory.parse_size(text)
+        parse_size(text, "--max-memory")
 
 
 def test_blocks_prepare_fresh_sessions(monkeypatch):
