@@ -73,12 +73,13 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, min_repeats: int = 10,
     def runs() -> None:
         for _ in range(runs_per_sample):
             fn()
+    sample = runs if runs_per_sample > 1 else fn   # one run: no loop between the two clock reads
     for _ in range(warmup):
         clock(fn)
     times: list[float] = []
     total = 0.0
     while (len(times) < min_repeats or total < min_time_s) and len(times) < max_repeats:
-        dt = clock(runs if runs_per_sample > 1 else fn)
+        dt = clock(sample)
         times.append(dt / runs_per_sample)
         total += dt
     return Timing.of(times)
