@@ -36,7 +36,7 @@ from ...ops.fused_onnx import MASK_BIAS
 from ...ops.masking import causal_offset
 from ..layers import grouped_attention, join_heads, split_heads
 from ..tensor import apply, cache_write, concat, where
-from .convert import Rule, Unsupported, _attr, dims_of, is_tensor, normalize_from, tensor
+from .convert import MOVES, Rule, Unsupported, _attr, dims_of, is_tensor, normalize_from, tensor
 from .opset23 import _require, _rotary_embedding
 
 DOMAIN = "com.microsoft"
@@ -192,11 +192,11 @@ def _qkv_attention(node, ins, ctx):
 
 def _dim_of(v, node, name: str):
     """A dim the file computes from the graph's dims (a known scalar, or a
-    tensor expanded, reshaped or cast from one): blockc needs it when the
+    tensor moved or cast from one, ``MOVES``): blockc needs it when the
     graph is built."""
     while is_tensor(v):
         producer = v.value.producer
-        if producer is None or producer.op not in ("expand", "reshape", "cast", "dim_value", "constant"):
+        if producer is None or producer.op not in (*MOVES, "dim_value", "constant"):
             break
         if producer.op == "dim_value":
             return producer.attrs["value"]

@@ -48,6 +48,11 @@ class Unsupported(BlockcError):
     """A node this importer cannot express; the model names it."""
 
 
+# Ops that move or retype a value's elements without computing new ones: what a
+# walk back to the constants or dims a value was made from may pass through.
+MOVES = ("expand", "reshape", "transpose", "cast")
+
+
 def is_tensor(v) -> bool:
     return isinstance(v, Tensor)
 

@@ -33,7 +33,7 @@ from ...ops.masking import causal_allowed, causal_mask_array
 from ..layers import grouped_attention, join_heads, split_heads
 from ..rotary import Rotary, pair_table, rotary_rows
 from ..tensor import apply, causal_mask, concat, where
-from .convert import Rule, Unsupported, _attr, _known, axis_of, is_tensor, normalize_from, tensor
+from .convert import MOVES, Rule, Unsupported, _attr, _known, axis_of, is_tensor, normalize_from, tensor
 
 OPSET = 23
 
@@ -124,7 +124,7 @@ def _finite(value) -> bool:
         return bool(np.isfinite(p.attrs["value"]).all())
     if p is not None and p.op == "where":
         return all(_finite(x) for x in p.inputs[1:])
-    return p is not None and p.op in ("expand", "reshape", "transpose", "cast") and _finite(p.inputs[0])
+    return p is not None and p.op in MOVES and _finite(p.inputs[0])
 
 
 def _rows_seeing_keys(mask, causal: bool, rows, cols):
