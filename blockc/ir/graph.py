@@ -146,12 +146,7 @@ class Graph:
     def make_node(self, op: str, inputs: Sequence[Value], attrs: Mapping[str, Any] | None = None,
                   *, loc: str | None = None) -> Node:
         """A node whose output types come from the op registry (not yet placed)."""
-        opdef = registry.get(op)
-        attrs = opdef.normalize_attrs(attrs or {})
-        opdef.check_arity(len(inputs))
-        types = opdef.infer_fn([v.type for v in inputs], attrs)
-        if isinstance(types, TensorType):
-            types = [types]
+        attrs, types = registry.get(op).result_types([v.type for v in inputs], attrs or {})
         return Node(op, inputs, attrs, types, loc)
 
     def add_node(self, op: str, inputs: Sequence[Value], attrs: Mapping[str, Any] | None = None,

@@ -40,12 +40,13 @@ The table lives in ``ir`` because a graph needs it to type a node it makes;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import BlockcError, ShapeError
 from .dims import Sym, is_dim
+from .types import TensorType
 
 # Attribute kinds. Lists of dims double as lists of ints (ints are dims).
 INT, FLOAT, STR, BOOL, DIM, DIMS, TENSOR = "int", "float", "str", "bool", "dim", "dims", "tensor"
@@ -129,6 +130,15 @@ class OpDef:
                 raise ShapeError(f"{self.name} takes at least {least} inputs, got {n}")
         elif n != len(self.inputs):
             raise ShapeError(f"{self.name} takes {len(self.inputs)} inputs, got {n}")
+
+    def result_types(self, types: Sequence, attrs: Mapping[str, Any]) -> tuple[dict, list]:
+        """``(attrs, output types)`` of a node of this op on inputs of
+        ``types``: attributes defaulted and checked, the inputs counted, the
+        shape rule applied. What making, verifying and folding a node share."""
+        attrs = self.normalize_attrs(attrs)
+        self.check_arity(len(types))
+        out = self.infer_fn(list(types), attrs)
+        return attrs, [out] if isinstance(out, TensorType) else list(out)
 
     def normalize_attrs(self, attrs: Mapping[str, Any]) -> dict:
         """Defaults filled in, kinds checked; unknown names rejected."""

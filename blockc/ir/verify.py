@@ -33,13 +33,9 @@ def verify(g: Graph) -> None:
             if (n, pos) not in v.uses:
                 raise VerifyError(f"{where}: input {pos} is missing from its value's use-list")
         try:
-            opdef = registry.get(n.op)
-            opdef.check_arity(len(n.inputs))
-            attrs = opdef.normalize_attrs(n.attrs)
-            types = opdef.infer_fn([v.type for v in n.inputs], attrs)
+            _, types = registry.get(n.op).result_types([v.type for v in n.inputs], n.attrs)
         except BlockcError as e:
             raise VerifyError(f"{where}: {e}") from None
-        types = [types] if not isinstance(types, list) else types
         if [o.type for o in n.outputs] != list(types):
             raise VerifyError(f"{where}: result types {[str(o.type) for o in n.outputs]} "
                               f"differ from the op's rule {[str(t) for t in types]}")

@@ -54,10 +54,7 @@ def fold(op: str, args: Sequence[np.ndarray], attrs: Mapping | None = None) -> l
     shape computation's values) and is typed int64; a result of such dims
     stays an object array."""
     opdef = get(op)
-    attrs = opdef.normalize_attrs(attrs or {})
-    opdef.check_arity(len(args))
-    types = opdef.infer_fn([TensorType(_dtype_of(op, a), a.shape) for a in args], attrs)
-    types = [types] if isinstance(types, TensorType) else types
+    attrs, types = opdef.result_types([TensorType(_dtype_of(op, a), a.shape) for a in args], attrs or {})
     results = [np.asarray(r) for r in _run_rule(opdef, args, attrs, Env({}, float64=False), "")]
     return [r if r.dtype == object and not t.dtype.is_float and t.dtype != DType.bool
             else r.astype(t.dtype.numpy, copy=False) for r, t in zip(results, types)]
