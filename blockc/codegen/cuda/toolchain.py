@@ -128,20 +128,10 @@ def nvcc_layout(nvcc: str) -> tuple[Path, tuple[Path, ...]]:
     """nvcc's toolkit folder and the header folders it searches by itself, as
     its own ``--dryrun`` says (``_HERE_``, ``INCLUDES``, ``SYSTEM_INCLUDES``):
     a wrapper script's folder (/usr/local/bin/nvcc) is no toolkit."""
-    real = os.path.realpath(nvcc)
-    return _layout(real, os.stat(real).st_mtime)
-
-
-@functools.lru_cache(maxsize=None)
-def _layout(nvcc: str, stamp: float) -> tuple[Path, tuple[Path, ...]]:
-    try:
-        proc = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
-                              timeout=60)
-        text = proc.stdout + proc.stderr
-    except (OSError, subprocess.TimeoutExpired):
-        text = ""
+    said = _nvcc_says(nvcc, "--dryrun", "-E", "-x", "cu", os.devnull)
+    text = "" if isinstance(said, Exception) else said[1] + said[2]
     here = re.search(r"^#\$ _HERE_=(.+)$", text, re.M)
-    root = Path(os.path.normpath(here.group(1) if here else os.path.dirname(nvcc))).parent
+    root = Path(os.path.normpath(here.group(1) if here else os.path.dirname(os.path.realpath(nvcc)))).parent
     searched = [Path(os.path.normpath(p.removeprefix("-I")))
                 for line in re.findall(r"^#\$ (?:SYSTEM_)?INCLUDES=(.*)$", text, re.M)
                 for p in re.findall(r'"([^"]+)"', line) if p != "-isystem"]
@@ -238,23 +228,34 @@ def find_toolkit() -> Toolkit:
     return Toolkit(found.path, version, os.path.realpath(runtime), flags, found.reason)
 
 
+def _nvcc_says(nvcc: str, *args: str) -> tuple[int, str, str] | Exception:
+    """``(returncode, stdout, stderr)`` of ``nvcc ARGS``, or why it could not
+    run; asked once per nvcc (its real path and modification time), so a
+    toolkit replaced in place is asked again."""
+    real = os.path.realpath(nvcc)
+    return _asked(real, os.stat(real).st_mtime, args)
+
+
 @functools.lru_cache(maxsize=None)
-def _listed_archs(nvcc: str, stamp: float) -> tuple[int, ...]:
+def _asked(nvcc: str, stamp: float, args: tuple[str, ...]) -> tuple[int, str, str] | Exception:
     try:
-        proc = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([nvcc, *args], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise ToolchainError(f"cannot run {nvcc} --list-gpu-arch: {e}") from None
-    numbers = tuple(int(n) for n in re.findall(r"\bcompute_(\d+)\b", proc.stdout))
-    if proc.returncode != 0 or not numbers:
-        raise ToolchainError(f"{nvcc} --list-gpu-arch lists no architecture", [nvcc, "--list-gpu-arch"],
-                             proc.stdout + proc.stderr)
-    return numbers
+        return e
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def gpu_archs(nvcc: str) -> tuple[int, ...]:
     """The ``sm_XX`` numbers ``nvcc --list-gpu-arch`` builds for (asked once per nvcc)."""
+    said = _nvcc_says(nvcc, "--list-gpu-arch")
     real = os.path.realpath(nvcc)
-    return _listed_archs(real, os.stat(real).st_mtime)
+    if isinstance(said, Exception):
+        raise ToolchainError(f"cannot run {real} --list-gpu-arch: {said}") from None
+    returncode, out, err = said
+    numbers = tuple(int(n) for n in re.findall(r"\bcompute_(\d+)\b", out))
+    if returncode != 0 or not numbers:
+        raise ToolchainError(f"{real} --list-gpu-arch lists no architecture", [real, "--list-gpu-arch"], out + err)
+    return numbers
 
 
 def check_archs(nvcc: str, archs: Sequence[str]) -> None:
