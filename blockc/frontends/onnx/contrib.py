@@ -36,7 +36,7 @@ from ...ops.fused_onnx import MASK_BIAS
 from ...ops.masking import causal_offset
 from ..layers import grouped_attention, join_heads, split_heads
 from ..tensor import apply, cache_write, concat, where
-from .convert import MOVES, Rule, Unsupported, _attr, dims_of, is_tensor, normalize_from, tensor
+from .convert import MOVES, Rule, Unsupported, _attr, dims_of, input_at, is_tensor, normalize_from, tensor
 from .opset23 import _require, _rotary_embedding
 
 DOMAIN = "com.microsoft"
@@ -53,7 +53,7 @@ def _refuse_attrs(node, defaults: dict) -> None:
 
 def _refuse_inputs(node, ins, names: dict[int, str]) -> None:
     for i, name in names.items():
-        if len(ins) > i and ins[i] is not None:
+        if input_at(ins, i) is not None:
             raise Unsupported(f"{node.op_type} with its input {name}")
 
 
@@ -72,7 +72,7 @@ def _skip_norm(ir_op: str, params: int):
         _refuse_outputs(node, ctx, {1: "mean", 2: "inv_std_var"})
         x = tensor(ins[0])
         total = x + tensor(ins[1], x)
-        bias = ins[1 + params + 1] if len(ins) > 1 + params + 1 else None
+        bias = input_at(ins, 1 + params + 1)
         if bias is not None:
             total = total + tensor(bias, x)
         norm_params = [p for p in ins[2:2 + params] if p is not None]
@@ -88,7 +88,7 @@ def _bias_activation(act):
     row in ``ops/activations.py`` the one place that names the op."""
     def run(node, ins, ctx):
         x = tensor(ins[0])
-        if len(ins) > 1 and ins[1] is not None:
+        if input_at(ins, 1) is not None:
             x = x + tensor(ins[1], x)
         return [apply(act.op, x, **act.attrs)]
     return Rule(run, since=VERSION, until=VERSION)
@@ -149,8 +149,8 @@ def _causal_top_left(node, q, k) -> bool:
 
 def _masks(node, ins, padding: int, bias: int, like):
     """The node's key padding mask and its attention_bias, combined as one mask (None: neither)."""
-    mask = _padding_mask(node, ins[padding], like) if len(ins) > padding and ins[padding] is not None else None
-    if len(ins) <= bias or ins[bias] is None:
+    mask = _padding_mask(node, ins[padding], like) if input_at(ins, padding) is not None else None
+    if input_at(ins, bias) is None:
         return mask
     additive = tensor(ins[bias], like)
     if mask is not None and mask.dtype == DType.bool:   # added to the bias as the op adds it
@@ -179,7 +179,7 @@ def _qkv_attention(node, ins, ctx):
     heads = _attr(node, "num_heads", 0)
     x = tensor(ins[0])
     y = apply("matmul", x, tensor(ins[1], x))
-    if len(ins) > 2 and ins[2] is not None:
+    if input_at(ins, 2) is not None:
         y = y + tensor(ins[2], x)
     width = y.shape[-1]
     sizes = list(_attr(node, "qkv_hidden_sizes", []) or ([width // 3] * 3 if isinstance(width, int) else []))
@@ -227,8 +227,8 @@ def _group_query_attention(node, ins, ctx):
     last = _dim_of(ins[5], node, "seqlens_k")
     if last != total - 1:
         raise Unsupported(f"GroupQueryAttention with seqlens_k {last}, not total_sequence_length - 1 = {total - 1}")
-    past = ins[3] if len(ins) > 3 and ins[3] is not None else None
-    if (past is None) != (len(ins) <= 4 or ins[4] is None):
+    past = input_at(ins, 3)
+    if (past is None) != (input_at(ins, 4) is None):
         raise Unsupported("GroupQueryAttention with only one of past_key and past_value")
     if past is None:
         if total != seq:
@@ -239,7 +239,7 @@ def _group_query_attention(node, ins, ctx):
     else:   # a cache buffer: the step's rows written at [total - seq, total), the first total rows read
         present = tuple(cache_write(tensor(p, x), x, 2, total - seq) for p, x in ((past, k), (ins[4], v)))
     keys = present if past is None or present[0].shape[2] == total else tuple(p.slice(2, 0, total) for p in present)
-    mask = tensor(ins[10], q) if len(ins) > 10 and ins[10] is not None else None
+    mask = tensor(ins[10], q) if input_at(ins, 10) is not None else None
     y = grouped_attention(q, *keys, mask, True, _scale(node))
     return [join_heads(y), *present]
 

@@ -53,6 +53,12 @@ class Unsupported(BlockcError):
 MOVES = ("expand", "reshape", "transpose", "cast")
 
 
+def input_at(ins, i: int):
+    """The node's ``i``-th input, or None where the node gives none (an
+    optional input left out, or named as ``""``)."""
+    return ins[i] if len(ins) > i else None
+
+
 def is_tensor(v) -> bool:
     return isinstance(v, Tensor)
 
