@@ -1,0 +1,111 @@
+"""Random Hugging Face checkpoint directories, made offline, as users have
+them: ``config.json``, ``model.safetensors`` (or shards with their index),
+``tokenizer.json`` with ``tokenizer_config.json`` and its chat template, and
+``generation_config.json``.
+
+    from hf_dirs import save_hf_dir
+    path = save_hf_dir("llama", tmp_path / "llama", seed=0)
+
+The tokenizer is a byte-level BPE trained by ``tokenizers`` on ``TEXT``
+(accents, CJK and an emoji, so multi-byte UTF-8 crosses token boundaries),
+and the model's vocabulary is the tokenizer's size. Every parameter is random
+(``hf_testing.randomise``): HF's initial norms and biases would hide a wrong
+mapping. The tests, ``bench/generate_e2e.py`` and ONNX Runtime GenAI's model
+builder all read the same directories.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hf_testing import randomise
+
+TEXT = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "A transformer block: attention, a residual, a norm, a feed-forward. ",
+    "Café, naïve, déjà vu, Straße, smörgåsbord. ",
+    "注意力就是你所需要的。变压器模型。",
+    "Emoji crosses bytes: 🚀🙂 and numbers 1234567890. ",
+    "def f(x):\n    return x * 2  # code too\n",
+]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+# ChatML, the template Qwen ships, rendered by jinja2 as HF does
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+FAMILIES = ("gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "qwen3")
+DECODERS = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+
+
+def train_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``TEXT``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXT, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>", pad_token="<pad>", chat_template=CHAT_TEMPLATE)
+
+
+def hf_config(family: str, vocab_size: int, tokenizer, **kw):
+    """A small config of ``family`` whose ids are the tokenizer's."""
+    import transformers
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if family == "gpt2":
+        base = dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=eos, eos_token_id=eos)
+        return transformers.GPT2Config(vocab_size=vocab_size, **{**base, **kw})
+    if family in ("bert", "roberta"):
+        base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                    max_position_embeddings=130, pad_token_id=pad)
+        cls = transformers.BertConfig if family == "bert" else transformers.RobertaConfig
+        return cls(vocab_size=vocab_size, **{**base, **kw})
+    base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, max_position_embeddings=256, bos_token_id=eos, eos_token_id=eos,
+                tie_word_embeddings=False)
+    if family == "qwen3":
+        base["head_dim"] = 16
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    return cls(vocab_size=vocab_size, **{**base, **kw})
+
+
+def hf_model(family: str, config):
+    import transformers
+    cls = {"gpt2": transformers.GPT2LMHeadModel, "bert": transformers.BertModel,
+           "roberta": transformers.RobertaModel, "llama": transformers.LlamaForCausalLM,
+           "mistral": transformers.MistralForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+           "qwen3": transformers.Qwen3ForCausalLM}[family]
+    return cls(config)
+
+
+def save_hf_dir(family: str, path, *, seed: int = 0, dtype: str = "float32", shard_size: str | None = None,
+                **config) -> Path:
+    """Save a random ``family`` model with its tokenizer to ``path`` and return
+    it. ``shard_size`` (e.g. ``"200KB"``) writes shards and their index;
+    ``dtype`` is the checkpoint's (``float16``, ``bfloat16``); ``config``
+    overrides the config's fields."""
+    import torch
+    if family not in FAMILIES:
+        raise ValueError(f"no fixture for {family!r}; families: {', '.join(FAMILIES)}")
+    path = Path(path)
+    tokenizer = train_tokenizer()
+    cfg = hf_config(family, len(tokenizer), tokenizer, **config)
+    torch.manual_seed(seed)
+    model = randomise(hf_model(family, cfg), torch).to(getattr(torch, dtype))
+    if family in DECODERS:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    kw = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kw)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def read_config(path) -> dict:
+    return json.loads((Path(path) / "config.json").read_text())
