@@ -112,3 +112,39 @@ def test_eos_of_generation_config_stops_both(hf_dir, tmp_path, as_list):
     assert expected_ids == free[:6]
     tokens, _, texts = blockc_text(path, "llama", [prompt])
     assert tokens == [expected_ids] and texts == [expected_text]
+
+
+def test_text_generation_needs_neither_torch_nor_transformers(hf_dir):
+    """The whole text path (tokenizer, chat template, loop, stream) in a Python where importing torch or
+    transformers fails, giving Hugging Face's text."""
+    import subprocess
+    import sys
+    path = hf_dir("llama")
+    prompt = chat_ids(TextTokenizer.from_dir(path), user_messages(PROMPT))
+    (_, expected), = hf_text(path, [prompt])
+    script = f"""
+import sys
+sys.modules["torch"] = sys.modules["transformers"] = None   # import torch: ImportError
+import json, pathlib
+from safetensors.numpy import load_file
+from blockc.frontends.hf_llama import llama_config_from_hf, load_hf_llama_state_dict
+from blockc.frontends.models import DecoderLM
+from blockc.generate import generate
+from blockc.generate.chat import encode_prompts
+from blockc.generate.generation_config import make_sampler, read_generation_config
+from blockc.generate.stream import TextLines
+from blockc.generate.text import TextTokenizer
+path = pathlib.Path({str(path)!r})
+model = DecoderLM(llama_config_from_hf(json.loads((path / "config.json").read_text())))
+weights = load_hf_llama_state_dict(load_file(str(path / "model.safetensors")), model)
+tokenizer = TextTokenizer.from_dir(path)
+prompts = encode_prompts(tokenizer, [{PROMPT!r}], chat=True)
+defaults = read_generation_config(path)
+lines = TextLines(tokenizer, 1)
+got = generate(model, weights, prompts, {NEW}, pick=make_sampler(defaults), stop_id=defaults.eos_ids,
+               on_token=lines)
+lines.finish(got.tokens)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected + "\n"
