@@ -27,14 +27,23 @@ TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
 
 
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise BlockcError(f"cannot read {file}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise BlockcError(f"cannot read {file}: a chat template is UTF-8 text") from None
+
+
 def chat_templates(tokenizer: TextTokenizer) -> dict[str, str]:
     """Every chat template of the directory by name (``default`` for the main one)."""
     path: Path = tokenizer.path
     found = {}
     if (path / TEMPLATE_FILE).is_file():
-        found["default"] = (path / TEMPLATE_FILE).read_text(encoding="utf-8")
+        found["default"] = _read(path / TEMPLATE_FILE)
     if (path / TEMPLATE_DIR).is_dir():
-        found.update({f.stem: f.read_text(encoding="utf-8") for f in sorted((path / TEMPLATE_DIR).glob("*.jinja"))})
+        found.update({f.stem: _read(f) for f in sorted((path / TEMPLATE_DIR).glob("*.jinja"))})
     if found:
         return found
     stored = tokenizer.config.get("chat_template")
@@ -105,6 +114,8 @@ def render_chat(tokenizer: TextTokenizer, messages: list[dict], *, add_generatio
             **tokenizer.special_tokens())
     except jinja2.TemplateError as e:
         raise BlockcError(f"{tokenizer.path}: the chat template failed: {e}") from None
+    except Exception as e:   # a template is code from the directory: whatever it raises is its failure
+        raise BlockcError(f"{tokenizer.path}: the chat template failed: {type(e).__name__}: {e}") from None
 
 
 def user_messages(text: str, system: str | None = None) -> list[dict]:

@@ -152,6 +152,12 @@ def test_bad_chat_templates_are_refused_in_one_line(hf_dir, tmp_path):
     (path / "chat_template.jinja").write_text("{{ messages.__class__.__mro__ }}")
     with pytest.raises(BlockcError, match="the chat template failed: access to attribute '__class__'"):
         render_chat(TextTokenizer.from_dir(path), CHATS[0])
+    (path / "chat_template.jinja").write_text("{{ 1 + 'a' }}")
+    with pytest.raises(BlockcError, match="the chat template failed: TypeError: unsupported operand"):
+        render_chat(TextTokenizer.from_dir(path), CHATS[0])
+    (path / "chat_template.jinja").write_bytes(b"\xff{{ x }}")
+    with pytest.raises(BlockcError, match="chat_template.jinja: a chat template is UTF-8 text"):
+        render_chat(TextTokenizer.from_dir(path), CHATS[0])
     (path / "chat_template.jinja").write_text("{% for %}")
     with pytest.raises(BlockcError, match="the chat template failed: "):
         render_chat(TextTokenizer.from_dir(path), CHATS[0])
