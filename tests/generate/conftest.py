@@ -14,14 +14,15 @@ sys.path.insert(0, _HERE)
 
 @pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
-    """``hf_dir(family)``: a random Hugging Face directory of ``family``
-    (``hf_dirs.save_hf_dir``, seed 0), made once per session."""
+    """``hf_dir(family, tokenizer="bytelevel")``: a random Hugging Face
+    directory of ``family`` (``hf_dirs.save_hf_dir``, seed 0), made once per session."""
     pytest.importorskip("transformers")
     from hf_dirs import save_hf_dir
     made = {}
 
-    def make(family: str):
-        if family not in made:
-            made[family] = save_hf_dir(family, tmp_path_factory.mktemp(family) / family, seed=0)
-        return made[family]
+    def make(family: str, tokenizer: str = "bytelevel"):
+        if (family, tokenizer) not in made:
+            made[family, tokenizer] = save_hf_dir(family, tmp_path_factory.mktemp(family) / family, seed=0,
+                                                  tokenizer=tokenizer)
+        return made[family, tokenizer]
     return make

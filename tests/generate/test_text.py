@@ -32,9 +32,10 @@ def edit_json(path, name, **fields):
     file.write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3"])
-def test_text_tokenizes_as_autotokenizer(hf_dir, family):
-    path = hf_dir(family)
+@pytest.mark.parametrize("family, tokenizer", [("gpt2", "bytelevel"), ("llama", "bytelevel"),
+                                               ("qwen3", "bytelevel"), ("llama", "sentencepiece")])
+def test_text_tokenizes_as_autotokenizer(hf_dir, family, tokenizer):
+    path = hf_dir(family, tokenizer)
     hf = transformers.AutoTokenizer.from_pretrained(path)
     ours = TextTokenizer.from_dir(path)
     for text in TEXTS:

@@ -1,5 +1,6 @@
 """Text in, text out, against Hugging Face: on random gpt2, llama and qwen3
-directories (``hf_dirs.save_hf_dir``), the prompt tokenized by blockc from
+directories (``hf_dirs.save_hf_dir``; llama with a SentencePiece-style
+tokenizer too), the prompt tokenized by blockc from
 ``tokenizer.json``, generated greedily by blockc's loop and streamed through
 ``TextLines``, is exactly ``AutoTokenizer`` + ``model.generate`` +
 ``tokenizer.decode``: the same prompt ids, the same new ids, the same text;
@@ -65,9 +66,12 @@ def blockc_text(path, family, prompts):
     return got.tokens, stream.getvalue(), texts
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3"])
-def test_text_prompt_generates_as_transformers(hf_dir, family):
-    path = hf_dir(family)
+CASES = [("gpt2", "bytelevel"), ("llama", "bytelevel"), ("qwen3", "bytelevel"), ("llama", "sentencepiece")]
+
+
+@pytest.mark.parametrize("family, tokenizer", CASES)
+def test_text_prompt_generates_as_transformers(hf_dir, family, tokenizer):
+    path = hf_dir(family, tokenizer)
     prompt = TextTokenizer.from_dir(path).encode(PROMPT)
     assert prompt == transformers.AutoTokenizer.from_pretrained(path)(PROMPT)["input_ids"]
     (expected_ids, expected_text), = hf_text(path, [prompt])
@@ -76,9 +80,9 @@ def test_text_prompt_generates_as_transformers(hf_dir, family):
     assert texts == [expected_text] and shown == expected_text + "\n"   # streamed, joined: decode's text
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3"])
-def test_chat_prompts_generate_as_transformers(hf_dir, family):
-    path = hf_dir(family)
+@pytest.mark.parametrize("family, tokenizer", CASES)
+def test_chat_prompts_generate_as_transformers(hf_dir, family, tokenizer):
+    path = hf_dir(family, tokenizer)
     tok = transformers.AutoTokenizer.from_pretrained(path)
     chats = [user_messages("Café? 注意"), user_messages("a feed-forward 🙂", system="be brief")]
     prompts = [chat_ids(TextTokenizer.from_dir(path), m) for m in chats]
