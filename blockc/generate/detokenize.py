@@ -43,7 +43,7 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix = self.read = 0   # the window: ids[prefix:read] is already emitted
         self.emitted: list[str] = []
-        self.specials = {i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special}
+        self.specials = tokenizer.special_ids()
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
@@ -68,7 +68,7 @@ class IncrementalDecoder:
         for i in reversed(self.ids):
             if self.skip and i in self.specials:
                 continue
-            token = self.tokenizer.backend.id_to_token(i)
+            token = self.tokenizer.token(i)
             return token is not None and BYTE_TOKEN.fullmatch(token) is not None
         return False
 

@@ -102,6 +102,14 @@ class TextTokenizer:
             raise BlockcError(f"{self.path / CONFIG_FILE}: {what} {token!r} is not in {TOKENIZER_FILE}'s vocabulary")
         return int(found)
 
+    def token(self, id: int) -> str | None:
+        """The vocabulary's string for ``id`` (None outside it)."""
+        return self.backend.id_to_token(int(id))
+
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the special added tokens: what ``skip_special_tokens`` leaves out."""
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """``tokenizer(text, add_special_tokens=...)["input_ids"]``."""
         return list(self._encoding(text, add_special_tokens).ids)

@@ -46,6 +46,12 @@ class FakeTokenizer:
     def decode(self, ids, skip_special_tokens=False):
         return bytes(ids).decode("utf-8", errors="replace")
 
+    def special_ids(self):
+        return frozenset()
+
+    def token(self, id):
+        return chr(id)
+
 
 def steps(rows):
     """The ``tokens`` of each step of a generation of ``rows``: every row one id longer each time."""

@@ -15,8 +15,8 @@ from blockc.errors import BlockcError  # noqa: E402
 from blockc.generate.chat import encode_prompts, render_chat, user_messages  # noqa: E402
 from blockc.generate.text import TextTokenizer, text_feeds  # noqa: E402
 
-TEXTS = ["The quick brown fox", "Café déjà vu 注意力 🚀🙂", "  two  spaces\nand a line", "<|im_start|>special",
-         "x"]
+TEXTS = ["The quick brown fox", "Café déjà vu 注意力 🚀🙂", "  two  spaces\nand a line",
+         "<|im_start|>special", "x"]
 
 
 def copied(hf_dir, family, tmp_path):

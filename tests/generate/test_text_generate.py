@@ -10,7 +10,6 @@ import io
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
