@@ -1,4 +1,4 @@
-"""Hugging Face BERT checkpoints on blockc's ``Encoder`` (the built-in ``bert-base``).
+"""Hugging Face BERT and RoBERTa checkpoints on blockc's ``Encoder`` (the built-in ``bert-base``).
 
 ``bert_config_from_hf`` turns a ``transformers.BertConfig`` (or its
 ``config.json`` as a dict) into an ``EncoderConfig``; ``load_hf_bert_state_dict``
@@ -28,6 +28,12 @@ What the mapping relies on:
 
 A task model's head (every key outside ``bert.``: ``cls.``, ``classifier.``,
 ``qa_outputs.``) is no part of ``BertModel`` and is left out.
+
+RoBERTa is BERT's layout under ``roberta.`` with one difference: its
+positions count from row ``pad_token_id + 1`` of the table (row
+``pad_token_id`` is the padding's own), the ``Encoder``'s ``position_offset``.
+A pad id inside a row, which RoBERTa gives the padding position, is not
+modelled: the ids are not read for positions.
 """
 from __future__ import annotations
 

@@ -29,10 +29,10 @@ from typing import Callable
 
 from ..errors import BlockcError, ModelError, WeightsError
 from .catalog import convert_setting
-from .hf_bert import bert_config_from_hf, bert_layout
+from .hf_bert import FAMILIES as BERT_FAMILIES, bert_config_from_hf, bert_layout
 from .hf_common import Layout, Take, plan_checkpoint
 from .hf_gpt2 import gpt2_config_from_hf, gpt2_layout
-from .hf_llama import llama_config_from_hf, llama_layout
+from .hf_llama import FAMILIES as LLAMA_FAMILIES, llama_config_from_hf, llama_layout
 from .models import DecoderLM, Encoder
 from .module import Model
 from .weights import SafetensorsFiles
@@ -57,23 +57,13 @@ class Family:
     model: type
     layout: Callable[[Model, str], Layout]
     settings: tuple[str, ...]
-    maps: str   # what the README and `models` say it maps
 
 
-_DECODER = dict(model=DecoderLM, settings=("dtype", "probs"))
-FAMILIES = {
-    "gpt2": Family(gpt2_config_from_hf, layout=lambda m, t: gpt2_layout(m), **_DECODER,
-                   maps="GPT2LMHeadModel: pre-norm, tanh-GELU, learned positions, tied head -> DecoderLM"),
-    "bert": Family(bert_config_from_hf, Encoder, bert_layout, ("dtype", "pooler"),
-                   maps="BertModel: post-norm encoder with padding mask and pooler -> Encoder"),
-    "roberta": Family(bert_config_from_hf, Encoder, bert_layout, ("dtype", "pooler"),
-                      maps="RobertaModel: as BERT, positions from row pad_token_id+1 -> Encoder"),
-    **{t: Family(llama_config_from_hf, layout=lambda m, t: llama_layout(m), **_DECODER, maps=maps) for t, maps in [
-        ("llama", "LlamaForCausalLM: RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU -> DecoderLM"),
-        ("mistral", "MistralForCausalLM: as Llama (a sliding window shorter than the context is refused)"),
-        ("qwen2", "Qwen2ForCausalLM: as Llama, with q/k/v biases"),
-        ("qwen3", "Qwen3ForCausalLM: as Llama, with per-head query/key RMSNorm")]},
-}
+# model_type -> its family (what each maps is the loaders' docstrings, and the README's table)
+_GPT2 = Family(gpt2_config_from_hf, DecoderLM, lambda model, model_type: gpt2_layout(model), ("dtype", "probs"))
+_BERT = Family(bert_config_from_hf, Encoder, bert_layout, ("dtype", "pooler"))
+_LLAMA = Family(llama_config_from_hf, DecoderLM, lambda model, model_type: llama_layout(model), ("dtype", "probs"))
+FAMILIES = {"gpt2": _GPT2, **{t: _BERT for t in BERT_FAMILIES}, **{t: _LLAMA for t in LLAMA_FAMILIES}}
 
 
 def is_hf_dir(spec: str) -> bool:
@@ -151,6 +141,9 @@ def weight_files(path: str) -> list[str]:
                                f"tensor to its shard): {type(e).__name__}: {e}") from None
         if not shards or not all(isinstance(s, str) for s in shards):
             raise WeightsError(f"{index}: weight_map names no shard files")
+        missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+        if missing:
+            raise WeightsError(f"{index} lists {', '.join(missing)}, not in {path}")
         return [os.path.join(path, s) for s in shards]
     if os.path.isfile(os.path.join(path, SAFETENSORS)):
         return [os.path.join(path, SAFETENSORS)]

@@ -276,7 +276,7 @@ def test_a_missing_shard_and_a_corrupt_index(hf_dir, tmp_path, capsys):
     path = tmp_path / "sharded"
     shutil.copytree(hf_dir("llama", shard_size="100KB"), path)
     (path / "model-00002-of-00006.safetensors").unlink()
-    refused(capsys, path, f"weights file '{path / 'model-00002-of-00006.safetensors'}' not found")
+    refused(capsys, path, f"model.safetensors.index.json lists model-00002-of-00006.safetensors, not in {path}")
     (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
     refused(capsys, path, "model.safetensors.index.json is not a safetensors index")
 
