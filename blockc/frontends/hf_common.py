@@ -59,6 +59,19 @@ class Source:
     transpose: bool = False
 
 
+# Names older checkpoints use (bert-base-uncased's files among them), which
+# transformers renames on load for every model ("legacy" in its conversion mapping).
+LEGACY_NAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
+
+
+def modern_name(key: str) -> str:
+    """``key`` with a legacy ending renamed as transformers renames it on load."""
+    for old, new in LEGACY_NAMES:
+        if key.endswith(old):
+            return key[:-len(old)] + new
+    return key
+
+
 @dataclass(frozen=True)
 class Layout:
     """A family's checkpoint layout for one model: ``sources`` (see ``Source``);
@@ -113,7 +126,7 @@ def plan_checkpoint(shapes: Mapping[str, tuple], model: Model, layout: Layout, r
     problems: list[str] = []
     found: dict[str, str] = {}   # source name -> the checkpoint's key
     for key in keys:
-        bare = key[len(layout.base):] if layout.base and key.startswith(layout.base) else key
+        bare = modern_name(key[len(layout.base):] if layout.base and key.startswith(layout.base) else key)
         name = bare if bare in sources or bare in ignored or bare == head else layout.prefix + bare
         if name in sources or name == head:
             found[name] = key

@@ -98,6 +98,19 @@ def test_a_tied_head_is_the_token_table(family, hf_dir, tmp_path, capsys):
     np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4, rtol=1e-4)
 
 
+def test_legacy_layer_norm_names_read_as_transformers_reads_them(hf_dir, tmp_path, capsys):
+    path = copy_of(hf_dir, tmp_path, "bert")   # bert-base-uncased's files still say gamma and beta
+
+    def legacy(tensors):
+        for key in [k for k in tensors if k.endswith("LayerNorm.weight") or k.endswith("LayerNorm.bias")]:
+            tensors[key.replace(".weight", ".gamma").replace(".bias", ".beta")] = tensors.pop(key)
+    rewrite_weights(path, legacy)
+    feeds = feeds_for(str(path))
+    got, want = blockc_run(capsys, tmp_path, path, feeds), hugging_face_outputs(str(path), feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-4, rtol=1e-4, err_msg=name)
+
+
 def test_roberta_positions_start_after_the_padding_row(hf_dir):
     model = build_model(hf_dir("roberta"))
     pad = json.loads(open(os.path.join(hf_dir("roberta"), "config.json")).read())["pad_token_id"]
