@@ -19,6 +19,7 @@ from typing import Any, Callable
 from ..errors import BlockcError, ModelError
 from .models import BlockConfig, BlockModel, DecoderConfig, DecoderLM, Encoder, EncoderConfig
 from .module import Model
+from .settings import convert_setting
 
 
 @dataclass(frozen=True)
@@ -70,20 +71,6 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
             raise BlockcError(f"malformed --set {item!r}: expected KEY=VALUE, e.g. --set layers=2")
         out[key.strip()] = value.strip()
     return out
-
-
-def convert_setting(model: str, key: str, kind, text: str):
-    kind = {"int": int, "float": float, "bool": bool, "str": str}.get(kind, kind)
-    try:
-        if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        return kind(text)
-    except ValueError:
-        raise BlockcError(f"{model}: --set {key}={text!r} is not a valid {kind.__name__}") from None
 
 
 def build_model(spec: str, overrides: dict[str, str] | None = None) -> Model:

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import BlockcError, ModelError, WeightsError
-from .catalog import convert_setting
 from .hf_bert import FAMILIES as BERT_FAMILIES, bert_config_from_hf, bert_layout
 from .hf_common import Layout, Take, plan_checkpoint
 from .hf_gpt2 import gpt2_config_from_hf, gpt2_layout
 from .hf_llama import FAMILIES as LLAMA_FAMILIES, llama_config_from_hf, llama_layout
 from .models import DecoderLM, Encoder
 from .module import Model
+from .settings import convert_setting
 from .weights import SafetensorsFiles
 
 CONFIG = "config.json"
