@@ -1,7 +1,8 @@
 """The built-in models, ``--set`` overrides, and loading a user's model file.
 
-A MODEL argument is a built-in name (``gpt2``), ``path/to/file.py:name``
-or ``path/to/model.onnx`` (imported by ``frontends/onnx``),
+A MODEL argument is a built-in name (``gpt2``), ``path/to/file.py:name``,
+``path/to/model.onnx`` (imported by ``frontends/onnx``) or a Hugging Face
+checkpoint directory (``frontends/hf_dir``),
 where ``name`` is a ``Model`` instance, a ``Model`` subclass, or a function
 returning a ``Model``; overrides are passed to the latter two as keyword
 arguments.
@@ -18,6 +19,7 @@ from typing import Any, Callable
 from ..errors import BlockcError, ModelError
 from .models import BlockConfig, BlockModel, DecoderConfig, DecoderLM, Encoder, EncoderConfig
 from .module import Model
+from .settings import convert_setting
 
 
 @dataclass(frozen=True)
@@ -71,20 +73,6 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _convert(model: str, key: str, kind, text: str):
-    kind = {"int": int, "float": float, "bool": bool, "str": str}.get(kind, kind)
-    try:
-        if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        return kind(text)
-    except ValueError:
-        raise BlockcError(f"{model}: --set {key}={text!r} is not a valid {kind.__name__}") from None
-
-
 def build_model(spec: str, overrides: dict[str, str] | None = None) -> Model:
     """The model named by ``spec`` with ``--set`` overrides applied."""
     overrides = dict(overrides or {})
@@ -96,20 +84,23 @@ def build_model(spec: str, overrides: dict[str, str] | None = None) -> Model:
             raise BlockcError(f"{spec} has no setting {', '.join(repr(k) for k in unknown)}; "
                               f"settings: {', '.join(fields)}")
         values = dict(b.defaults)
-        values.update({k: _convert(spec, k, fields[k], v) for k, v in overrides.items()})
+        values.update({k: convert_setting(spec, k, fields[k], v) for k, v in overrides.items()})
         try:
             return b.build(b.config(**values), name=spec)
         except ModelError as e:
             raise ModelError(f"{spec}: {e}") from None
     if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
         return _load_user_model(spec, overrides)
+    from .hf_dir import is_hf_dir, load_hf_dir
+    if is_hf_dir(spec):
+        return load_hf_dir(spec, overrides)
     if spec.lower().endswith(".onnx"):
         if overrides:
             raise BlockcError(f"{spec} is an ONNX file: its sizes are fixed, and --set does not apply")
         from .onnx import OnnxModel
         return OnnxModel(spec)
     raise BlockcError(f"unknown model {spec!r}; built-in models: {', '.join(BUILTINS)} "
-                      f"(or give path/to/file.py:name or path/to/model.onnx)")
+                      f"(or give path/to/file.py:name, path/to/model.onnx or a Hugging Face checkpoint directory)")
 
 
 def _load_user_model(spec: str, overrides: dict[str, str]) -> Model:

@@ -1,4 +1,4 @@
-"""Hugging Face BERT checkpoints on blockc's ``Encoder`` (the built-in ``bert-base``).
+"""Hugging Face BERT and RoBERTa checkpoints on blockc's ``Encoder`` (the built-in ``bert-base``).
 
 ``bert_config_from_hf`` turns a ``transformers.BertConfig`` (or its
 ``config.json`` as a dict) into an ``EncoderConfig``; ``load_hf_bert_state_dict``
@@ -28,6 +28,12 @@ What the mapping relies on:
 
 A task model's head (every key outside ``bert.``: ``cls.``, ``classifier.``,
 ``qa_outputs.``) is no part of ``BertModel`` and is left out.
+
+RoBERTa is BERT's layout under ``roberta.`` with one difference: its
+positions count from row ``pad_token_id + 1`` of the table (row
+``pad_token_id`` is the padding's own), the ``Encoder``'s ``position_offset``.
+A pad id inside a row, which RoBERTa gives the padding position, is not
+modelled: the ids are not read for positions.
 """
 from __future__ import annotations
 
@@ -36,10 +42,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import HF_ACTIVATIONS, Source, hf_setting, map_state_dict
+from .hf_common import HF_ACTIVATIONS, Layout, Source, hf_setting, map_state_dict
 from .models import Encoder, EncoderConfig
 
-_BASE = "bert."   # where a task model keeps its BertModel
+# model_type -> (title, where a task model keeps its base model)
+FAMILIES = {"bert": ("BERT", "bert."), "roberta": ("RoBERTa", "roberta.")}
 
 # DSL name -> (BertModel name, is an nn.Linear weight); per layer, then for the whole model.
 _LINEARS = {"attn.w_q": "attention.self.query", "attn.w_k": "attention.self.key",
@@ -64,8 +71,11 @@ _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 
 def bert_config_from_hf(hf_config: Any, *, pooler: bool = True, dtype: str = "float32") -> EncoderConfig:
-    """The ``EncoderConfig`` of a Hugging Face BERT config (a
-    ``transformers.BertConfig`` or its ``config.json`` as a dict).
+    """The ``EncoderConfig`` of a Hugging Face BERT or RoBERTa config (a
+    ``transformers.BertConfig``/``RobertaConfig`` or its ``config.json`` as a
+    dict). RoBERTa's positions start after its padding row: row
+    ``pad_token_id + 1`` is the first token's (``position_offset``), as
+    ``RobertaEmbeddings`` counts them for every token that is not a pad.
 
     ``pooler=True`` (the default, as ``BertModel``'s ``add_pooling_layer``)
     adds ``pooler_output``. Settings blockc's encoder cannot express (an
@@ -73,8 +83,8 @@ def bert_config_from_hf(hf_config: Any, *, pooler: bool = True, dtype: str = "fl
     cross-attention) are listed in one ``ModelError``.
     """
     model_type = hf_setting(hf_config, "model_type", "bert")
-    if model_type != "bert":
-        raise ModelError(f"not a BERT config: model_type is {model_type!r}")
+    if model_type not in FAMILIES:
+        raise ModelError(f"not a BERT config: model_type is {model_type!r} (supported: {', '.join(FAMILIES)})")
     get = lambda key, default=None: hf_setting(hf_config, key, default)  # noqa: E731
     problems = []
     act = get("hidden_act", "gelu")
@@ -89,7 +99,8 @@ def bert_config_from_hf(hf_config: Any, *, pooler: bool = True, dtype: str = "fl
     if get("add_cross_attention", False):
         problems.append("add_cross_attention=True")
     if problems:
-        raise ModelError("BERT config not supported by blockc's Encoder: " + "; ".join(problems))
+        raise ModelError(f"{FAMILIES[model_type][0]} config not supported by blockc's Encoder: " + "; ".join(problems))
+    offset = int(get("pad_token_id", 1)) + 1 if model_type == "roberta" else 0
     cfg = EncoderConfig(
         vocab=int(get("vocab_size", 30522)),
         max_positions=int(get("max_position_embeddings", 512)),
@@ -102,6 +113,7 @@ def bert_config_from_hf(hf_config: Any, *, pooler: bool = True, dtype: str = "fl
         norm="layernorm",
         eps=float(get("layer_norm_eps", 1e-12)),
         pooler=pooler,
+        position_offset=offset,
         dtype=dtype,
     )
     cfg.check()
@@ -122,6 +134,20 @@ def _sources(model: Encoder) -> dict[str, Source]:
     return sources
 
 
+def bert_layout(model: Encoder, model_type: str = "bert") -> Layout:
+    """Where each of ``model``'s weights is in a ``BertModel`` (``RobertaModel``)
+    checkpoint, or a task model's, whose base model sits under ``bert.`` (``roberta.``)."""
+    if not isinstance(model, Encoder):
+        raise ModelError(f"BERT weights load into an Encoder, not a {type(model).__name__}")
+    if model.cfg.norm != "layernorm":
+        raise ModelError("BERT weights need an Encoder with norm=layernorm (build it with bert_config_from_hf)")
+    ignored = set(_BUFFERS)
+    if not model.cfg.pooler:
+        ignored |= {"pooler.dense.weight", "pooler.dense.bias"}
+    family, base = FAMILIES[model_type]
+    return Layout(family, _sources(model), base=base, ignored=frozenset(ignored))
+
+
 def load_hf_bert_state_dict(state_dict: Mapping[str, Any], model: Encoder) -> dict[str, np.ndarray]:
     """Weights for ``model`` (an ``Encoder`` built from ``bert_config_from_hf``,
     or the built-in ``bert-base`` at the checkpoint's sizes) from a Hugging
@@ -132,13 +158,4 @@ def load_hf_bert_state_dict(state_dict: Mapping[str, Any], model: Encoder) -> di
     Missing, unexpected and misshapen tensors are all reported in one
     ``WeightsError``, named as ``BertModel`` names them.
     """
-    if not isinstance(model, Encoder):
-        raise ModelError(f"BERT weights load into an Encoder, not a {type(model).__name__}")
-    if model.cfg.norm != "layernorm":
-        raise ModelError("BERT weights need an Encoder with norm=layernorm (build it with bert_config_from_hf)")
-    if any(k.startswith(_BASE) for k in state_dict):
-        state_dict = {k[len(_BASE):]: v for k, v in state_dict.items() if k.startswith(_BASE)}
-    ignored = set(_BUFFERS)
-    if not model.cfg.pooler:
-        ignored |= {"pooler.dense.weight", "pooler.dense.bias"}
-    return map_state_dict(state_dict, model, _sources(model), family="BERT", ignored=ignored)
+    return map_state_dict(state_dict, model, bert_layout(model))

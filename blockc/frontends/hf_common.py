@@ -1,20 +1,22 @@
 """What the Hugging Face loaders share: reading a config, converting tensors,
 and mapping a ``state_dict`` onto a DSL model with every problem listed at once.
 
-A loader describes its checkpoint as a table ``{hf_name: Source}``; each
+A loader describes its checkpoint as a ``Layout``: a table ``{hf_name: Source}``; each
 ``Source`` names the DSL parameters the tensor becomes and whether it is a
 torch ``nn.Linear`` weight (``[out, in]``, transposed into blockc's
-``[in, out]``). ``map_state_dict`` does the rest the same way for every
+``[in, out]``), and its prefixes, buffers and tied head. ``map_state_dict`` does the rest the same way for every
 family: names with or without the base model's prefix (``model.``,
 ``transformer.``), ignored buffers, a head tied to the token table, fixed
 tables the DSL makes itself, and one ``WeightsError`` listing every missing,
 unexpected or misshapen tensor. Nothing here imports torch or transformers:
-tensors are converted by duck typing.
+tensors are converted by duck typing. ``plan_checkpoint`` does the checking
+from the tensors' shapes alone, so a checkpoint on disk (``hf_dir``) is
+checked before any tensor is read, and read one tensor at a time.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -57,57 +59,116 @@ class Source:
     transpose: bool = False
 
 
-def map_state_dict(state_dict: Mapping[str, Any], model: Model, sources: Mapping[str, Source], *, family: str,
-                   prefix: str = "", ignored: Iterable[str] = (),
-                   tied: tuple[str, str] | None = None) -> dict[str, np.ndarray]:
-    """Weights for ``model`` from a ``state_dict`` described by ``sources``.
+# Names older checkpoints use (bert-base-uncased's files among them), which
+# transformers renames on load for every model ("legacy" in its conversion mapping).
+LEGACY_NAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
 
-    A key may carry ``prefix`` or not (a bare base model's state dict).
-    ``ignored`` names are buffers, not weights (mask buffers, RoPE's
-    ``inv_freq``). ``tied=(head, table)``: the model has no head of its own,
-    so a ``head`` tensor present must equal ``table``. Parameters no source
-    fills whose initialiser is a formula (RoPE's cos/sin tables, the
-    sinusoidal table) are made from it. Values are cast to the model's dtype;
-    every problem is listed in one ``WeightsError`` (its ``problems`` holds them).
-    """
-    ignored, head = set(ignored), tied[0] if tied else None
+
+def modern_name(key: str) -> str:
+    """``key`` with a legacy ending renamed as transformers renames it on load."""
+    for old, new in LEGACY_NAMES:
+        if key.endswith(old):
+            return key[:-len(old)] + new
+    return key
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A family's checkpoint layout for one model: ``sources`` (see ``Source``);
+    keys may carry ``prefix`` or not (a bare base model's); ``base``: where a
+    task model keeps its base model (``bert.``): when a key has it, only those
+    keys are read, without it; ``ignored`` names are buffers, not weights (mask
+    buffers, RoPE's ``inv_freq``); ``tied=(head, table)``: the model has no
+    head of its own, so a ``head`` tensor present must equal ``table``."""
+
+    family: str
+    sources: Mapping[str, Source]
+    prefix: str = ""
+    base: str = ""
+    ignored: frozenset = frozenset()
+    tied: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Take:
+    """One DSL parameter cut from a checkpoint tensor: ``key`` as the
+    checkpoint names it, transposed or not, then columns ``[start, stop)``
+    of its last axis."""
+
+    key: str
+    transpose: bool
+    start: int
+    stop: int
+
+    def apply(self, tensor: Any, dtype: DType) -> np.ndarray:
+        array = to_numpy(tensor)
+        if self.transpose:
+            array = array.T
+        if (self.start, self.stop) != (0, array.shape[-1]):
+            array = array[..., self.start:self.stop]
+        return np.ascontiguousarray(array).astype(dtype.numpy)
+
+
+def plan_checkpoint(shapes: Mapping[str, tuple], model: Model, layout: Layout, read: Callable[[str], Any],
+                    files: Mapping[str, str] | None = None) -> dict[str, Take]:
+    """How each of ``model``'s parameters is read from a checkpoint whose
+    tensors have ``shapes`` (by key), found from the shapes alone; ``read(key)``
+    is called only for a tied head and its table, which must be equal.
+    Parameters no source fills (made tables) are left out. Every missing,
+    unexpected or misshapen tensor is listed in one ``WeightsError`` (its
+    ``problems`` holds them), named as the checkpoint names them, with the
+    file holding it where ``files`` (key -> file) says."""
+    sources, ignored, head = layout.sources, set(layout.ignored), layout.tied[0] if layout.tied else None
+    keys = list(shapes)
+    if layout.base and any(k.startswith(layout.base) for k in keys):
+        keys = [k for k in keys if k.startswith(layout.base)]   # a task model: its head is left out
     expected = dict(model.named_parameters())
     problems: list[str] = []
-    found: dict[str, Any] = {}
-    for key, value in state_dict.items():
-        name = key if key in sources or key in ignored or key == head else prefix + key
+    found: dict[str, str] = {}   # source name -> the checkpoint's key
+    for key in keys:
+        bare = modern_name(key[len(layout.base):] if layout.base and key.startswith(layout.base) else key)
+        name = bare if bare in sources or bare in ignored or bare == head else layout.prefix + bare
         if name in sources or name == head:
-            found[name] = value
+            found[name] = key
         elif name not in ignored:
             problems.append(f"unexpected: {key}")
-    out: dict[str, np.ndarray] = {}
+    plan: dict[str, Take] = {}
     for hf_name, source in sources.items():
         if hf_name not in found:
             problems.append(f"missing: {hf_name}")
             continue
-        array = to_numpy(found[hf_name])
+        key = found[hf_name]
         widths = [expected[n].shape[-1] for n in source.dsl]
         want = expected[source.dsl[0]].shape[:-1] + (sum(widths),)
         stored = want[::-1] if source.transpose else want  # the message speaks of the checkpoint's layout
-        if tuple(array.shape) != stored:
-            problems.append(f"shape: {hf_name} is {list(array.shape)}, expected {list(stored)}")
+        if tuple(shapes[key]) != stored:
+            where = f" (in {files[key]})" if files and key in files else ""
+            problems.append(f"shape: {key} is {list(shapes[key])}, expected {list(stored)}{where}")
             continue
-        if source.transpose:
-            array = array.T
-        parts = np.split(array, np.cumsum(widths)[:-1], axis=-1) if len(source.dsl) > 1 else [array]
-        for n, part in zip(source.dsl, parts):
-            out[n] = np.ascontiguousarray(part).astype(model.dtype.numpy)
-    if tied and head in found and tied[1] in found:
-        head_value, table = to_numpy(found[head]), to_numpy(found[tied[1]])
+        ends = np.cumsum([0] + widths)
+        plan.update({n: Take(key, source.transpose, int(ends[i]), int(ends[i + 1]))
+                     for i, n in enumerate(source.dsl)})
+    if layout.tied and head in found and layout.tied[1] in found:
+        head_value, table = to_numpy(read(found[head])), to_numpy(read(found[layout.tied[1]]))
         if head_value.shape != table.shape or not np.array_equal(head_value, table):
-            problems.append(f"untied: {head} differs from {tied[1]}; the model's head is the token table")
-    filled = {n for s in sources.values() for n in s.dsl}
-    for name, p in expected.items():
-        if name not in filled and callable(p.init):
-            out[name] = p.make(name, 0, model.dtype)
+            problems.append(f"untied: {head} differs from {layout.tied[1]}; the model's head is the token table")
     if problems:
-        err = WeightsError(f"{family} state dict does not fit {model.name!r} ({len(problems)} problem"
+        err = WeightsError(f"{layout.family} state dict does not fit {model.name!r} ({len(problems)} problem"
                            f"{'s' if len(problems) != 1 else ''}):\n  " + "\n  ".join(problems))
         err.problems = problems
         raise err
+    return plan
+
+
+def map_state_dict(state_dict: Mapping[str, Any], model: Model, layout: Layout) -> dict[str, np.ndarray]:
+    """Weights for ``model`` from a ``state_dict`` laid out as ``layout``
+    (``plan_checkpoint``). Parameters no source fills whose initialiser is a
+    formula (RoPE's cos/sin tables, the sinusoidal table) are made from it.
+    Values are cast to the model's dtype."""
+    shapes = {k: tuple(getattr(v, "shape", np.shape(v))) for k, v in state_dict.items()}
+    plan = plan_checkpoint(shapes, model, layout, lambda key: state_dict[key])
+    out = {name: take.apply(state_dict[take.key], model.dtype) for name, take in plan.items()}
+    for name, p in model.named_parameters():
+        if name not in plan and callable(p.init):
+            out[name] = p.make(name, 0, model.dtype)
     return dict(check_weights(model, out))

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import HF_ACTIVATIONS, Source, hf_setting, map_state_dict
+from .hf_common import HF_ACTIVATIONS, Layout, Source, hf_setting, map_state_dict
 from .models import DecoderConfig, DecoderLM
 
 # HF name (relative to "transformer.") -> the DSL names it becomes; several
@@ -118,6 +118,22 @@ def _sources(layers: int) -> dict[str, Source]:
     return names
 
 
+def gpt2_layout(model: DecoderLM) -> Layout:
+    """Where each of ``model``'s weights is in a ``GPT2LMHeadModel`` or
+    ``GPT2Model`` checkpoint (refused unless the model is GPT-2-shaped)."""
+    if not isinstance(model, DecoderLM):
+        raise ModelError(f"GPT-2 weights load into a DecoderLM, not a {type(model).__name__}")
+    cfg = model.cfg
+    if not (cfg.norm_first and cfg.norm == "layernorm" and cfg.positions == "learned" and cfg.tie_embeddings
+            and not cfg.gated_ffn and cfg.qkv_bias and cfg.out_bias and cfg.ffn_bias
+            and cfg.kv_heads in (0, cfg.heads) and not cfg.head_dim and cfg.qk_norm == "none"):
+        raise ModelError("GPT-2 weights need a GPT-2-shaped DecoderLM: pre-norm, layernorm, learned positions, "
+                         "biases, a tied head (build it with gpt2_config_from_hf)")
+    ignored = frozenset(f"{_PREFIX}h.{i}.{k}" for i in range(cfg.layers) for k in _IGNORED_PER_BLOCK)
+    return Layout("GPT-2", _sources(cfg.layers), prefix=_PREFIX, ignored=ignored,
+                  tied=(_LM_HEAD, _PREFIX + "wte.weight"))
+
+
 def load_hf_gpt2_state_dict(state_dict: Mapping[str, Any], model: DecoderLM) -> dict[str, np.ndarray]:
     """Weights for ``model`` (a GPT-2-shaped ``DecoderLM``) from a Hugging Face
     ``GPT2LMHeadModel`` or ``GPT2Model`` ``state_dict``.
@@ -129,14 +145,4 @@ def load_hf_gpt2_state_dict(state_dict: Mapping[str, Any], model: DecoderLM) -> 
     ``WeightsError``. See the module docstring for the mapping (Conv1D weights
     are ``[in, out]``, like blockc's: no transpose; ``c_attn`` splits into q, k, v).
     """
-    if not isinstance(model, DecoderLM):
-        raise ModelError(f"GPT-2 weights load into a DecoderLM, not a {type(model).__name__}")
-    cfg = model.cfg
-    if not (cfg.norm_first and cfg.norm == "layernorm" and cfg.positions == "learned" and cfg.tie_embeddings
-            and not cfg.gated_ffn and cfg.qkv_bias and cfg.out_bias and cfg.ffn_bias
-            and cfg.kv_heads in (0, cfg.heads) and not cfg.head_dim and cfg.qk_norm == "none"):
-        raise ModelError("GPT-2 weights need a GPT-2-shaped DecoderLM: pre-norm, layernorm, learned positions, "
-                         "biases, a tied head (build it with gpt2_config_from_hf)")
-    ignored = {f"{_PREFIX}h.{i}.{k}" for i in range(cfg.layers) for k in _IGNORED_PER_BLOCK}
-    return map_state_dict(state_dict, model, _sources(cfg.layers), family="GPT-2", prefix=_PREFIX,
-                          ignored=ignored, tied=(_LM_HEAD, _PREFIX + "wte.weight"))
+    return map_state_dict(state_dict, model, gpt2_layout(model))

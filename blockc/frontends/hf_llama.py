@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import Source, hf_setting, map_state_dict
+from .hf_common import Layout, Source, hf_setting, map_state_dict
 from .models import DecoderConfig, DecoderLM
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -148,6 +148,23 @@ def _sources(model: DecoderLM) -> dict[str, Source]:
     return sources
 
 
+def llama_layout(model: DecoderLM) -> Layout:
+    """Where each of ``model``'s weights is in a Llama-family checkpoint
+    (refused unless the model is Llama-shaped)."""
+    if not isinstance(model, DecoderLM):
+        raise ModelError(f"Llama-family weights load into a DecoderLM, not a {type(model).__name__}")
+    cfg = model.cfg
+    if not (cfg.norm_first and cfg.norm == "rmsnorm" and cfg.positions == "rope" and cfg.gated_ffn
+            and cfg.rope_form == "rotate_half" and not cfg.rotary_dim):
+        raise ModelError("Llama-family weights need a pre-norm DecoderLM with rmsnorm, rotate-half rotary "
+                         "positions over whole heads and a gated feed-forward (build it with llama_config_from_hf)")
+    # a bare *Model's state dict has no head: the tied check then has nothing to compare
+    ignored = frozenset({f"{_PREFIX}rotary_emb.inv_freq"} | {
+        f"{_PREFIX}layers.{i}.self_attn.rotary_emb.inv_freq" for i in range(cfg.layers)})  # older checkpoints
+    tied = (_LM_HEAD, _PREFIX + "embed_tokens.weight") if cfg.tie_embeddings else None
+    return Layout("Llama-family", _sources(model), prefix=_PREFIX, ignored=ignored, tied=tied)
+
+
 def load_hf_llama_state_dict(state_dict: Mapping[str, Any], model: DecoderLM) -> dict[str, np.ndarray]:
     """Weights for ``model`` (a ``DecoderLM`` built from ``llama_config_from_hf``)
     from a Hugging Face ``LlamaForCausalLM``, ``MistralForCausalLM``,
@@ -159,16 +176,4 @@ def load_hf_llama_state_dict(state_dict: Mapping[str, Any], model: DecoderLM) ->
     Missing, unexpected and misshapen tensors, and a tied ``lm_head.weight``
     that differs from the token table, are all reported in one ``WeightsError``.
     """
-    if not isinstance(model, DecoderLM):
-        raise ModelError(f"Llama-family weights load into a DecoderLM, not a {type(model).__name__}")
-    cfg = model.cfg
-    if not (cfg.norm_first and cfg.norm == "rmsnorm" and cfg.positions == "rope" and cfg.gated_ffn
-            and cfg.rope_form == "rotate_half" and not cfg.rotary_dim):
-        raise ModelError("Llama-family weights need a pre-norm DecoderLM with rmsnorm, rotate-half rotary "
-                         "positions over whole heads and a gated feed-forward (build it with llama_config_from_hf)")
-    # a bare *Model's state dict has no head: the tied check then has nothing to compare
-    ignored = {f"{_PREFIX}rotary_emb.inv_freq"} | {
-        f"{_PREFIX}layers.{i}.self_attn.rotary_emb.inv_freq" for i in range(cfg.layers)}  # older checkpoints
-    tied = (_LM_HEAD, _PREFIX + "embed_tokens.weight") if cfg.tie_embeddings else None
-    return map_state_dict(state_dict, model, _sources(model), family="Llama-family", prefix=_PREFIX,
-                          ignored=ignored, tied=tied)
+    return map_state_dict(state_dict, model, llama_layout(model))

@@ -268,7 +268,9 @@ class DecoderLM(Model):
 class EncoderConfig:
     """A post-norm (BERT-shaped) encoder with a padding mask. ``pooler``
     adds Hugging Face ``BertModel``'s pooler: ``pooler_output`` is
-    ``tanh(dense(h[:, 0]))``, the first token's last hidden state."""
+    ``tanh(dense(h[:, 0]))``, the first token's last hidden state.
+    ``position_offset``: the position table's first row used (RoBERTa's
+    positions start after its padding row, at ``padding_idx + 1``)."""
 
     vocab: int = 30522
     max_positions: int = 512
@@ -281,12 +283,16 @@ class EncoderConfig:
     norm: str = "layernorm"
     eps: float = 1e-12
     pooler: bool = False
+    position_offset: int = 0
     dtype: str = "float32"
 
     def check(self) -> None:
         _check_common(self)
         if self.vocab <= 0 or self.max_positions <= 0 or self.type_vocab < 0:
             raise ModelError("vocab and max_positions must be positive, type_vocab non-negative")
+        if not 0 <= self.position_offset < self.max_positions:
+            raise ModelError(f"position_offset must be in [0, max_positions={self.max_positions}), "
+                             f"got {self.position_offset}")
 
 
 class Encoder(Model):
@@ -316,7 +322,7 @@ class Encoder(Model):
 
     def forward(self, input_ids: Tensor, *rest: Tensor):
         token_type_ids, attention_mask = rest if self.cfg.type_vocab else (None, rest[0])
-        x = self.tok(input_ids) + self.pos(input_ids.shape[1])
+        x = self.tok(input_ids) + self.pos(input_ids.shape[1], self.cfg.position_offset)
         if token_type_ids is not None:
             x = x + self.segment(token_type_ids)
         x = self.ln_emb(x)

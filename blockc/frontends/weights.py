@@ -3,9 +3,12 @@
 Weights are a ``{name: ndarray}`` mapping keyed by the model's parameter
 names (``blocks.0.attn.w_q.weight``). Two file formats, chosen by extension:
 
-* ``.safetensors``: the standard, mmap-able format (through
-  ``safetensors.numpy``); float16, bfloat16 (``ml_dtypes``), float32/64 and
-  integer arrays round-trip.
+* ``.safetensors``: the standard, mmap-able format; float16, bfloat16
+  (``ml_dtypes``), float32/64 and integer arrays round-trip. One reader,
+  ``SafetensorsFiles``, serves a file and a Hugging Face checkpoint's shards
+  alike: it reads the headers (names, shapes, dtypes) up front and each
+  tensor from the memory-mapped file only when asked for it, so a checkpoint
+  is never all in memory at once.
 * ``.npz``: numpy's zip of ``.npy`` files. numpy has no bfloat16 of its own and
   would read one back as raw ``|V2`` bytes, so dtypes numpy cannot describe are
   stored as same-sized unsigned ints and named in a small side entry.
@@ -105,6 +108,50 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 # -- loading ----------------------------------------------------------------------
+class SafetensorsFiles(Mapping):
+    """``{name: array}`` over one or more ``.safetensors`` files (a checkpoint's
+    shards), read lazily: ``shapes`` and ``dtypes`` come from the headers, and
+    each tensor is copied out of its memory-mapped file on access, one at a
+    time. ``files`` maps each name to the file holding it; a name in two files
+    is refused. Problems name the file (and the tensor)."""
+
+    def __init__(self, paths):
+        from safetensors import safe_open
+        self.files: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}   # safetensors' codes: F32, F16, BF16, I64...
+        for path in map(os.fspath, paths):
+            if not os.path.isfile(path):
+                raise WeightsError(f"weights file {path!r} not found")
+            try:
+                with safe_open(path, framework="numpy") as f:
+                    for name in f.keys():
+                        if name in self.files:
+                            raise WeightsError(f"{path}: tensor {printable(name)} is also in {self.files[name]}")
+                        part = f.get_slice(name)
+                        self.files[name], self.shapes[name] = path, tuple(part.get_shape())
+                        self.dtypes[name] = part.get_dtype()
+            except WeightsError:
+                raise
+            except Exception as e:   # a bad header: safetensors' own error says what is wrong with it
+                raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from safetensors import safe_open
+        path = self.files[name]
+        try:
+            with safe_open(path, framework="numpy") as f:
+                return f.get_tensor(name)
+        except Exception as e:   # truncated data, a dtype numpy lacks
+            raise WeightsError(f"{path}: cannot read tensor {printable(name)}: {type(e).__name__}: {e}") from None
+
+    def __iter__(self):
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
 class NonFiniteWeightsWarning(UserWarning):
     """Weights that hold NaN or Inf; ``tensors`` lists each one and its counts."""
 
@@ -142,9 +189,7 @@ def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise WeightsError(f"weights file {path!r} not found")
     try:
         if fmt == ".safetensors":
-            import safetensors.numpy
-
-            weights = dict(safetensors.numpy.load_file(path))
+            weights = materialize(SafetensorsFiles([path]))
         else:
             weights = _read_npz(path)
     except WeightsError:

@@ -8,7 +8,7 @@ import safetensors.numpy
 
 from blockc import build_model, init_weights, trace
 from blockc.errors import WeightsError
-from blockc.frontends.weights import check_weights, load_weights, materialize, save_weights
+from blockc.frontends.weights import SafetensorsFiles, check_weights, load_weights, materialize, save_weights
 from blockc.ir.dtypes import DType
 
 FORMATS = [".safetensors", ".npz"]
@@ -96,6 +96,23 @@ def test_save_is_atomic(tmp_path, monkeypatch, ext):
     with pytest.raises(WeightsError):
         save_weights(tmp_path / f"fresh{ext}", {"new": np.ones(3, np.float32)})
     assert os.listdir(tmp_path) == [path.name]  # no partial new file either
+
+
+def test_shards_are_read_from_their_headers_and_one_tensor_at_a_time(tmp_path):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16)
+    safetensors.numpy.save_file({"a": a}, str(tmp_path / "1.safetensors"))
+    safetensors.numpy.save_file({"b": np.ones(4, np.float16)}, str(tmp_path / "2.safetensors"))
+    files = SafetensorsFiles([tmp_path / "1.safetensors", tmp_path / "2.safetensors"])
+    assert files.shapes == {"a": (2, 3), "b": (4,)} and files.dtypes == {"a": "BF16", "b": "F16"}
+    assert files["a"].dtype == DType.bfloat16.numpy and np.array_equal(files["a"], a)
+    assert files.files["b"] == str(tmp_path / "2.safetensors")
+
+
+def test_a_tensor_in_two_shards_is_refused(tmp_path):
+    for name in ("1", "2"):
+        safetensors.numpy.save_file({"a": np.ones(2, np.float32)}, str(tmp_path / f"{name}.safetensors"))
+    with pytest.raises(WeightsError, match=r"2.safetensors: tensor a is also in .*1.safetensors"):
+        SafetensorsFiles([tmp_path / "1.safetensors", tmp_path / "2.safetensors"])
 
 
 @pytest.mark.parametrize("name", ["w.pt", "w.bin", "weights", "w.safetensor"])

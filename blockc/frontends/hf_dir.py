@@ -1,0 +1,169 @@
+"""A Hugging Face checkpoint directory as a blockc model: ``blockc run path/to/dir``.
+
+A directory as ``save_pretrained`` writes it -- ``config.json`` and
+``model.safetensors``, or shards listed by ``model.safetensors.index.json``
+-- becomes the ``DecoderLM`` or ``Encoder`` its ``model_type`` names, built by
+the family's ``*_config_from_hf`` from ``config.json`` read as a dict (no
+torch, no transformers). Each parameter's initialiser reads its tensor from
+the checkpoint, as an ONNX file's initializers are read (``onnx/model.py``),
+so ``init_weights`` -- and every command -- gets the checkpoint's weights,
+and ``--weights`` still replaces them.
+
+Nothing is read whole: the shards' headers (names, shapes, dtypes) are read
+when the model is built, and every missing, unexpected or misshapen tensor
+is refused then (``hf_common.plan_checkpoint``); a tensor's bytes are copied
+out of its memory-mapped file only when that weight is made
+(``weights.SafetensorsFiles``). The model keeps the checkpoint's float dtype
+(float16, bfloat16) unless ``--set dtype=...`` casts it.
+
+``pytorch_model.bin`` is a pickle, and unpickling runs whatever code the
+file names: a directory with only that is refused, with how to convert it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import BlockcError, ModelError, WeightsError
+from .hf_bert import FAMILIES as BERT_FAMILIES, bert_config_from_hf, bert_layout
+from .hf_common import Layout, Take, plan_checkpoint
+from .hf_gpt2 import gpt2_config_from_hf, gpt2_layout
+from .hf_llama import FAMILIES as LLAMA_FAMILIES, llama_config_from_hf, llama_layout
+from .models import DecoderLM, Encoder
+from .module import Model
+from .settings import convert_setting
+from .weights import SafetensorsFiles
+
+CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+# safetensors' dtype codes of the float dtypes a model may have
+_FLOATS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+# what --set may change on a directory's model, and each value's kind
+SETTINGS = {"dtype": str, "probs": bool, "pooler": bool}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a ``model_type`` becomes: its config mapping, model class, checkpoint
+    layout, and the settings (``--set``) its config mapping takes."""
+
+    config: Callable
+    model: type
+    layout: Callable[[Model, str], Layout]
+    settings: tuple[str, ...]
+
+
+# model_type -> its family (what each maps is the loaders' docstrings, and the README's table)
+_GPT2 = Family(gpt2_config_from_hf, DecoderLM, lambda model, model_type: gpt2_layout(model), ("dtype", "probs"))
+_BERT = Family(bert_config_from_hf, Encoder, bert_layout, ("dtype", "pooler"))
+_LLAMA = Family(llama_config_from_hf, DecoderLM, lambda model, model_type: llama_layout(model), ("dtype", "probs"))
+FAMILIES = {"gpt2": _GPT2, **{t: _BERT for t in BERT_FAMILIES}, **{t: _LLAMA for t in LLAMA_FAMILIES}}
+
+
+def is_hf_dir(spec: str) -> bool:
+    return os.path.isdir(spec)
+
+
+def load_hf_dir(path: str, overrides: dict[str, str] | None = None) -> Model:
+    """The model of the Hugging Face checkpoint directory ``path``, its weights
+    read from the checkpoint (see the module docstring). ``overrides`` are
+    ``--set`` texts: ``dtype``, and ``probs`` (decoders) or ``pooler`` (encoders)."""
+    config = read_config(path)
+    model_type = config.get("model_type")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise ModelError(f"{os.path.join(path, CONFIG)}: model_type {model_type!r} is not supported; "
+                         f"supported: {', '.join(FAMILIES)}")
+    files = SafetensorsFiles(weight_files(path))
+    settings = _settings(path, family, overrides or {})
+    settings.setdefault("dtype", checkpoint_dtype(files))
+    try:
+        model = family.model(family.config(config, **settings), name=os.path.basename(os.path.normpath(path)))
+    except ModelError as e:
+        raise ModelError(f"{os.path.join(path, CONFIG)}: {e}") from None
+    except (TypeError, ValueError) as e:   # a field of the wrong kind: "hidden_size": "big"
+        raise ModelError(f"{os.path.join(path, CONFIG)}: a setting has a value of the wrong kind: {e}") from None
+    try:
+        plan = plan_checkpoint(files.shapes, model, family.layout(model, model_type), files.__getitem__,
+                               files=files.files)
+    except WeightsError as e:
+        err = WeightsError(f"{path}: {e}")
+        err.problems = getattr(e, "problems", [])
+        raise err from None
+    for name, p in model.named_parameters():
+        if name in plan:
+            p.init = _reader(files, plan[name], p, model)
+    return model
+
+
+def _reader(files: SafetensorsFiles, take: Take, p, model: Model):
+    """The parameter's initialiser: its tensor read from the checkpoint, in
+    the model's dtype (``Parameter.make`` calls it as ``init(shape, rng)``)."""
+    return lambda shape, rng: take.apply(files[take.key], p.dtype or model.dtype)
+
+
+def read_config(path: str) -> dict:
+    """``config.json`` of the directory ``path`` as a dict, or a ``ModelError``
+    saying what is wrong with it."""
+    file = os.path.join(path, CONFIG)
+    if not os.path.isfile(file):
+        raise ModelError(f"{path} is a directory without {CONFIG}: a Hugging Face checkpoint directory holds "
+                         f"{CONFIG} and {SAFETENSORS} (or shards and {INDEX})")
+    try:
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelError(f"{file} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise ModelError(f"cannot read {file}: {e.strerror or e}") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{file} holds a JSON {type(config).__name__}, not an object of settings")
+    return config
+
+
+def weight_files(path: str) -> list[str]:
+    """The ``.safetensors`` files of the checkpoint in ``path``: its shards (in
+    the index's order) or ``model.safetensors``."""
+    index = os.path.join(path, INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            shards = list(dict.fromkeys(weight_map.values()))
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError, OSError) as e:
+            raise WeightsError(f"{index} is not a safetensors index (a JSON object whose weight_map maps each "
+                               f"tensor to its shard): {type(e).__name__}: {e}") from None
+        if not shards or not all(isinstance(s, str) for s in shards):
+            raise WeightsError(f"{index}: weight_map names no shard files")
+        missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+        if missing:
+            raise WeightsError(f"{index} lists {', '.join(missing)}, not in {path}")
+        return [os.path.join(path, s) for s in shards]
+    if os.path.isfile(os.path.join(path, SAFETENSORS)):
+        return [os.path.join(path, SAFETENSORS)]
+    pickles = [p for p in PICKLES if os.path.isfile(os.path.join(path, p))]
+    if pickles:
+        raise WeightsError(f"{path} holds {pickles[0]}, a pickle: blockc does not unpickle (loading a pickle "
+                           f"can run any code it names). Convert it to safetensors with transformers: "
+                           f"AutoModel.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)")
+    raise WeightsError(f"{path} has no weights: neither {SAFETENSORS} nor {INDEX}")
+
+
+def checkpoint_dtype(files: SafetensorsFiles) -> str:
+    """The float dtype most of the checkpoint's tensors have (float32 if none)."""
+    counts = Counter(_FLOATS[d] for d in files.dtypes.values() if d in _FLOATS)
+    return counts.most_common(1)[0][0] if counts else "float32"
+
+
+def _settings(path: str, family: Family, overrides: dict[str, str]) -> dict:
+    unknown = [k for k in overrides if k not in family.settings]
+    if unknown:
+        raise BlockcError(f"{path}: --set {', '.join(repr(k) for k in unknown)} does not apply: a Hugging Face "
+                          f"directory's sizes come from its {CONFIG}; settings: {', '.join(family.settings)}")
+    return {k: convert_setting(path, k, SETTINGS[k], v) for k, v in overrides.items()}
