@@ -45,7 +45,7 @@ from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, com
                                split_options)
 from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
 from . import memory
-from .pace import ORACLE, Pace, load_pace, modelled_prepare_s, modelled_run_s, pace_key, record_pace
+from .pace import BOOKKEEPING, ORACLE, Pace, load_pace, modelled_prepare_s, modelled_run_s, pace_key, record_pace
 from .peers import PEERS, make_peer
 
 AA = " (A/A)"   # the key suffix of a standard form's second session, the A/A control
@@ -284,14 +284,19 @@ def planned_seconds(plan: Plan, pace: Pace | None = None) -> float:
     """About how long ``run_comparison`` takes on a quiet machine: each
     session's preparation and timed runs in every block, and the float64
     oracle at each shape, each by its model (``compare/pace.py``) times the
-    ratio this machine last measured to it (``pace``, else the record)."""
+    ratio this machine last measured to it (``pace``, else the record),
+    and compare's own bookkeeping around each session."""
+    pace = pace or load_pace()
+    return pace.factor(BOOKKEEPING, "run") * plan.options.blocks * _sessions(plan) + _steps_seconds(plan, pace)
+
+
+def _steps_seconds(plan: Plan, pace: Pace) -> float:
+    """``planned_seconds`` less compare's own bookkeeping: the sessions and the oracle."""
     from ..report.flops import total_flops
     from .machine import matmul_flops_per_s
-    o, rate, pace = plan.options, matmul_flops_per_s(), pace or load_pace()
-    kernels = [c for _, _, cs in _kernel_contestants(plan) for c in cs] if o.kernels else []
-    total = 0.0
+    o, rate, total = plan.options, matmul_flops_per_s(), 0.0
     for shape in plan.shapes:
-        for c in _contestants(plan, shape) + kernels:
+        for c in _contestants(plan, shape) + _kernel_list(plan):
             need, flops = c.estimate or memory.session_bytes(c.backend, c.graph, shape), total_flops(c.graph, shape)
             key = c.pace_key(flops)
             run = pace.factor(key, "run") * modelled_run_s(flops, rate)
@@ -302,6 +307,22 @@ def planned_seconds(plan: Plan, pace: Pace | None = None) -> float:
         flops = total_flops(standard, shape)
         total += pace.factor(pace_key(ORACLE, len(standard.nodes), flops), "run") * modelled_run_s(flops, rate)
     return total
+
+
+def _kernel_list(plan: Plan) -> list[Contestant]:
+    return [c for _, _, cs in _kernel_contestants(plan) for c in cs] if plan.options.kernels else []
+
+
+def _sessions(plan: Plan) -> int:
+    """How many sessions one block prepares, at every shape."""
+    return sum(len(_contestants(plan, s)) + len(_kernel_list(plan)) for s in plan.shapes)
+
+
+def _bookkeeping_pace(plan: Plan, elapsed_s: float) -> dict[str, dict[str, float]]:
+    """What the comparison took beyond its steps' models scaled by the paces
+    just recorded, per session: compare's own work around each."""
+    rest = elapsed_s - _steps_seconds(plan, load_pace())
+    return {BOOKKEEPING: {"run": max(rest, 1e-3) / max(1, plan.options.blocks * _sessions(plan))}}
 
 
 def measured_pace(contestants: list[Contestant], times: dict, shape) -> dict[str, dict[str, float]]:
@@ -434,6 +455,7 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
     for ratios in observed:   # what the next comparison's estimate goes by (compare/pace.py)
         record_pace(ratios)
     report["timing"]["elapsed_s"] = time.perf_counter() - started
+    record_pace(_bookkeeping_pace(plan, report["timing"]["elapsed_s"]))
     report["memory"]["peak_growth_bytes"] = watch.peak_growth()
     report["memory"]["peak_at"] = watch.peak_at
     return report

@@ -49,7 +49,9 @@ def _plan(backend):
 def test_a_second_comparison_is_estimated_from_the_first_ones_pace(slow):
     """The first estimate is the model's (it cannot know the sleeps: 6
     sessions x 2 blocks x 0.15 s of preparation, and 10 ms a run); the
-    second is within 1.5x of what the first took, and the record says why."""
+    second is within 1.5x of what the first took, and the record says why.
+    Run after many other tests, compare's own work around each session
+    took a second more than its steps did: it is recorded too."""
     first = planned_seconds(_plan(slow))
     started = time.perf_counter()
     report = run_comparison(_plan(slow))
