@@ -340,15 +340,7 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                 form: str, version: str, gemm: GemmChoice) -> tuple[str, dict]:
     # One definition per distinct kernel: identical code used by many layers is
     # emitted once, its comment listing every IR node it computes.
-    kernels: dict[str, KernelCode] = {}
-    uses: dict[str, list[str]] = {}
-    for code in steps:
-        # a name taken by a kernel rendered from other parameters: this one is the next _vN
-        while code.name in kernels and kernels[code.name].rendered_from != code.rendered_from:
-            code.name = f"{code.name}_v{sum(1 for k in kernels if k.startswith(code.name))}"
-        if code.name not in kernels:
-            kernels[code.name] = code
-        uses.setdefault(code.name, []).extend(code.nodes)
+    kernels, uses = _definitions(steps)
     sources = [k.render(uses[name]) for name, k in kernels.items()]
     scratch = lambda b: " scratch" if b.index >= len(b.producer.outputs) else ""   # noqa: E731 (plan_buffers')
     slots = [{"comment": c_comment(", ".join(f"{b.producer.op}{scratch(b)} {b.type}" for b in s.buffers))[:200],
@@ -361,6 +353,26 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                     gemm_runtime=gemm_runtime(gemm, ctx.gemm_sites), num_inputs=len(g.inputs),
                     num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
     return source, kernels
+
+
+def _definitions(steps: list[KernelCode]) -> tuple[dict, dict]:
+    """Each kernel definition by name, and the IR nodes each computes. Steps
+    emitted under one name share a definition where they are rendered from
+    the same family, template and parameters; each other variant of the name
+    is the next ``_vN``, in order of first use. Steps are given their
+    definition's name."""
+    variants: dict[str, list] = {}        # emitted name -> what each of its definitions is rendered from
+    kernels: dict[str, KernelCode] = {}
+    uses: dict[str, list[str]] = {}
+    for code in steps:
+        made = variants.setdefault(code.name, [])
+        if code.rendered_from not in made:
+            made.append(code.rendered_from)
+        k = made.index(code.rendered_from)
+        code.name = code.name if k == 0 else f"{code.name}_v{k}"
+        kernels.setdefault(code.name, code)
+        uses.setdefault(code.name, []).extend(code.nodes)
+    return kernels, uses
 
 
 def _launch_name(code: KernelCode, room: int = 200) -> str:
