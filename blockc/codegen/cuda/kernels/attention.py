@@ -135,8 +135,11 @@ def emit_attention(step: KernelStep) -> list[KernelCode]:
     args = [_pointer(ctx, views[id(x)]) for x in (q, k, v)] + mask_args + [
         _pointer(ctx, views[id(out)]), ctx.dim(q.shape[-2]), ctx.dim(k.shape[-2]),
         float_literal(attrs["scale"]), float_literal(attrs["fill"])]
-    # the model's BLOCKC_CUDA_TENSOR_CORES switch (host.cu.j2) picks the variant at run time
-    launch = lambda n: f"{n}_launch({', '.join(args + [n + layout, part or 'nullptr'])}, m->tensor_cores, stream);"  # noqa: E731
+
+    def launch(name: str) -> str:
+        # the model's BLOCKC_CUDA_TENSOR_CORES switch (host.cu.j2) picks the variant at run time
+        return f"{name}_launch({', '.join(args + [name + layout, part or 'nullptr'])}, m->tensor_cores, stream);"
+
     return [KernelCode(name, "attention.cu.j2", params, launch, labels, [node.op],
                        ("_simt",) + (("_mma",) if mma else ()) + (("_split", "_combine") if part is not None else ()))]
 
