@@ -14,9 +14,9 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   ``onnx23``): lowerings to single runtime ops that may decline a node by
   raising ``NotApplicable`` with the reason;
 * ``torch``     -- the PyTorch call a PyTorch user would write for it;
-* ``cuda``      -- which CUDA kernel family computes it (``elementwise`` with
-  its C expression, ``row_norm``, ``softmax``, ``attention``, ``rotary``, ``gemm``, ``copy``, ``alias``,
-  ``inline``), or nothing: the CUDA backend then legalizes it by decomposition;
+* ``cuda``      -- the name of the CUDA kernel family that computes it (``elementwise`` with
+  its C expression ``cuda_expr``; the families are declared in ``codegen/cuda/kernels/``, which
+  ``ir`` does not know), or nothing: the CUDA backend then legalizes it by decomposition;
 * ``flops``     -- floating-point operations per output element (or a rule);
 * ``traffic``   -- bytes an ideal kernel reads and writes, where that is not
   each input once and each output once (a causal softmax reads only the
@@ -72,7 +72,7 @@ class OpDef:
     decompose_fn: Callable | None = None
     onnx_encodings: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
     torch_fn: Callable | None = None       # fn(b, node, xs): see blockc/runtime/torch_runner.py
-    cuda: str | None = None                # a CUDA_KERNELS family; None: legalized by decomposition
+    cuda: str | None = None                # a CUDA kernel family's name; None: legalized by decomposition
     # elementwise: "({0} + {1})" ({k} the k-th input, {index} the element's linear index, {attr} a
     # dim attribute's run-time value), or fn(attrs, args, out_dtype)
     cuda_expr: str | Callable | None = None
@@ -195,11 +195,6 @@ def _coerce(op: str, key: str, kind: str, v):
     raise AssertionError(kind)
 
 
-# The CUDA backend's kernel families (blockc/codegen/cuda/kernels/): what an
-# op's ``cuda`` names. ``inline`` ops make no kernel: their value is written
-# into the elementwise kernels that read it (a scalar constant, the causal mask).
-CUDA_KERNELS = ("elementwise", "row_norm", "softmax", "attention", "rotary", "gemm", "copy", "alias", "inline")
-
 OPS: dict[str, OpDef] = {}
 
 
@@ -210,8 +205,6 @@ def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
-    if cuda is not None and cuda not in CUDA_KERNELS:
-        raise AssertionError(f"op {name}: unknown CUDA kernel family {cuda!r} (families: {', '.join(CUDA_KERNELS)})")
     if (cuda == "elementwise") != (cuda_expr is not None):
         raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
     op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 
-from ..codegen.cuda.lower import CudaModel, ops_of
+from ..codegen.cuda.lower import CudaModel
 from ..files import format_bytes
 
-# The fused row and attention kernels, which must never spill (tests hold the
-# generator to it): such a kernel is named after its op.
-FUSED_PREFIXES = tuple(sorted(ops_of("row_norm", "softmax", "attention"), key=len, reverse=True))
+
+def families_of_functions(model: CudaModel) -> dict:
+    """Each ``__global__`` function of the model -> the kernel family that
+    emitted it; the summary's fused kernels (which must never spill, tests
+    hold the generator to it) are those of families declared ``fused``."""
+    return {f: code.family for code in model.kernels.values() for f in code.kernels}
 
 
 def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], *, compile: bool = True) -> dict:
@@ -38,12 +41,14 @@ def compile_report(model: CudaModel, meta: dict, source: str, archs: list[str], 
         summary["error"] = str(e)
         return summary
     summary["compiled"] = True
+    families = families_of_functions(model)
     for k in sorted(result.kernels, key=lambda k: (k.short_name, k.demangled, k.arch)):
         summary["kernels"].append({
             "kernel": k.short_name, "function": k.demangled, "arch": k.arch, "registers": k.registers,
             "spill_store_bytes": k.spill_store_bytes, "spill_load_bytes": k.spill_load_bytes,
             "stack_frame_bytes": k.stack_frame_bytes, "shared_bytes": k.shared_bytes,
-            "fused": k.short_name.startswith(FUSED_PREFIXES)})
+            "family": families[k.short_name].title if k.short_name in families else None,
+            "fused": k.short_name in families and families[k.short_name].fused})
     summary["fused_spill_bytes"] = sum(k["spill_store_bytes"] + k["spill_load_bytes"]
                                        for k in summary["kernels"] if k["fused"])
     return summary

@@ -29,8 +29,8 @@ import numpy as np
 
 from ...errors import BlockcError
 from ...files import cache_root, replace_together, user_mode
-from ...ops import registry
 from . import toolchain
+from .kernels.elementwise import ELEMENTWISE
 from .kernels.gemm import EMULATED_GEMM, GPU_GEMM, GemmChoice
 from .lower import CudaModel
 from .templates import TEMPLATE_DIR
@@ -113,7 +113,7 @@ def describe(model: CudaModel, bindings: Mapping[str, int] | None = None) -> dic
         "launches": [{"kernel": c.name, "nodes": c.nodes, "ops": c.ops} for c in model.steps],
         # what the lowering's elementwise fusion made: one kernel for a chain of elementwise IR ops
         "elementwise_chains": [{"kernel": c.name, "nodes": c.nodes, "ops": c.ops} for c in model.steps
-                               if len(c.ops) > 1 and all(registry.get(op).cuda == "elementwise" for op in c.ops)],
+                               if len(c.ops) > 1 and c.family is ELEMENTWISE],
         "kernels": {name: {"functions": c.kernels, "ops": c.ops} for name, c in model.kernels.items()},
         "memory_plan": {"slots": len(model.plan.slots), "buffers": sum(len(s.buffers) for s in model.plan.slots)},
     }

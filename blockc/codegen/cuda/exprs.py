@@ -10,6 +10,7 @@ import numpy as np
 
 from ...ir.dtypes import DType
 from ...ir.opdef import DIM, get
+from .family import INLINE, family_of
 
 
 def float_literal(x: float) -> str:
@@ -60,7 +61,10 @@ def is_inline(v) -> bool:
     """Whether ``v`` is written into the elementwise kernels that read it
     rather than read from memory: a causal mask, a scalar constant."""
     p = v.producer
-    return p is not None and get(p.op).cuda == "inline" and (p.op != "constant" or p.attrs["value"].size == 1)
+    if p is None or (p.op == "constant" and p.attrs["value"].size != 1):
+        return False
+    family = family_of(p.op)
+    return family is not None and family.placement == INLINE
 
 
 class CExpr(str):

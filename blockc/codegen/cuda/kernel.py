@@ -11,11 +11,14 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from ...errors import BlockcError
 from ...ir.dims import Dim, Sym
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Value
+from .dtypes import CUDA_DTYPES, CudaDType
+from .templates import render
 
 # C++ and CUDA words a sanitised identifier must never be.
 _RESERVED = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t char32_t
@@ -25,10 +28,6 @@ operator or or_eq private protected public register reinterpret_cast return shor
 static_assert static_cast struct switch template this thread_local throw true try typedef typeid typename union
 unsigned using virtual void volatile wchar_t while xor xor_eq main threadIdx blockIdx blockDim gridDim warpSize
 dim3 half float4 int4""".split())
-
-CTYPES = {DType.float32: "float", DType.float16: "__half", DType.bfloat16: "__nv_bfloat16",
-          DType.float64: "double", DType.int64: "long long", DType.int32: "int", DType.bool: "bool"}
-
 
 class CudaCodegenError(BlockcError):
     """An op, dtype or shape the CUDA backend cannot generate."""
@@ -59,23 +58,75 @@ def c_string(text: str) -> str:
     return '"' + c_comment(text).replace('"', '\\"').replace("?", "\\?") + '"'
 
 
-def ctype(dtype: DType) -> str:
+def cuda_dtype(dtype: DType) -> CudaDType:
     try:
-        return CTYPES[dtype]
+        return CUDA_DTYPES[dtype]
     except KeyError:
         raise CudaCodegenError(f"the CUDA backend has no type for {dtype.name}") from None
 
 
+def ctype(dtype: DType) -> str:
+    """The C type a buffer of ``dtype`` stores."""
+    return cuda_dtype(dtype).storage
+
+
+def suffix(dtype: DType) -> str:
+    """``dtype``'s part of a kernel name (``f32``)."""
+    return cuda_dtype(dtype).suffix
+
+
 @dataclass
 class KernelCode:
-    """One launch step of the generated model."""
+    """One launch step of the generated model, kept as what it is rendered
+    from: a template and its parameters. Its name is given last (the
+    lowering renames a kernel whose name another, rendered from different
+    parameters, already has), so the source, the launch and the function
+    names are all made from whatever name it has by then."""
 
     name: str                 # kernel name: op and shape class, e.g. add_layernorm_f32_768
-    source: str               # device code and a static host launcher
-    call: str                 # the C statement that launches it (uses `stream`)
+    template: str             # the jinja template of its device code and static host launcher
+    params: dict              # the template's parameters besides `name` and `nodes`
+    launch: Callable[[str], str]   # name -> the C statement that launches it (uses `stream`)
     nodes: list = field(default_factory=list)   # IR node labels it computes
     ops: list = field(default_factory=list)     # their ops
-    kernels: list = field(default_factory=list) # __global__ function names in `source`
+    functions: tuple = ()     # its __global__ functions, as suffixes of its name ("" the name itself)
+    family: Any = None        # the KernelFamily that emitted it (set by the lowering)
+
+    @property
+    def call(self) -> str:
+        return self.launch(self.name)
+
+    @property
+    def kernels(self) -> list[str]:
+        """The ``__global__`` function names in its source."""
+        return [self.name + s for s in self.functions]
+
+    @property
+    def rendered_from(self) -> tuple:
+        """What its source is made of, but for its name and node labels:
+        two steps with equal ones share one kernel definition."""
+        return (getattr(self.family, "name", None), self.template, self.params)
+
+    def render(self, labels: list[str]) -> str:
+        """Its source, the comment naming ``labels`` as the IR nodes it computes."""
+        return render(self.template, name=self.name, nodes=nodes_comment(labels), **self.params)
+
+    @property
+    def source(self) -> str:
+        return self.render(self.nodes)
+
+
+def nodes_comment(labels: list[str], width: int = 110) -> str:
+    """The text after ``// IR nodes: `` in a kernel's source: each label
+    once, lines wrapped at ``width`` and continued as ``//   label ...``."""
+    lines, line = [], "// IR nodes:"
+    for w in dict.fromkeys(c_comment(lab) for lab in labels):
+        if len(line) + len(w) > width:
+            lines.append(line)
+            line = "//  "
+        line += " " + w
+    lines.append(line)
+    return "\n".join(lines)[len("// IR nodes: "):]
 
 
 class LowerContext:
@@ -124,7 +175,7 @@ class LowerContext:
 
     def scratch(self, node: Node) -> str | None:
         """A ``float*`` C expression for the arena scratch ``node``'s kernel
-        asked for (``lower.SCRATCH``), or None where it has none."""
+        asked for (its family's ``scratch``), or None where it has none."""
         expr = self._scratch.get(id(node))
         return None if expr is None else f"((float*){expr})"
 
@@ -155,10 +206,6 @@ class LowerContext:
 
     def numel(self, shape) -> str:
         return "*".join(self.dim(d) for d in shape) if shape else "1LL"
-
-
-SHORT = {DType.float32: "f32", DType.float16: "f16", DType.bfloat16: "bf16", DType.bool: "b8",
-         DType.int64: "i64", DType.int32: "i32"}
 
 
 def index_lines(shape, ctx: "LowerContext", used: str) -> list[str]:

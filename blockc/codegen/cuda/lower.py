@@ -14,19 +14,19 @@
    chain, and ``blockc cuda`` shows them);
 4. ``plan_buffers``       -- liveness, and the static memory plan of the arena;
 5. ``emit_kernels``       -- one kernel (or a few) per step, from its op's
-   kernel family (the op's ``cuda`` in the registry);
-6. ``render_host``        -- one definition per distinct kernel, the launches
-   in order and the C API.
+   kernel family (the op's ``cuda`` in the registry names a ``KernelFamily``,
+   ``family.py``, declared beside its module in ``kernels/``);
+6. ``render_host``        -- one definition per distinct kernel (what it is
+   rendered from: its family, template and parameters), the launches in
+   order and the C API.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
-from ...ir.dtypes import DType
 from ...ir.graph import Graph, Node, Value
 from ...ir.load_time import load_time_nodes
 from ...ops import registry
@@ -35,34 +35,28 @@ from ...ops.limits import graph_limits
 from ...passes.dce import dce
 from ...passes.legalize import legalize
 from ...passes.manager import label_origins
+from .dtypes import CUDA_DTYPES, spelled
 from .exprs import is_inline
+from .family import ALIAS, INLINE, KERNEL, KernelFamily
 from .kernel import CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype
-from .kernels.attention import attention_scratch, emit_attention
-from .kernels.copy import emit_copy, own_indices
-from .kernels.elementwise import emit_elementwise
-from .kernels.gemm import EMULATED_GEMM, GemmChoice, emit_gemm, epilogue_nodes, gemm_runtime
-from .kernels.rotary import emit_rotary
-from .kernels.rows import emit_row_norm, emit_softmax
+from .kernels import KernelStep, family_of, lowers
+from .kernels.attention import ATTENTION
+from .kernels.copy import own_indices
+from .kernels.elementwise import ELEMENTWISE
+from .kernels.gemm import EMULATED_GEMM, GEMM, GemmChoice, epilogue_nodes, gemm_runtime
 from .memory_plan import MemoryPlan, plan_memory
 from .templates import render
 from .views import fold_attention_views
 
-def family(op: str) -> str | None:
-    """The kernel family that computes ``op`` (its declaration's ``cuda``)."""
-    return registry.get(op).cuda
+
+def ops_of(family: KernelFamily) -> frozenset:
+    """Every op ``family`` computes."""
+    return frozenset(name for name, d in registry.OPS.items() if d.cuda == family.name)
 
 
-def ops_of(*families: str) -> frozenset:
-    """Every op whose kernel is one of ``families``."""
-    return frozenset(name for name, d in registry.OPS.items() if d.cuda in families)
-
-
-def lowers(opdef) -> bool:
-    """Whether the CUDA backend has a kernel for ``opdef`` (else it is legalized by decomposition)."""
-    return opdef.cuda is not None
-
-
-DTYPES = {DType.float32, DType.float16, DType.bfloat16, DType.int64, DType.int32, DType.bool}
+def _placed(op: str, placement: str) -> bool:
+    f = family_of(op)
+    return f is not None and f.placement == placement
 
 
 @dataclass
@@ -88,12 +82,17 @@ def _labels(n: Node, index: int) -> list[str]:
 def check_supported(graph: Graph) -> None:
     for i, n in enumerate(graph.nodes):
         where = f"node {' '.join(_labels(n, i))} ({n.op})"
-        if family(n.op) is None:
+        f = family_of(n.op)
+        if f is None:
             raise CudaCodegenError(f"{where}: the CUDA backend has no kernel for {n.op}")
         for v in list(n.inputs) + list(n.outputs):
-            if v.dtype not in DTYPES:
+            if v.dtype not in CUDA_DTYPES:
                 raise CudaCodegenError(f"{where}: the CUDA backend does not generate {v.dtype.name} tensors "
                                        f"(use float32, float16 or bfloat16)")
+        for v in n.outputs:
+            if v.dtype not in f.dtypes:
+                raise CudaCodegenError(f"{where}: the CUDA {f.title} kernel generates {spelled(f.dtypes)}, "
+                                       f"not {v.dtype.name}")
 
 
 def generate(graph: Graph, weights: Mapping[str, np.ndarray], *, form: str = "fused", version: str = "",
@@ -120,7 +119,7 @@ def _steps(graph: Graph, weights: Mapping[str, np.ndarray]):
     g = legalize_for_cuda(graph)
     stored, runtime = fold_load_time(g, weights)
     folded = fold_attention_views(g, runtime, lambda v: v.kind != "node" or id(v) in stored.index,
-                                  ops_of("attention"))
+                                  ops_of(ATTENTION))
     steps_nodes, alias = fuse_elementwise(g, folded.runtime)
     alias.update(folded.alias)
     return g, stored, folded, steps_nodes, alias
@@ -178,16 +177,16 @@ def fold_load_time(g: Graph, weights: Mapping[str, np.ndarray]) -> tuple[Stored,
             for o, r in zip(n.outputs, evaluate_node(n, [value_of(v) for v in n.inputs], env)):
                 computed[id(o)] = r
     # Inline ops (constants, causal masks) stay inline where an elementwise kernel reads them.
-    static = {id(n) for n in g.nodes if id(n) in load_time and family(n.op) != "inline"}
-    runtime = [n for n in g.nodes if id(n) not in static and family(n.op) != "inline"]
+    static = {id(n) for n in g.nodes if id(n) in load_time and not _placed(n.op, INLINE)}
+    runtime = [n for n in g.nodes if id(n) not in static and not _placed(n.op, INLINE)]
     for n in runtime:
         for v in n.inputs:
             p = v.producer
             if p is None or id(v) in stored.index:
                 continue
-            if p.op == "causal_mask" and family(n.op) != "elementwise":
+            if p.op == "causal_mask" and family_of(n.op) is not ELEMENTWISE:
                 raise CudaCodegenError(f"causal_mask used by {n.op}: only elementwise ops read it")
-            if id(p) in static or (p.op == "constant" and not (is_inline(v) and family(n.op) == "elementwise")):
+            if id(p) in static or (p.op == "constant" and not (is_inline(v) and family_of(n.op) is ELEMENTWISE)):
                 stored.add(v, f"derived:{' '.join(_labels(p, index_of[id(p)]))}", value_of(v).astype(v.dtype.numpy))
     return stored, runtime
 
@@ -197,20 +196,20 @@ def fuse_elementwise(g: Graph, runtime: list[Node]) -> tuple[list[list[Node]], d
     """The kernel steps, each a list of nodes (a GEMM and what its epilogue
     computes, a chain of elementwise ops, or one node), and the
     aliases (a reshape's result is its input's buffer)."""
-    alias: dict[int, Value] = {id(n.outputs[0]): n.inputs[0] for n in runtime if family(n.op) == "alias"}
+    alias: dict[int, Value] = {id(n.outputs[0]): n.inputs[0] for n in runtime if _placed(n.op, ALIAS)}
     outputs = {id(v) for _, v in g.outputs}
     running = {id(n) for n in runtime}
     # A GEMM step runs where its last absorbed node was: every operand is ready by then.
     gemm_at: dict[int, list[Node]] = {}
     absorbed: set[int] = set()
     for n in runtime:
-        if family(n.op) == "gemm":
+        if family_of(n.op) is GEMM:
             tail = epilogue_nodes(n, running, outputs)
             gemm_at[id((tail or [n])[-1])] = [n] + tail
             absorbed |= {id(m) for m in [n] + tail}
     group_of: dict[int, list[Node]] = {}
     for n in runtime:
-        if family(n.op) != "elementwise" or id(n) in absorbed:
+        if family_of(n.op) is not ELEMENTWISE or id(n) in absorbed:
             continue
         members: list[Node] = []
         for v in n.inputs:
@@ -226,10 +225,10 @@ def fuse_elementwise(g: Graph, runtime: list[Node]) -> tuple[list[list[Node]], d
             steps.append(gemm_at[id(n)])
         elif id(n) in absorbed:
             continue
-        elif family(n.op) == "elementwise":
+        elif family_of(n.op) is ELEMENTWISE:
             if id(n) in group_of:
                 steps.append(group_of[id(n)])
-        elif family(n.op) != "alias":
+        elif family_of(n.op).placement == KERNEL:
             steps.append([n])
     return steps, alias
 
@@ -241,11 +240,6 @@ def _root(v: Value, alias: dict) -> Value:
 
 
 # ---- 4. memory plan ----------------------------------------------------------------------
-# kernel family -> fn(node) -> the type of the arena scratch its kernel needs
-# during its own launch, or None: a slot of the plan like any buffer's.
-SCRATCH = {"attention": attention_scratch}
-
-
 @dataclass
 class Buffers:
     plan: MemoryPlan
@@ -286,7 +280,8 @@ def plan_buffers(g: Graph, steps_nodes: list[list[Node]], alias: dict, stored: S
                if id(o) in defined_at and id(o) not in out_root]
     scratch: dict[int, Value] = {}
     for step, nodes in enumerate(steps_nodes):
-        rule = SCRATCH.get(family(nodes[0].op))
+        # the arena scratch a family's kernel needs during its own launch: a slot of the plan like any buffer's
+        rule = family_of(nodes[0].op).scratch
         t = rule(nodes[-1]) if rule else None
         if t is not None:
             v = Value(t, "node", "scratch", producer=nodes[-1], index=len(nodes[-1].outputs))
@@ -327,24 +322,16 @@ def bind_values(g: Graph, steps_nodes, alias: dict, stored: Stored, buffers: Buf
 
 
 # ---- 5. kernels ----------------------------------------------------------------------------
-# kernel family of the step's first node -> fn(nodes of the step, ctx, labels, gemm) -> [KernelCode]
-EMITTERS = {
-    "elementwise": lambda nodes, ctx, labels, gemm: [emit_elementwise(nodes, ctx, labels)],
-    "row_norm": lambda nodes, ctx, labels, gemm: [emit_row_norm(nodes[-1], ctx, labels)],
-    "softmax": lambda nodes, ctx, labels, gemm: [emit_softmax(nodes[-1], ctx, labels)],
-    "gemm": lambda nodes, ctx, labels, gemm: [emit_gemm(nodes, ctx, labels, gemm)],
-    "copy": lambda nodes, ctx, labels, gemm: emit_copy(nodes[-1], ctx, labels),
-    "attention": lambda nodes, ctx, labels, gemm: [emit_attention(nodes[-1], ctx, labels)],
-    "rotary": lambda nodes, ctx, labels, gemm: [emit_rotary(nodes[-1], ctx, labels)],
-}
-
-
 def emit_kernels(g: Graph, steps_nodes: list[list[Node]], ctx: LowerContext, gemm: GemmChoice) -> list[KernelCode]:
+    """Each step's launches, from the kernel family of its first node."""
     index_of = {id(n): i for i, n in enumerate(g.nodes)}
     steps: list[KernelCode] = []
     for nodes in steps_nodes:
         labels = list(dict.fromkeys(lab for m in nodes for lab in _labels(m, index_of[id(m)])))
-        steps += EMITTERS[family(nodes[0].op)](nodes, ctx, labels, gemm)
+        f = family_of(nodes[0].op)
+        for code in f.emit(KernelStep(nodes, ctx, labels, gemm)):
+            code.family = f
+            steps.append(code)
     return steps
 
 
@@ -353,15 +340,8 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                 form: str, version: str, gemm: GemmChoice) -> tuple[str, dict]:
     # One definition per distinct kernel: identical code used by many layers is
     # emitted once, its comment listing every IR node it computes.
-    kernels: dict[str, KernelCode] = {}
-    uses: dict[str, list[str]] = {}
-    for code in steps:
-        while code.name in kernels and _body(kernels[code.name].source) != _body(code.source):
-            _rename(code, f"{code.name}_v{sum(1 for k in kernels if k.startswith(code.name))}")
-        if code.name not in kernels:
-            kernels[code.name] = code
-        uses.setdefault(code.name, []).extend(code.nodes)
-    sources = [_with_nodes(k.source, uses[name]) for name, k in kernels.items()]
+    kernels, uses = _definitions(steps)
+    sources = [k.render(uses[name]) for name, k in kernels.items()]
     scratch = lambda b: " scratch" if b.index >= len(b.producer.outputs) else ""   # noqa: E731 (plan_buffers')
     slots = [{"comment": c_comment(", ".join(f"{b.producer.op}{scratch(b)} {b.type}" for b in s.buffers))[:200],
               "sizes": sorted({f"{ctx.numel(b.shape)} * {b.dtype.itemsize}LL" for b in s.buffers})}
@@ -373,6 +353,26 @@ def render_host(g: Graph, steps: list[KernelCode], ctx: LowerContext, stored: St
                     gemm_runtime=gemm_runtime(gemm, ctx.gemm_sites), num_inputs=len(g.inputs),
                     num_outputs=len(g.outputs), param_bytes=[f"{int(a.nbytes)}ULL" for _, a in stored.params])
     return source, kernels
+
+
+def _definitions(steps: list[KernelCode]) -> tuple[dict, dict]:
+    """Each kernel definition by name, and the IR nodes each computes. Steps
+    emitted under one name share a definition where they are rendered from
+    the same family, template and parameters; each other variant of the name
+    is the next ``_vN``, in order of first use. Steps are given their
+    definition's name."""
+    variants: dict[str, list] = {}        # emitted name -> what each of its definitions is rendered from
+    kernels: dict[str, KernelCode] = {}
+    uses: dict[str, list[str]] = {}
+    for code in steps:
+        made = variants.setdefault(code.name, [])
+        if code.rendered_from not in made:
+            made.append(code.rendered_from)
+        k = made.index(code.rendered_from)
+        code.name = code.name if k == 0 else f"{code.name}_v{k}"
+        kernels.setdefault(code.name, code)
+        uses.setdefault(code.name, []).extend(code.nodes)
+    return kernels, uses
 
 
 def _launch_name(code: KernelCode, room: int = 200) -> str:
@@ -407,29 +407,3 @@ def _id_limits(g: Graph, ctx: LowerContext) -> list[dict]:
             limits.append({"ids": ctx.ptr(key), "ctype": ctype(key.dtype), "input": c_string(key.name),
                            "high": str(ids[key.name][0]), "why": c_string(ids[key.name][1])})
     return limits
-
-
-_NODES_LINE = re.compile(r"^// IR nodes:.*\n", re.M)
-
-
-def _body(source: str) -> str:
-    return _NODES_LINE.sub("", source)
-
-
-def _with_nodes(source: str, labels: list[str]) -> str:
-    words, lines, line = list(dict.fromkeys(labels)), [], "// IR nodes:"
-    for w in words:
-        if len(line) + len(w) > 110:
-            lines.append(line)
-            line = "//  "
-        line += " " + w
-    lines.append(line)
-    return _NODES_LINE.sub(lambda m: "\n".join(lines) + "\n", source, count=1)
-
-
-def _rename(code: KernelCode, new: str) -> None:
-    pattern = re.compile(rf"\b{re.escape(code.name)}(?=\b|_)")
-    code.source = pattern.sub(new, code.source)
-    code.call = pattern.sub(new, code.call)
-    code.kernels = [pattern.sub(new, k) for k in code.kernels]
-    code.name = new

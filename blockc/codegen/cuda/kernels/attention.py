@@ -25,9 +25,10 @@ from ....ir.dtypes import DType
 from ....ir.graph import Node, Value
 from ....ir.types import TensorType
 from ....ops.masking import apply_masks, causal_allowed, causal_offset
+from ..dtypes import FLOATS
 from ..exprs import CExpr, float_literal
-from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype
-from ..templates import render
+from ..family import KernelFamily, KernelStep, register
+from ..kernel import CudaCodegenError, KernelCode, LowerContext, ctype, suffix
 from ..views import View, contiguous
 
 # Head sizes the SIMT kernel takes (its K/V tile shrinks to fit 48 KiB of
@@ -83,12 +84,11 @@ def _batch_strides(view: View, value: Value, batch: int) -> list:
     return [0] * (4 - batch) + [0 if d == 1 else s for d, s in zip(shape, strides)]
 
 
-def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
+def emit_attention(step: KernelStep) -> list[KernelCode]:
+    node, ctx, labels = step.node, step.ctx, step.labels
     q, k, v = node.inputs[:3]
     out = node.outputs[0]
     dtype = out.dtype
-    if dtype not in (DType.float32, DType.float16, DType.bfloat16):
-        raise CudaCodegenError(f"attention: the CUDA backend generates float32, float16 and bfloat16, not {dtype.name}")
     dk, dv = q.shape[-1], v.shape[-1]
     if not (isinstance(dk, int) and isinstance(dv, int) and 0 < dk <= MAX_HEAD_DIM and 0 < dv <= MAX_HEAD_DIM):
         raise CudaCodegenError(f"attention: head size {dk} (q, k) / {dv} (v): the CUDA attention kernel takes fixed "
@@ -121,25 +121,31 @@ def emit_attention(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCo
     part = ctx.scratch(node)
     flavour = "".join(["_causal" if attrs["causal"] else "", "" if mask_kind == "none" else f"_{mask_kind}"])
     # "_decode": this one also has the split (decode) path, so a different body
-    name = f"attention{flavour}_{SHORT[dtype]}_{dk}" + ("" if dv == dk else f"_{dv}") + ("_decode" if part else "")
+    name = f"attention{flavour}_{suffix(dtype)}_{dk}" + ("" if dv == dk else f"_{dv}") + ("_decode" if part else "")
     title = (f"attention, scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}"
              f"{' + causal mask' if attrs['causal'] else ''}, head size {dk}")
-    source = render("attention.cu.j2", name=name, title=title, T=ctype(dtype), MT=mask_t,
-                    nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=attrs["causal"], dk=dk, dv=dv,
-                    nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
-                    bq=SIMT_ROWS, split=part is not None, max_splits=MAX_SPLITS,
-                    score=_score(attrs),
-                    causal_end=CExpr("last") + causal_offset(CExpr("q_len"), CExpr("k_len")) + 1)
-    layout = (f"{name}_layout{{{{{', '.join(fields['dims'])}}}, "
+    params = dict(title=title, T=ctype(dtype), MT=mask_t, mask=mask_kind, causal=attrs["causal"], dk=dk, dv=dv,
+                  nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
+                  bq=SIMT_ROWS, split=part is not None, max_splits=MAX_SPLITS,
+                  score=_score(attrs),
+                  causal_end=CExpr("last") + causal_offset(CExpr("q_len"), CExpr("k_len")) + 1)
+    layout = (f"_layout{{{{{', '.join(fields['dims'])}}}, "
               + ", ".join("{" + ", ".join(fields[key]) + "}" for key in "qkvom")
               + f", {', '.join(rows)}}}")
     args = [_pointer(ctx, views[id(x)]) for x in (q, k, v)] + mask_args + [
         _pointer(ctx, views[id(out)]), ctx.dim(q.shape[-2]), ctx.dim(k.shape[-2]),
-        float_literal(attrs["scale"]), float_literal(attrs["fill"]), layout, part or "nullptr"]
-    # the model's BLOCKC_CUDA_TENSOR_CORES switch (host.cu.j2) picks the variant at run time
-    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, m->tensor_cores, stream);", labels, [node.op],
-                      [f"{name}_simt"] + ([f"{name}_mma"] if mma else [])
-                      + ([f"{name}_split", f"{name}_combine"] if part is not None else []))
+        float_literal(attrs["scale"]), float_literal(attrs["fill"])]
+
+    def launch(name: str) -> str:
+        # the model's BLOCKC_CUDA_TENSOR_CORES switch (host.cu.j2) picks the variant at run time
+        return f"{name}_launch({', '.join(args + [name + layout, part or 'nullptr'])}, m->tensor_cores, stream);"
+
+    return [KernelCode(name, "attention.cu.j2", params, launch, labels, [node.op],
+                       ("_simt",) + (("_mma",) if mma else ()) + (("_split", "_combine") if part is not None else ()))]
+
+
+ATTENTION = register(KernelFamily("attention", "attention", emit_attention, FLOATS, fused=True,
+                                  scratch=attention_scratch))
 
 
 def _pointer(ctx: LowerContext, view: View) -> str:

@@ -9,16 +9,16 @@ once per element, at its broadcast offset.
 from __future__ import annotations
 
 from ....ir.dims import Dim
-from ....ir.dtypes import DType
-from ....ir.graph import Node, Value
+from ....ir.graph import Value
 from ....ops.masking import causal_allowed
 from ..exprs import CExpr, expr, is_inline, literal
-from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines, shape_class
-from ..templates import render
+from ..family import INLINE, KernelFamily, KernelStep, register
+from ..kernel import CudaCodegenError, KernelCode, ctype, cuda_dtype, index_lines, shape_class, suffix
 
 
-def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) -> KernelCode:
-    """One kernel computing ``nodes`` (in order); the last node's output is stored."""
+def emit_elementwise(step: KernelStep) -> list[KernelCode]:
+    """One kernel computing the step's nodes (in order); the last node's output is stored."""
+    nodes, ctx, labels = step.nodes, step.ctx, step.labels
     root = nodes[-1]
     out = root.outputs[0]
     shape = out.shape
@@ -78,10 +78,9 @@ def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) ->
             continue
         args_c = [operand(v) for v in n.inputs]
         o = n.outputs[0]
-        ctype_c = "bool" if o.dtype == DType.bool else ("float" if o.dtype.is_float else "long long")
         names[id(o)] = f"t{j}"
         # `i` is this node's own linear index too: a chain's members all have its output's shape.
-        body.append(f"const {ctype_c} t{j} = {expr(n.op, n.attrs, args_c, o.dtype, index='i', dim=dim)};")
+        body.append(f"const {cuda_dtype(o.dtype).compute} t{j} = {expr(n.op, n.attrs, args_c, o.dtype, index='i', dim=dim)};")
     result = names.get(id(out)) or operand(out)
     decompose: list[str] = []
     if need_index:
@@ -91,9 +90,16 @@ def emit_elementwise(nodes: list[Node], ctx: LowerContext, labels: list[str]) ->
     out_t = ctype(out.dtype)
     store = f"blockc_from_compute<{out_t}>({result})"
     ops = [n.op for n in nodes if n.op not in ("constant",)]
-    name = f"ew_{'_'.join(dict.fromkeys(ops))}_{SHORT.get(out.dtype, out.dtype.short)}_{shape_class(shape)}"
+    name = f"ew_{'_'.join(dict.fromkeys(ops))}_{suffix(out.dtype)}_{shape_class(shape)}"
     symbols = ctx.symbols
-    source = render("elementwise.cu.j2", name=name, nodes=c_comment(" ".join(labels)), params=params,
-                    out_t=out_t, index_lines=decompose, body=body, store=store, symbols=symbols)
+    template = dict(params=params, out_t=out_t, index_lines=decompose, body=body, store=store, symbols=symbols)
     launch_args = ", ".join(args + [ctx.ptr(out), ctx.numel(shape)] + [f"dim_{s}" for s in symbols])
-    return KernelCode(name, source, f"{name}_launch({launch_args}, stream);", labels, ops, [name])
+    return [KernelCode(name, "elementwise.cu.j2", template, lambda n: f"{n}_launch({launch_args}, stream);", labels,
+                       ops, ("",))]
+
+
+# Any op declaring a C expression (``cuda_expr``): chains of them are one kernel.
+ELEMENTWISE = register(KernelFamily("elementwise", "elementwise", emit_elementwise))
+
+# Scalar constants and the causal mask: written into the elementwise kernels that read them.
+INLINED = register(KernelFamily("inline", "inline", placement=INLINE))

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from ....ir.dtypes import DType
 from ....ir.graph import Node, Value
 from ....ops.activations import ACTIVATIONS, activation_of
+from ..dtypes import CUDA_DTYPES
 from ..exprs import expr, is_inline
-from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, c_string, ctype, shape_class
+from ..family import KernelFamily, KernelStep, register
+from ..kernel import CudaCodegenError, KernelCode, ctype, shape_class, suffix
 from ..templates import render
 
 GEMMS = ("cublas", "tiled")
@@ -52,7 +54,12 @@ class GemmChoice:
             raise CudaCodegenError("tf32 needs --gemm cublas: the tiled kernel computes in float32")
 
 
-CUDA_TYPES = {DType.float32: "CUDA_R_32F", DType.float16: "CUDA_R_16F", DType.bfloat16: "CUDA_R_16BF"}
+@dataclass(frozen=True)
+class Gemm:
+    """A GEMM op's kernel: ``bias`` when the op carries its bias and
+    activation (``matmul_bias_act``: inputs a, b, bias; attribute ``activation``)."""
+
+    bias: bool
 
 
 @dataclass
@@ -86,7 +93,7 @@ def epilogue_nodes(gemm: Node, runtime: set[int], outputs: set[int]) -> list[Nod
     value must have the next node as its only use and be no graph output (it
     is never written). ``runtime``: the ids of the nodes run at run time."""
     out = gemm.outputs[0]
-    has_bias = gemm.op == "matmul_bias_act"
+    has_bias = GEMM.entry(gemm.op).bias
     activation = gemm.attrs.get("activation", "none") if has_bias else "none"
     has_residual, v, nodes = False, out, []
     while len(v.uses) == 1 and id(v) not in outputs and activation == "none":
@@ -115,7 +122,7 @@ def epilogue_nodes(gemm: Node, runtime: set[int], outputs: set[int]) -> list[Nod
 def _epilogue(nodes: list[Node]) -> Epilogue:
     gemm = nodes[0]
     ep = Epilogue()
-    if gemm.op == "matmul_bias_act":
+    if GEMM.entry(gemm.op).bias:
         ep.bias, ep.activation = gemm.inputs[2], gemm.attrs.get("activation", "none")
     v = gemm.outputs[0]
     for m in nodes[1:]:
@@ -173,16 +180,14 @@ def gemm_runtime(choice: GemmChoice, sites: int) -> str:
     return render("gemm_cublaslt_runtime.cu.j2", sites=sites)
 
 
-def emit_gemm(nodes: list[Node], ctx: LowerContext, labels: list[str], choice: GemmChoice) -> KernelCode:
+def emit_gemm(step: KernelStep) -> list[KernelCode]:
     """One GEMM step: ``nodes[0]`` a ``matmul``/``matmul_bias_act``, then the
     adds ``epilogue_nodes`` let it absorb."""
+    nodes, ctx, labels, choice = step.nodes, step.ctx, step.labels, step.gemm
     node = nodes[0]
     a, b = node.inputs[0], node.inputs[1]
     out = nodes[-1].outputs[0]
     dtype = out.dtype
-    if dtype not in CUDA_TYPES:
-        raise CudaCodegenError(f"{node.op}: the CUDA backend generates float32, float16 and bfloat16, "
-                               f"not {dtype.name}")
     ep = _epilogue(nodes)
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     out_batch = list(out.shape[:-2])
@@ -209,12 +214,11 @@ def emit_gemm(nodes: list[Node], ctx: LowerContext, labels: list[str], choice: G
         a_strides, b_strides = strides(a), strides(b)
     parts = ["gemm"] + (["bias"] if ep.bias is not None else []) + \
         ([ep.activation] if ep.activation != "none" else []) + (["res"] if ep.residual is not None else [])
-    name = f"{'_'.join(parts)}_{SHORT[dtype]}_{shape_class(b.shape)}"
+    name = f"{'_'.join(parts)}_{suffix(dtype)}_{shape_class(b.shape)}"
     T = ctype(dtype)
     operands = [ctx.ptr(a), ctx.ptr(b)] + ([ctx.ptr(ep.bias)] if ep.bias is not None else []) + \
         ([ctx.ptr(ep.residual)] if ep.residual is not None else []) + [ctx.ptr(out)]
-    common = dict(T=T, nodes=c_comment(" ".join(labels)), bias=ep.bias is not None,
-                  residual=ep.residual is not None, epilogue_desc=ep.describe())
+    common = dict(T=T, bias=ep.bias is not None, residual=ep.residual is not None, epilogue_desc=ep.describe())
     ops = [m.op for m in nodes]
     batch = _cublas_batch(a, b, out, ctx) if choice.kind == "cublas" else None
     if batch is not None:
@@ -222,14 +226,22 @@ def emit_gemm(nodes: list[Node], ctx: LowerContext, labels: list[str], choice: G
         name = "cublaslt_" + name + ("_tf32" if choice.tf32 and dtype == DType.float32 else "")
         compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if choice.tf32 and dtype == DType.float32 else "CUBLAS_COMPUTE_32F"
         epilogue, after = _lt_epilogue(ep, dtype)
-        source = render("gemm_cublaslt.cu.j2", name=name, **common, cuda_type=CUDA_TYPES[dtype], compute=compute,
-                        epilogue=epilogue, after=after, label=c_string(name))
+        params = dict(**common, cuda_type=CUDA_DTYPES[dtype].library, compute=compute, epilogue=epilogue,
+                      after=after)
         args = ["&m->gemm", str(ctx.gemm_site())] + operands + [M_expr, ctx.dim(N), ctx.dim(K), batches,
                                                                  a_stride, b_stride]
-        return KernelCode(name, source, f"if ({name}_launch({', '.join(args)}, stream)) return 1;", labels,
-                          ops, [f"{name}_after"] if after else [])
-    source = render("gemm_tiled.cu.j2", name=name, **common, activation=_activation(ep.activation, dtype))
-    batch_arg = (f"{name}_batch{{{{{', '.join(dims)}}}, {{{', '.join(a_strides)}}}, "
+        return [KernelCode(name, "gemm_cublaslt.cu.j2", params,
+                           lambda n: f"if ({n}_launch({', '.join(args)}, stream)) return 1;", labels, ops,
+                           ("_after",) if after else ())]
+    params = dict(**common, activation=_activation(ep.activation, dtype))
+    batch_arg = (f"_batch{{{{{', '.join(dims)}}}, {{{', '.join(a_strides)}}}, "
                  f"{{{', '.join(b_strides)}}}}}")
-    args = operands + [M_expr, ctx.dim(N), ctx.dim(K), batch_arg]
-    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, ops, [f"{name}_kernel"])
+    args = operands + [M_expr, ctx.dim(N), ctx.dim(K)]
+    return [KernelCode(name, "gemm_tiled.cu.j2", params,
+                       lambda n: f"{n}_launch({', '.join(args + [n + batch_arg])}, stream);", labels, ops,
+                       ("_kernel",))]
+
+
+# float32, float16 and bfloat16: the dtypes cuBLASLt is given a cudaDataType for (the tiled kernel's too).
+GEMM = register(KernelFamily("gemm", "GEMM", emit_gemm, frozenset(d for d, t in CUDA_DTYPES.items() if t.library),
+                             entries={"matmul": Gemm(bias=False), "matmul_bias_act": Gemm(bias=True)}))

@@ -13,13 +13,14 @@ One launch, where the decomposition made six: llama-tiny's decode step
 goes from 60 launches to 40."""
 from __future__ import annotations
 
-from ....ir.graph import Node
-from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, index_lines
-from ..templates import render
+from ..dtypes import FLOATS
+from ..family import KernelFamily, KernelStep, register
+from ..kernel import CudaCodegenError, KernelCode, ctype, index_lines, suffix
 from .copy import id_check
 
 
-def emit_rotary(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
+def emit_rotary(step: KernelStep) -> list[KernelCode]:
+    node, ctx, labels = step.node, step.ctx, step.labels
     x, cos, sin, pos = node.inputs
     out = node.outputs[0]
     rd, head = cos.shape[1], x.shape[3]
@@ -31,13 +32,15 @@ def emit_rotary(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
     # [batch, seq] positions: the row of (idx0, idx2); [seq]: of idx2 alone
     pos_offset = f"idx0 * {ctx.dim(pos.shape[1])} + idx2" if pos.type.rank == 2 else "idx2"
     form = "pairs" if node.attrs["interleaved"] else "halves"
-    dt = SHORT.get(out.dtype, out.dtype.short)
-    name = f"rotary_{form}_rd{rd}_h{head}_p{pos.type.rank}_{dt}"
-    source = render("rotary.cu.j2", name=name, nodes=c_comment(" ".join(labels)), T=ctype(out.dtype),
-                    index_t=ctype(pos.dtype), title=f"rotary embedding of {rd} of {head} dims, turned in {form}",
-                    index_lines=index_lines(out.shape, ctx, f"idx3 {pos_offset}"), pos_offset=pos_offset,
-                    ids=positions, rd=rd, interleaved=node.attrs["interleaved"], symbols=ctx.symbols)
+    name = f"rotary_{form}_rd{rd}_h{head}_p{pos.type.rank}_{suffix(out.dtype)}"
+    params = dict(T=ctype(out.dtype), index_t=ctype(pos.dtype),
+                  title=f"rotary embedding of {rd} of {head} dims, turned in {form}",
+                  index_lines=index_lines(out.shape, ctx, f"idx3 {pos_offset}"), pos_offset=pos_offset,
+                  ids=positions, rd=rd, interleaved=node.attrs["interleaved"], symbols=ctx.symbols)
     args = [ctx.ptr(x), ctx.ptr(cos), ctx.ptr(sin), ctx.ptr(pos), positions.flag, ctx.ptr(out),
-            ctx.numel(out.shape)]
-    call = f"{name}_launch({', '.join(args + [f'dim_{s}' for s in ctx.symbols])}, stream);"
-    return KernelCode(name, source, call, labels, [node.op], [name])
+            ctx.numel(out.shape)] + [f"dim_{s}" for s in ctx.symbols]
+    return [KernelCode(name, "rotary.cu.j2", params, lambda n: f"{n}_launch({', '.join(args)}, stream);", labels,
+                       [node.op], ("",))]
+
+
+ROTARY = register(KernelFamily("rotary", "rotary", emit_rotary, FLOATS))

@@ -31,13 +31,15 @@ and the vector its last visible key cuts is read by scalars up to that key.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ....ir.dims import Dim
 from ....ir.dtypes import DType
-from ....ir.graph import Node
 from ....ops.masking import causal_offset
+from ..dtypes import FLOATS
 from ..exprs import CExpr, float_literal
-from ..kernel import SHORT, CudaCodegenError, KernelCode, LowerContext, c_comment, ctype, shape_class
-from ..templates import render
+from ..family import KernelFamily, KernelStep, register
+from ..kernel import CudaCodegenError, KernelCode, ctype, shape_class, suffix
 
 # Register tiers, (lanes a row, vectors a lane), smallest first: groups below a
 # warp with one vector a lane, then a warp with more.
@@ -60,22 +62,30 @@ def register_tiers(cols: Dim, dtype: DType) -> tuple[list[tuple[int, int]], bool
     return fits[:1], not fits
 
 
-def _kernel_names(name: str, warp_tiers: list, row_tiers: bool) -> list[str]:
-    return ([f"{name}_warp"] if warp_tiers else []) + ([f"{name}_smem", f"{name}_block"] if row_tiers else [])
+def _functions(warp_tiers: list, row_tiers: bool) -> tuple[str, ...]:
+    return (("_warp",) if warp_tiers else ()) + (("_smem", "_block") if row_tiers else ())
 
 
-def _float_dtype(node: Node) -> DType:
+def _launch(args: list[str]):
+    return lambda name: f"{name}_launch({', '.join(args)}, stream);"
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """A norm op's kernel: whether it adds a residual first (its second
+    input), whether it centres the row and adds ``beta`` (LayerNorm) or not
+    (RMSNorm), and its title in the kernel's comment."""
+
+    residual: bool
+    beta: bool
+    title: str
+
+
+def emit_row_norm(step: KernelStep) -> list[KernelCode]:
+    node, ctx, labels = step.node, step.ctx, step.labels
     dtype = node.outputs[0].dtype
-    if dtype not in (DType.float32, DType.float16, DType.bfloat16):
-        raise CudaCodegenError(f"{node.op}: the CUDA backend generates float32, float16 and bfloat16, "
-                               f"not {dtype.name}")
-    return dtype
-
-
-def emit_row_norm(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
-    dtype = _float_dtype(node)
-    residual = node.op.startswith("add_")
-    beta = node.op.endswith("layernorm")
+    norm = ROW_NORM.entry(node.op)
+    residual, beta = norm.residual, norm.beta
     with_sum = bool(node.attrs.get("with_sum"))
     x = node.inputs[0]
     cols = x.shape[-1]
@@ -96,14 +106,20 @@ def emit_row_norm(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCod
     args += [ctx.ptr(o) for o in node.outputs]
     args += [ctx.numel(x.shape[:-1]), f"(int){ctx.dim(cols)}", float_literal(node.attrs["eps"])]
     warp_tiers, row_tiers = register_tiers(cols, dtype)
-    name = f"{node.op}_{SHORT[dtype]}_{shape_class(x.shape)}" + ("_sum" if with_sum else "")
-    title = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "add_layernorm": "residual add + LayerNorm",
-             "add_rmsnorm": "residual add + RMSNorm"}[node.op] + (" (also writes the sum)" if with_sum else "")
-    source = render("row_norm.cu.j2", name=name, title=title, cols_desc=f"length {cols}", T=ctype(dtype),
-                    nodes=c_comment(" ".join(labels)), residual=residual, beta=beta, with_sum=with_sum,
-                    warp_tiers=warp_tiers, row_tiers=row_tiers)
-    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
-                      _kernel_names(name, warp_tiers, row_tiers))
+    name = f"{node.op}_{suffix(dtype)}_{shape_class(x.shape)}" + ("_sum" if with_sum else "")
+    title = norm.title + (" (also writes the sum)" if with_sum else "")
+    params = dict(title=title, cols_desc=f"length {cols}", T=ctype(dtype), residual=residual, beta=beta,
+                  with_sum=with_sum, warp_tiers=warp_tiers, row_tiers=row_tiers)
+    return [KernelCode(name, "row_norm.cu.j2", params, _launch(args), labels, [node.op],
+                       _functions(warp_tiers, row_tiers))]
+
+
+ROW_NORM = register(KernelFamily(
+    "row_norm", "row norm", emit_row_norm, FLOATS, fused=True,
+    entries={"layernorm": RowNorm(residual=False, beta=True, title="LayerNorm"),
+             "rmsnorm": RowNorm(residual=False, beta=False, title="RMSNorm"),
+             "add_layernorm": RowNorm(residual=True, beta=True, title="residual add + LayerNorm"),
+             "add_rmsnorm": RowNorm(residual=True, beta=False, title="residual add + RMSNorm")}))
 
 
 def _fold_batch_dims(shape: tuple, mshape: tuple) -> tuple[tuple, tuple]:
@@ -123,14 +139,27 @@ def _fold_batch_dims(shape: tuple, mshape: tuple) -> tuple[tuple, tuple]:
     return tuple(dims) + tuple(shape[-2:]), tuple(mdims) + tuple(mshape[-2:])
 
 
-def emit_softmax(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode:
-    dtype = _float_dtype(node)
+@dataclass(frozen=True)
+class Softmax:
+    """A softmax op's kernel: ``masked`` takes its scale, mask, causal flag
+    and fill from the node (``masked_softmax``); a plain one (``softmax``)
+    is over the axis its ``axis`` names, which must be the last."""
+
+    masked: bool
+
+
+PLAIN_SOFTMAX = {"mask": "none", "causal": False, "scale": 1.0, "fill": 0.0}
+
+
+def emit_softmax(step: KernelStep) -> list[KernelCode]:
+    node, ctx, labels = step.node, step.ctx, step.labels
+    dtype = node.outputs[0].dtype
+    masked = SOFTMAX.entry(node.op).masked
     x = node.inputs[0]
     shape = tuple(x.shape)
-    if node.op == "softmax" and node.attrs["axis"] % len(shape) != len(shape) - 1:
-        raise CudaCodegenError(f"softmax over axis {node.attrs['axis']} (not the last) has no CUDA kernel")
-    attrs = node.attrs if node.op == "masked_softmax" else {"mask": "none", "causal": False, "scale": 1.0,
-                                                               "fill": 0.0}
+    if not masked and node.attrs["axis"] % len(shape) != len(shape) - 1:
+        raise CudaCodegenError(f"{node.op} over axis {node.attrs['axis']} (not the last) has no CUDA kernel")
+    attrs = node.attrs if masked else PLAIN_SOFTMAX
     mask_kind, causal = attrs["mask"], attrs["causal"]
     args = [ctx.ptr(x)]
     mask_t = "bool"
@@ -155,13 +184,16 @@ def emit_softmax(node: Node, ctx: LowerContext, labels: list[str]) -> KernelCode
              float_literal(attrs["scale"]), float_literal(attrs["fill"])]
     warp_tiers, row_tiers = register_tiers(shape[-1], dtype)
     flavour = "".join(["_causal" if causal else "", "" if mask_kind == "none" else f"_{mask_kind}"])
-    name = f"{node.op}{flavour}_{SHORT[dtype]}_{shape_class(shape)}"
-    title = "softmax" if node.op == "softmax" else \
+    name = f"{node.op}{flavour}_{suffix(dtype)}_{shape_class(shape)}"
+    title = "softmax" if not masked else \
         f"scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}{' + causal mask' if causal else ''} + softmax"
-    source = render("row_softmax.cu.j2", name=name, title=title, T=ctype(dtype), MT=mask_t,
-                    nodes=c_comment(" ".join(labels)), mask=mask_kind, causal=causal,
-                    # the last key a row's query sees (ops/masking.py); the query is row % q_len
-                    causal_limit=CExpr("row % q_len") + causal_offset(CExpr("q_len"), CExpr("cols")),
-                    warp_tiers=warp_tiers, row_tiers=row_tiers)
-    return KernelCode(name, source, f"{name}_launch({', '.join(args)}, stream);", labels, [node.op],
-                      _kernel_names(name, warp_tiers, row_tiers))
+    params = dict(title=title, T=ctype(dtype), MT=mask_t, mask=mask_kind, causal=causal,
+                  # the last key a row's query sees (ops/masking.py); the query is row % q_len
+                  causal_limit=CExpr("row % q_len") + causal_offset(CExpr("q_len"), CExpr("cols")),
+                  warp_tiers=warp_tiers, row_tiers=row_tiers)
+    return [KernelCode(name, "row_softmax.cu.j2", params, _launch(args), labels, [node.op],
+                       _functions(warp_tiers, row_tiers))]
+
+
+SOFTMAX = register(KernelFamily("softmax", "softmax", emit_softmax, FLOATS, fused=True,
+                                entries={"softmax": Softmax(masked=False), "masked_softmax": Softmax(masked=True)}))
