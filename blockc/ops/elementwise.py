@@ -18,9 +18,21 @@ def _divide(a, b):
     if a.dtype.kind not in "iuO" or b.dtype.kind not in "iuO":
         return np.divide(a, b)
     if a.dtype.kind == "O" or b.dtype.kind == "O":
-        return a // b   # dims (an imported shape computation's): never negative, so floor is truncation
+        # an imported shape computation's values: dims (never negative, so floor is truncation) beside
+        # plain integers, which may be negative (a Reshape's -1): each pair divided on its own
+        return _DIVIDE_EACH(a, b)
     q = np.floor_divide(a, b)
     return q + ((q < 0) & (q * b != a)).astype(q.dtype)
+
+
+def _divide_one(a, b):
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        q = int(a) // int(b)
+        return q + 1 if q < 0 and q * b != a else q
+    return a // b
+
+
+_DIVIDE_EACH = np.frompyfunc(_divide_one, 2, 1)
 
 
 def _torch_div(b, node, xs):

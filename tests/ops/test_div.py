@@ -38,3 +38,17 @@ def test_integer_div_truncates_on_every_backend(backend, dtype):
     got = b.run(graph(dtype), {}, {"a": a, "b": d})["y"]
     assert got.dtype == dtype.numpy
     np.testing.assert_array_equal(got, np.array(TRUNCATED[keep], dtype.numpy))
+
+
+def test_a_shape_computation_holding_dims_truncates_its_plain_integers():
+    """An imported shape computation's values are an object array when a dim
+    is among them (``batch`` beside a Reshape's -1, say). Its dims are never
+    negative, but its plain integers may be: each must truncate as int64
+    does, not floor (-7 / 2 is -3, not -4)."""
+    from blockc.ops.evaluate import fold
+    batch = parse_dim("batch")
+    a = np.array([batch * 4, -7, 7, -1, BIG], dtype=object)
+    b = np.array([2, 2, -2, 2, -3], dtype=object)
+    (got,) = fold("div", [a, b])
+    assert got.dtype == object
+    assert list(got) == [batch * 2, -3, -3, 0, -(BIG // 3)]
