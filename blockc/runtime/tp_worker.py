@@ -1,0 +1,120 @@
+"""One rank of a tensor-parallel run: ``python -m blockc.runtime.tp_worker JOB``.
+
+It reads who it is from torchrun's environment variables (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so
+``runtime/tp_launch.py`` or ``torchrun --nproc-per-node N -m
+blockc.runtime.tp_worker JOB`` start the same ranks. It joins the process
+group (gloo on the CPU; NCCL is for GPUs, which the PyTorch backend does not
+run on yet), makes its own graph with ``shard`` (every rank shards alike, so
+no graph is sent), its slice of each weight, lowers the graph with the
+PyTorch backend (``runtime/torch_runner.py``: the collectives are
+``torch.distributed`` calls) and writes its outputs to
+``{out}/rank{R}.npz``. A peer that dies makes its collectives fail, and the
+group's timeout bounds one that hangs: the rank then exits with a
+``blockc: error:`` line, never waiting for ever.
+
+``JOB`` is a JSON file: ``out`` (a folder), ``timeout`` (seconds, the
+process group's), and ``cases``, each run in turn in the one process group:
+``model`` (a built-in name, a ``.py`` or ``.onnx`` spec), ``overrides``,
+``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
+file, each rank reading only its slices), ``feeds`` (an ``.npz``),
+``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
+kept).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+from ..errors import BlockcError
+
+
+def rank_env() -> tuple[int, int]:
+    """``(rank, world size)`` from torchrun's variables, checked."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise BlockcError(f"a tensor-parallel rank needs the environment variables {', '.join(missing)} "
+                          f"(set by blockc's launcher or torchrun)")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if not 0 <= rank < world:
+        raise BlockcError(f"RANK={rank} is not a rank of WORLD_SIZE={world}")
+    return rank, world
+
+
+def rank_graph_and_weights(job: dict, rank: int, world: int):
+    """This rank's graph (sharded, then fused if asked) and its weights."""
+    from ..frontends import build_model, init_weights, trace
+    from ..passes.manager import optimize
+    from ..passes.shard import shard
+    model = build_model(job["model"], job.get("overrides") or {})
+    sharded = shard(trace(model), world)
+    graph = sharded.graphs[rank]
+    if job.get("fused"):
+        graph = optimize(graph, check=False).graph
+    if job.get("weights"):
+        weights = read_rank_weights(job["weights"], sharded, rank)
+    else:
+        weights = sharded.rank_weights(init_weights(model, seed=job.get("seed", 0)), rank)
+    return graph, weights
+
+
+def read_rank_weights(path: str, sharded, rank: int) -> dict:
+    """Rank ``rank``'s slice of each weight in a ``.safetensors`` file, read
+    through its slice API (memory-mapped), never the whole tensor."""
+    from safetensors import safe_open
+    out = {}
+    with safe_open(path, framework="numpy") as f:
+        for name in sharded.layouts:
+            part = f.get_slice(name)
+            out[name] = part[sharded.index(name, part.get_shape(), rank)]
+    return out
+
+
+def run_rank(job: dict) -> None:
+    import torch.distributed as dist
+    rank, world = rank_env()
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 60))))
+    try:
+        for i, case in enumerate(job["cases"]):
+            run_case(case, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_case(case: dict, out: str, rank: int, world: int) -> None:
+    """One model on one set of feeds: ``{out}.npz`` holds this rank's outputs;
+    ``{out}.ready`` appears once the rank is about to run."""
+    import numpy as np
+
+    from .feeds import load_npz, save_npz
+    from .torch_runner import TorchSession
+    graph, weights = rank_graph_and_weights(case, rank, world)
+    session = TorchSession(graph, weights, compile=bool(case.get("compile")))
+    feeds = load_npz(case["feeds"])
+    open(out + ".ready", "w").close()
+    for _ in range(max(1, int(case.get("repeat", 1)))):
+        outputs = session.run(feeds)
+    save_npz(out + ".npz", {k: np.asarray(v) for k, v in outputs.items()})
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if len(argv) != 1:
+            raise BlockcError("usage: python -m blockc.runtime.tp_worker JOB.json")
+        with open(argv[0]) as f:
+            run_rank(json.load(f))
+    except (BlockcError, OSError, ValueError) as err:
+        print(f"blockc: error: rank {os.environ.get('RANK', '?')}: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:   # torch.distributed: a peer gone, a timeout
+        print(f"blockc: error: rank {os.environ.get('RANK', '?')}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
