@@ -25,7 +25,6 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BlockcError, ShapeError
-from ..ir.types import TensorType
 from ._rules import norm_axis
 from .fused_onnx import MS
 from .registry import INT, REQUIRED, define

@@ -48,15 +48,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BlockcError
+from ..errors import ShardError
 from ..ir.graph import Graph, Value
 from ..ir.printer import result_numbers
 from ..ops import registry
 from .shard_layout import PARTIAL, Split, local_shape, rank_index, reshape_layout, split_of
-
-
-class ShardError(BlockcError):
-    """A graph that does not split over the ranks asked for."""
 
 
 class _Replicate(Exception):
@@ -293,8 +289,7 @@ def _place_projection(r: _Rank, n, a: Value, w: Value) -> None:
         r.decide(w, ())
     else:
         if cols % r.tp:
-            what = "vocabulary" if w.name == r.vocab or cols == r.src.params.get(r.vocab or "", w).shape[0] \
-                else "columns"
+            what = "vocabulary" if r.vocab and cols == r.src.params[r.vocab].shape[0] else "columns"
             raise ShardError(f"{r.where(n)}: the {cols} {what} of {w.name} do not divide by {r.tp} ranks")
         r.decide(w, (Split(1, r.tp),))
 

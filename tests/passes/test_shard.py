@@ -9,7 +9,8 @@ import pytest
 
 from blockc import optimize, run_reference, verify
 from blockc.frontends import build_model, init_weights, trace
-from blockc.passes.shard import ShardError, shard
+from blockc.errors import ShardError
+from blockc.passes.shard import shard
 from blockc.runtime.tp_reference import run_ranks_reference
 
 SMALL = {"layers": "2", "vocab": "256", "d_model": "64", "heads": "4"}

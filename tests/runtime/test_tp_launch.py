@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from blockc.frontends import build_model, init_weights, trace
-from blockc.passes.shard import ShardError
-from blockc.runtime.tp_launch import Case, LaunchError, run_cases, run_tp
+from blockc.errors import ShardError
+from blockc.errors import LaunchError
+from blockc.runtime.tp_launch import Case, run_cases, run_tp
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
