@@ -53,6 +53,16 @@ def test_the_ranks_still_fuse(name):
     check_ranks(graph, weights, feeds, sharded, tol=1e-10)
 
 
+def test_an_imported_onnx_file_shards(tmp_path):
+    from blockc.codegen.onnx_export import save_onnx
+    graph, weights, _ = model_and_feeds("llama-tiny", {"layers": "1"})
+    save_onnx(graph, weights, tmp_path / "m.onnx")
+    graph, weights, feeds = model_and_feeds(str(tmp_path / "m.onnx"), {})
+    sharded = shard(graph, 2)
+    assert sharded.layouts["blocks.0.attn.w_o.weight"][0].axis == 0
+    check_ranks(graph, weights, feeds, sharded)
+
+
 def test_megatron_split_of_a_gqa_block():
     graph, _, _ = model_and_feeds("llama-tiny", {"layers": "1"})
     sharded = shard(graph, 2)

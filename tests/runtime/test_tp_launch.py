@@ -39,7 +39,7 @@ def feeds_for(name: str, overrides: dict, seed: int = 0) -> dict:
 def unsharded(name: str, overrides: dict, feeds: dict) -> dict:
     from blockc.runtime.torch_runner import run_torch
     model = build_model(name, overrides)
-    return run_torch(trace(model), init_weights(model, seed=0), feeds)
+    return run_torch(trace(model), init_weights(model, seed=0), feeds)   # an ONNX file's own weights
 
 
 def alive(pid: int) -> bool:
@@ -51,9 +51,13 @@ def alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
-def test_tp2_on_gloo_equals_the_unsharded_model_fused_and_unfused():
+def test_tp2_on_gloo_equals_the_unsharded_model_fused_and_unfused(tmp_path):
+    from blockc.codegen.onnx_export import save_onnx
+    model = build_model("llama-tiny", {"layers": "1"})
+    onnx_file = str(tmp_path / "llama.onnx")
+    save_onnx(trace(model), init_weights(model, seed=0), onnx_file)
     cases = [Case(name, feeds_for(name, over), overrides=over, fused=fused)
-             for name, over in MODELS.items() for fused in (False, True)]
+             for name, over in {**MODELS, onnx_file: {}}.items() for fused in (False, True)]
     results = run_cases(cases, 2, timeout=300)
     for case, ranks in zip(cases, results):
         want = unsharded(case.model, dict(case.overrides), case.feeds)
