@@ -87,20 +87,13 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
     """Several models in one launch (one process group, started once):
     ``result[case][rank]`` is a rank's outputs. ``on_start(processes,
     folder)`` is called once every rank has started (a test kills one)."""
-    from .feeds import load_npz, save_npz
+    from .feeds import load_npz
     for case in cases:
         _check_shards(case, tp)
     port = free_port() if port is None else port
     check_port(port)
     with tempfile.TemporaryDirectory(prefix="blockc-tp-") as folder:
-        job = {"out": folder, "timeout": timeout, "cases": []}
-        for i, case in enumerate(cases):
-            spec = {k: v for k, v in vars(case).items() if k != "feeds"}
-            spec["feeds"], spec["overrides"] = os.path.join(folder, f"feeds{i}.npz"), dict(case.overrides)
-            save_npz(spec["feeds"], case.feeds)
-            job["cases"].append(spec)
-        with open(os.path.join(folder, "job.json"), "w") as f:
-            json.dump(job, f)
+        write_job(cases, folder, timeout)
         procs = _start(folder, tp, port)
         try:
             if on_start is not None:
@@ -110,6 +103,23 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
             stop(procs)
         return [[load_npz(os.path.join(folder, f"case{i}.rank{r}.npz")) for r in range(tp)]
                 for i in range(len(cases))]
+
+
+def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
+    """``folder/job.json`` and the feeds it names: what each rank reads
+    (``tp_worker``), whoever starts the ranks, blockc or torchrun; the
+    ranks write their outputs into ``folder`` too. Returns the job's path."""
+    from .feeds import save_npz
+    job = {"out": os.path.abspath(folder), "timeout": timeout, "cases": []}
+    for i, case in enumerate(cases):
+        spec = {k: v for k, v in vars(case).items() if k != "feeds"}
+        spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)
+        save_npz(spec["feeds"], case.feeds)
+        job["cases"].append(spec)
+    path = os.path.join(folder, "job.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    return path
 
 
 def _check_shards(case: Case, tp: int) -> None:
