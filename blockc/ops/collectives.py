@@ -10,8 +10,9 @@ The sharding pass (``passes/shard.py``) puts them into each rank's graph::
 
 ``world`` is the group's size. Their meaning over the peers' values is
 ``reduce_peers`` and ``gather_peers``; a single process is a group of one,
-where both are the identity, which is what the reference interpreter runs
-(a graph of ``world > 1`` needs its peers, so the interpreter refuses it).
+where both are the identity on every target (the reference interpreter,
+PyTorch, ONNX's ``Identity``); a graph of ``world > 1`` needs its peers, so
+the interpreter refuses it.
 PyTorch runs them as ``torch.distributed`` calls on the default process
 group that the launcher (``runtime/tp_launch.py``, or ``torchrun``) set up;
 ONNX writes them as ONNX Runtime's ``com.microsoft`` ``AllReduce`` and
@@ -65,8 +66,13 @@ def _(types, attrs):
 
 
 all_reduce.numpy(lambda xs, attrs, env: _alone("all_reduce", attrs, xs[0]))
-all_reduce.onnx(lambda e, node, ins: [e.emit("AllReduce", ins, domain=MS, group_size=node.attrs["world"],
-                                             reduction="sum")])
+
+
+@all_reduce.onnx
+def _(e, node, ins):
+    if node.attrs["world"] == 1:
+        return [e.emit("Identity", ins)]
+    return [e.emit("AllReduce", ins, domain=MS, group_size=node.attrs["world"], reduction="sum")]
 
 
 def torch_all_reduce(x):
@@ -78,7 +84,7 @@ def torch_all_reduce(x):
     return out
 
 
-all_reduce.torch(lambda b, node, xs: b.call(torch_all_reduce, xs[0]))
+all_reduce.torch(lambda b, node, xs: xs[0] if node.attrs["world"] == 1 else b.call(torch_all_reduce, xs[0]))
 
 all_gather = define("all_gather", ("x",), attrs={"axis": (INT, REQUIRED), "world": (INT, REQUIRED)}, flops=0,
                     doc="the ranks' x concatenated along axis in rank order")
@@ -92,8 +98,13 @@ def _(types, attrs):
 
 
 all_gather.numpy(lambda xs, attrs, env: _alone("all_gather", attrs, xs[0]))
-all_gather.onnx(lambda e, node, ins: [e.emit("AllGather", ins, domain=MS, group_size=node.attrs["world"],
-                                             axis=node.attrs["axis"])])
+
+
+@all_gather.onnx
+def _(e, node, ins):
+    if node.attrs["world"] == 1:
+        return [e.emit("Identity", ins)]
+    return [e.emit("AllGather", ins, domain=MS, group_size=node.attrs["world"], axis=node.attrs["axis"])]
 
 
 def torch_all_gather(x, axis: int, world: int):
@@ -105,4 +116,5 @@ def torch_all_gather(x, axis: int, world: int):
     return torch.cat(parts, dim=axis)
 
 
-all_gather.torch(lambda b, node, xs: b.call(torch_all_gather, xs[0], node.attrs["axis"], node.attrs["world"]))
+all_gather.torch(lambda b, node, xs: xs[0] if node.attrs["world"] == 1
+                 else b.call(torch_all_gather, xs[0], node.attrs["axis"], node.attrs["world"]))

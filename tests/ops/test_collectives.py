@@ -63,3 +63,8 @@ def test_onnx_encoding_is_microsoft_collectives():
     assert nodes["AllReduce"].domain == nodes["AllGather"].domain == "com.microsoft"
     attrs = {a.name: a for a in nodes["AllGather"].attribute}
     assert attrs["group_size"].i == 2 and attrs["axis"].i == -1
+
+
+def test_a_group_of_one_exports_as_identity():
+    model = export_onnx(collectives(1), {})
+    assert [n.op_type for n in model.graph.node] == ["Identity", "Identity"]
