@@ -92,6 +92,8 @@ def shard(graph: Graph, tp: int) -> Sharded:
     """``graph`` split into ``tp`` per-rank graphs (see the module docstring)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ShardError(f"--tp must be a positive number of ranks, got {tp!r}")
+    if tp == 1:
+        return Sharded([graph], {name: () for name in graph.params}, 1)
     replicate: dict[str, str] = {}
     while True:
         try:

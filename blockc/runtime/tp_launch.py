@@ -17,6 +17,7 @@ grows no transport of its own: the ranks talk through
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -64,7 +65,8 @@ class Case:
     """One model run on the ranks: a built-in name or a ``.py``/``.onnx``
     spec with its ``--set`` overrides, weights from ``seed`` or a
     ``.safetensors`` file, the per-rank graphs ``fused`` or not, lowered for
-    torch eager or ``compile``, run ``repeat`` times."""
+    torch eager or ``compile``, run ``repeat`` times (``time``: timed, see
+    ``time_cases``)."""
     model: str
     feeds: Mapping[str, np.ndarray]
     overrides: Mapping[str, str] = field(default_factory=dict)
@@ -73,6 +75,7 @@ class Case:
     fused: bool = False
     compile: bool = False
     repeat: int = 1
+    time: bool = False
 
 
 def run_tp(model: str, tp: int, feeds: Mapping[str, np.ndarray], **options) -> list[dict[str, np.ndarray]]:
@@ -88,6 +91,19 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
     ``result[case][rank]`` is a rank's outputs. ``on_start(processes,
     folder)`` is called once every rank has started (a test kills one)."""
     from .feeds import load_npz
+    return _launch(cases, tp, timeout, port, on_start,
+                   lambda path: load_npz(path + ".npz"))
+
+
+def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None
+               ) -> list[list[dict[str, float]]]:
+    """Each rank's step time and the time of its collectives alone, per case
+    (``tp_worker.time_rank``): ``result[case][rank]``."""
+    cases = [dataclasses.replace(c, time=True) for c in cases]
+    return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
+
+
+def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
     for case in cases:
         _check_shards(case, tp)
     port = free_port() if port is None else port
@@ -101,8 +117,7 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
             _wait(procs, folder, timeout)
         finally:
             stop(procs)
-        return [[load_npz(os.path.join(folder, f"case{i}.rank{r}.npz")) for r in range(tp)]
-                for i in range(len(cases))]
+        return [[read(os.path.join(folder, f"case{i}.rank{r}")) for r in range(tp)] for i in range(len(cases))]
 
 
 def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
@@ -133,7 +148,10 @@ def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:
     procs = []
     try:
         for rank in range(tp):
-            env = {**os.environ, **rank_environ(rank, tp, port), "PYTHONPATH": _this_blockc_first()}
+            # one thread per rank unless told otherwise, as torchrun does: ranks whose thread pools
+            # spin against each other's on shared cores make a step hundreds of times slower
+            env = {"OMP_NUM_THREADS": "1", **os.environ, **rank_environ(rank, tp, port),
+                   "PYTHONPATH": _this_blockc_first()}
             err = open(os.path.join(folder, f"stderr.rank{rank}"), "w")
             procs.append(subprocess.Popen([sys.executable, "-m", "blockc.runtime.tp_worker",
                                            os.path.join(folder, "job.json")], env=env, stdout=subprocess.DEVNULL,

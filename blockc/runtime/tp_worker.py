@@ -19,7 +19,8 @@ process group's), and ``cases``, each run in turn in the one process group:
 ``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
 ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
-kept).
+kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
+collective times).
 """
 from __future__ import annotations
 
@@ -98,6 +99,32 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
     for _ in range(max(1, int(case.get("repeat", 1)))):
         outputs = session.run(feeds)
     save_npz(out + ".npz", {k: np.asarray(v) for k, v in outputs.items()})
+    if case.get("time"):
+        with open(out + ".timing.json", "w") as f:
+            json.dump(time_rank(session, graph, feeds), f)
+
+
+def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
+    """The median step, and the median of the step's collectives alone (the
+    same ops on tensors of the same shapes, in the same order): their ratio
+    is the collectives' share of a step. Every rank runs the same fixed
+    count, so the ranks' collectives stay paired."""
+    import torch
+
+    from ..ops.collectives import torch_all_gather, torch_all_reduce
+    from .bindings import bind_inputs
+    from .timing import measure
+    bindings = bind_inputs(graph, feeds)
+    calls = []
+    for n in graph.nodes:
+        if n.op in ("all_reduce", "all_gather") and n.attrs["world"] > 1:
+            x = torch.zeros(n.inputs[0].type.concrete_shape(bindings), dtype=torch.float32)
+            calls.append((lambda x=x: torch_all_reduce(x)) if n.op == "all_reduce"
+                         else (lambda x=x, a=n.attrs: torch_all_gather(x, a["axis"], a["world"])))
+    fixed = {"warmup": 3, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
+    step = measure(lambda: session.run_unchecked(feeds), **fixed)
+    comm = measure(lambda: [call() for call in calls], **fixed)
+    return {"step_s": step.median_s, "collectives_s": comm.median_s, "collectives": len(calls)}
 
 
 def main(argv=None) -> int:
