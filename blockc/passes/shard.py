@@ -52,7 +52,7 @@ from ..errors import ShardError
 from ..ir.graph import Graph, Value
 from ..ir.printer import result_numbers
 from ..ops import registry
-from .shard_layout import PARTIAL, Split, local_shape, rank_index, reshape_layout, split_of
+from .shard_layout import PARTIAL, Split, local_shape, padded_block, rank_index, reshape_layout, split_of
 
 
 class _Replicate(Exception):
@@ -81,15 +81,24 @@ class Sharded:
 
     def read(self, weights, name: str, rank: int) -> np.ndarray:
         w = weights[name]
-        return w[self.index(name, w.shape, rank)]
+        return self.block(name, w.shape, rank, w.__getitem__)
+
+    def block(self, name: str, shape, rank: int, read) -> np.ndarray:
+        """Rank ``rank``'s block of parameter ``name`` of ``shape``, read by
+        ``read(index)`` (an array's indexing, a safetensors slice's), padded
+        with zeros where the vocabulary was padded."""
+        return padded_block(np.asarray(read(self.index(name, shape, rank))), tuple(shape), self.layouts[name])
 
     def param_bytes(self) -> list[int]:
         """Each rank's parameter bytes (by its graph's declared types)."""
         return [sum(v.type.nbytes({}) for v in g.params.values()) for g in self.graphs]
 
 
-def shard(graph: Graph, tp: int) -> Sharded:
-    """``graph`` split into ``tp`` per-rank graphs (see the module docstring)."""
+def shard(graph: Graph, tp: int, *, pad_vocab: bool = False) -> Sharded:
+    """``graph`` split into ``tp`` per-rank graphs (see the module docstring).
+    ``pad_vocab``: a vocabulary that does not divide by ``tp`` is split in
+    blocks rounded up, the last rank's ending in zero rows (their logits are
+    dropped when the logits are gathered), instead of being refused."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ShardError(f"--tp must be a positive number of ranks, got {tp!r}")
     if tp == 1:
@@ -97,13 +106,13 @@ def shard(graph: Graph, tp: int) -> Sharded:
     replicate: dict[str, str] = {}
     while True:
         try:
-            first = _Rank(graph, tp, 0, replicate).build()
+            first = _Rank(graph, tp, 0, replicate, pad_vocab).build()
             break
         except _Replicate as again:
             replicate[again.param] = again.where
             _check_replicated(graph, again.param, replicate, tp)
     layouts = dict(first.layouts)
-    graphs = [first.g] + [_Rank(graph, tp, r, replicate).build().g for r in range(1, tp)]
+    graphs = [first.g] + [_Rank(graph, tp, r, replicate, pad_vocab).build().g for r in range(1, tp)]
     return Sharded(graphs, layouts, tp)
 
 
@@ -127,8 +136,8 @@ ELEMENTWISE = {name for name, op in registry.OPS.items()
 class _Rank:
     """One rank's graph, built by walking the source graph once."""
 
-    def __init__(self, src: Graph, tp: int, rank: int, replicate: set):
-        self.src, self.tp, self.rank, self.replicate = src, tp, rank, replicate
+    def __init__(self, src: Graph, tp: int, rank: int, replicate, pad_vocab: bool = False):
+        self.src, self.tp, self.rank, self.replicate, self.pad_vocab = src, tp, rank, replicate, pad_vocab
         self.g = Graph(src.name if tp == 1 else f"{src.name}.rank{rank}")
         self.new: dict[int, Value] = {}       # id(source value) -> this rank's value
         self.lay: dict[int, object] = {}      # id(source value) -> layout
@@ -183,6 +192,8 @@ class _Rank:
                         raise ShardError(f"{v!r} is split {s.parts} ways across {self.tp} ranks, which an "
                                          f"all_gather cannot join")
                     x = self.g.op("all_gather", x, axis=s.axis, world=self.tp)
+                    if s.padded:   # the padding's rows dropped
+                        x = self.g.op("slice", x, axis=s.axis, start=0, end=v.shape[s.axis])
             self.whole_of[id(v)] = x
         return self.whole_of[id(v)]
 
@@ -194,6 +205,8 @@ class _Rank:
             return self.new[id(v)]
         if self.layout(v) == tuple(layout):
             return self.new[id(v)]
+        if any(s.padded for s in layout):
+            raise ShardError(f"{v!r} would need a padded block cut from a computed value")
         x = self.whole(v)
         index = rank_index(v.shape, layout, self.rank)
         for s in layout:
@@ -214,7 +227,7 @@ class _Rank:
                     return None
         values = []
         for v, keys in operands:
-            want = tuple(Split(axis, splits[key].parts, splits[key].stride) for axis, key in sorted(keys.items())
+            want = tuple(splits[key].at(axis) for axis, key in sorted(keys.items())
                          if key in splits and v.shape[axis] != 1)
             values.append(self.to(v, want))
         return {"splits": {k: s for k, s in splits.items()}, "values": values}
@@ -274,7 +287,7 @@ def _matmul(r: _Rank, n) -> list:
     r.carry_origin(n)
     if b.kind == "param" and split_of(r.layouts.get(b.name, ()), 1):
         r.origin[id(n.outputs[0])] = b.name
-    return r.emit(n, made["values"], tuple(sorted((Split(k, s.parts, s.stride) for k, s in splits.items()),
+    return r.emit(n, made["values"], tuple(sorted((s.at(k) for k, s in splits.items()),
                                                   key=lambda s: s.axis)))
 
 
@@ -290,10 +303,11 @@ def _place_projection(r: _Rank, n, a: Value, w: Value) -> None:
     elif split or w.name in r.replicate or r.layout(a) == PARTIAL:
         r.decide(w, ())
     else:
-        if cols % r.tp:
-            what = "vocabulary" if r.vocab and cols == r.src.params[r.vocab].shape[0] else "columns"
-            raise ShardError(f"{r.where(n)}: the {cols} {what} of {w.name} do not divide by {r.tp} ranks")
-        r.decide(w, (Split(1, r.tp),))
+        vocab = bool(r.vocab) and cols == r.src.params[r.vocab].shape[0]
+        if cols % r.tp and not (vocab and r.pad_vocab):
+            raise ShardError(f"{r.where(n)}: the {cols} {'vocabulary' if vocab else 'columns'} of {w.name} do not "
+                             f"divide by {r.tp} ranks" + (" (pad the vocabulary: --pad-vocab)" if vocab else ""))
+        r.decide(w, (Split(1, r.tp, padded=bool(cols % r.tp)),))
 
 
 def _reshape(r: _Rank, n) -> list:
@@ -321,7 +335,7 @@ def _transpose(r: _Rank, n) -> list:
         return _whole_op(r, n)
     perm = n.attrs["perm"]
     r.carry_origin(n)
-    moved = tuple(sorted((Split(perm.index(s.axis), s.parts, s.stride) for s in layout), key=lambda s: s.axis))
+    moved = tuple(sorted((s.at(perm.index(s.axis)) for s in layout), key=lambda s: s.axis))
     return r.emit(n, [r.get(x)], moved)
 
 
@@ -359,11 +373,12 @@ def _gather(r: _Rank, n) -> list:
     if table.name != r.vocab or r.layout(table) is not None or r.tp == 1:
         return _whole_op(r, n)
     rows = table.shape[0]
-    if rows % r.tp:
+    if rows % r.tp and not r.pad_vocab:
         raise ShardError(f"{r.where(n)}: the vocabulary of {rows} rows of {table.name} does not divide by "
-                         f"{r.tp} ranks (pad it to a multiple of {r.tp})")
-    r.decide(table, (Split(0, r.tp),))
-    return [(_vocab_lookup(r, r.get(table), r.whole(ids), rows // r.tp), ())]
+                         f"{r.tp} ranks (pad it to a multiple of {r.tp}: --pad-vocab)")
+    split = Split(0, r.tp, padded=bool(rows % r.tp))
+    r.decide(table, (split,))
+    return [(_vocab_lookup(r, r.get(table), r.whole(ids), split.size(rows)), ())]
 
 
 def _vocab_lookup(r: _Rank, table: Value, ids: Value, rows: int) -> Value:

@@ -14,7 +14,7 @@ A layout is one of:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 import numpy as np
@@ -27,9 +27,18 @@ class Split:
     axis: int
     parts: int
     stride: int = 1
+    padded: bool = False   # the axis rounded up to a multiple of parts, the last block ending in zeros
 
     def block(self, rank: int) -> int:
         return (rank // self.stride) % self.parts
+
+    def size(self, whole: int) -> int:
+        """One block's length along an axis of ``whole``."""
+        return -(-whole // self.parts) if self.padded else whole // self.parts
+
+    def at(self, axis: int) -> "Split":
+        """The same split of another axis (the value moved or was reshaped)."""
+        return replace(self, axis=axis)
 
 
 def split_of(layout, axis: int) -> Split | None:
@@ -42,7 +51,7 @@ def local_shape(shape, layout) -> tuple:
     """The shape of one rank's block (symbolic dims are never split)."""
     out = list(shape)
     for s in layout if layout != PARTIAL else ():
-        out[s.axis] = shape[s.axis] // s.parts
+        out[s.axis] = s.size(shape[s.axis])
     return tuple(out)
 
 
@@ -52,13 +61,19 @@ def rank_index(shape, layout, rank: int) -> tuple:
     takes it as it is, so a rank never reads the whole tensor)."""
     index = [slice(None)] * len(shape)
     for s in layout:
-        size = shape[s.axis] // s.parts
-        index[s.axis] = slice(s.block(rank) * size, (s.block(rank) + 1) * size)
+        size = s.size(shape[s.axis])
+        index[s.axis] = slice(min(s.block(rank) * size, shape[s.axis]), min((s.block(rank) + 1) * size,
+                                                                           shape[s.axis]))
     return tuple(index)
 
 
-def rank_slice(array: np.ndarray, layout, rank: int) -> np.ndarray:
-    return array[rank_index(array.shape, layout, rank)]
+def padded_block(part: np.ndarray, shape, layout) -> np.ndarray:
+    """A block read with ``rank_index``, zero-padded to its full length (the
+    last blocks of a padded split hold fewer rows, or none)."""
+    want = local_shape(tuple(shape), layout)
+    if part.shape == want:
+        return part
+    return np.pad(part, [(0, w - h) for h, w in zip(part.shape, want)])
 
 
 def reshape_groups(src: tuple, dst: tuple) -> list[tuple[list[int], list[int]]] | None:
@@ -106,6 +121,8 @@ def reshape_layout(src: tuple, dst: tuple, layout) -> tuple | str:
     so, or the reason none keeps each rank's block a block of the output."""
     if not layout:
         return ()
+    if any(s.padded for s in layout):
+        return "a padded vocabulary split cannot be reshaped"
     groups = reshape_groups(src, dst)
     if groups is None:
         return f"cannot pair the axes of {list(src)} and {list(dst)}"
@@ -115,7 +132,7 @@ def reshape_layout(src: tuple, dst: tuple, layout) -> tuple | str:
         if not splits:
             continue
         if len(a) == 1 and len(b) == 1:
-            out.append(Split(b[0], splits[0].parts, splits[0].stride))
+            out.append(splits[0].at(b[0]))
         elif len(a) == 1:
             made = _factor(splits[0], [dst[k] for k in b], b, last=len(dst) - 1)
             if isinstance(made, str):

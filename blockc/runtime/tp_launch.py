@@ -64,7 +64,7 @@ def rank_environ(rank: int, world: int, port: int) -> dict[str, str]:
 class Case:
     """One model run on the ranks: a built-in name or a ``.py``/``.onnx``
     spec with its ``--set`` overrides, weights from ``seed`` or a
-    ``.safetensors`` file, the per-rank graphs ``fused`` or not, lowered for
+    ``.safetensors`` file, the vocabulary padded to divide (``pad_vocab``), the per-rank graphs ``fused`` or not, lowered for
     torch eager or ``compile``, run ``repeat`` times (``time``: timed, see
     ``time_cases``)."""
     model: str
@@ -72,6 +72,7 @@ class Case:
     overrides: Mapping[str, str] = field(default_factory=dict)
     seed: int = 0
     weights: str | None = None
+    pad_vocab: bool = False
     fused: bool = False
     compile: bool = False
     repeat: int = 1
@@ -141,7 +142,7 @@ def _check_shards(case: Case, tp: int) -> None:
     """Shard here first: what does not divide is refused before any rank starts."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
-    shard(trace(build_model(case.model, dict(case.overrides))), tp)
+    shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
 
 
 def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:

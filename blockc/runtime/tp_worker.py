@@ -18,7 +18,7 @@ process group's), and ``cases``, each run in turn in the one process group:
 ``model`` (a built-in name, a ``.py`` or ``.onnx`` spec), ``overrides``,
 ``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
-``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
+``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
 kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
 collective times).
 """
@@ -50,7 +50,7 @@ def rank_graph_and_weights(job: dict, rank: int, world: int):
     from ..passes.manager import optimize
     from ..passes.shard import shard
     model = build_model(job["model"], job.get("overrides") or {})
-    sharded = shard(trace(model), world)
+    sharded = shard(trace(model), world, pad_vocab=bool(job.get("pad_vocab")))
     graph = sharded.graphs[rank]
     if job.get("fused"):
         graph = optimize(graph, check=False).graph
@@ -69,7 +69,7 @@ def read_rank_weights(path: str, sharded, rank: int) -> dict:
     with safe_open(path, framework="numpy") as f:
         for name in sharded.layouts:
             part = f.get_slice(name)
-            out[name] = part[sharded.index(name, part.get_shape(), rank)]
+            out[name] = sharded.block(name, part.get_shape(), rank, part.__getitem__)
     return out
 
 

@@ -53,6 +53,21 @@ def test_the_ranks_still_fuse(name):
     check_ranks(graph, weights, feeds, sharded, tol=1e-10)
 
 
+@pytest.mark.parametrize("name, overrides, tp", [
+    ("gpt2", {"layers": "1", "d_model": "64", "heads": "4", "vocab": "257"}, 2),   # tied head
+    ("llama-tiny", {"layers": "1", "vocab": "255"}, 4),                            # its own head
+])
+def test_a_padded_vocabulary(name, overrides, tp):
+    graph, weights, feeds = model_and_feeds(name, overrides)
+    feeds["input_ids"][0, 0] = int(overrides["vocab"]) - 1   # the last rank's last real row
+    sharded = shard(graph, tp, pad_vocab=True)
+    rows = -(-int(overrides["vocab"]) // tp)
+    assert all(g.params["tok.weight"].shape[0] == rows for g in sharded.graphs)
+    last = sharded.rank_weights(weights, tp - 1)["tok.weight"]
+    assert not last[int(overrides["vocab"]) - (tp - 1) * rows:].any()   # the padding is zeros
+    check_ranks(graph, weights, feeds, sharded)
+
+
 def test_an_imported_onnx_file_shards(tmp_path):
     from blockc.codegen.onnx_export import save_onnx
     graph, weights, _ = model_and_feeds("llama-tiny", {"layers": "1"})
@@ -109,7 +124,8 @@ def test_a_rank_reads_only_its_slice():
      "3 heads do not divide among 2 ranks"),
     ("llama-tiny", {"layers": "1", "d_ff": "175"}, 2,
      "the 175 columns of blocks.0.ffn.gate.weight do not divide by 2 ranks"),
-    ("gpt2", {"layers": "1"}, 2, "the vocabulary of 50257 rows of tok.weight does not divide by 2 ranks"),
+    ("gpt2", {"layers": "1"}, 2, "the vocabulary of 50257 rows of tok.weight does not divide by 2 ranks "
+                                 "(pad it to a multiple of 2: --pad-vocab)"),
     ("qwen3-tiny", {"layers": "1", "qk_norm": "full"}, 2,
      "rmsnorm over the whole of blocks.0.attn.w_q.weight's output (QK-norm across all heads)"),
 ])
