@@ -2,7 +2,7 @@
 on gloo, and the all-reduces' share of a ``--tp 2`` step.
 
 Each rank runs its graph on the PyTorch backend (eager, fused graphs);
-``runtime/tp_worker.time_rank`` times the step and, separately, the step's
+``parallel/worker.time_rank`` times the step and, separately, the step's
 collectives alone (the same ops on tensors of the same shapes, in order), so
 the share is measured, not modelled. This machine has two cores shared with
 other jobs, so two ranks compete for them: expect no speedup. The bytes each
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from blockc.frontends import build_model, trace  # noqa: E402
 from blockc.passes.shard import shard  # noqa: E402
 from blockc.report.communication import collective_bytes  # noqa: E402
-from blockc.runtime.tp_launch import Case, time_cases  # noqa: E402
+from blockc.parallel.launch import Case, time_cases  # noqa: E402
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ LAYERS = [
     ("codegen",),
     ("runtime",),
     ("report", "generate"),
+    ("parallel",),
     ("compare",),
     ("blockc",),
     ("cli",),

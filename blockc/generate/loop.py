@@ -42,6 +42,7 @@ from ..errors import BlockcError
 from ..frontends.models import DecoderLM
 from ..frontends.module import trace
 from ..passes.forms import to_form
+from ..passes.shard import shard
 from ..runtime.backend import make_backend
 from .sampling import greedy
 
@@ -230,7 +231,8 @@ def into_cache(present: np.ndarray, cache_len: int) -> np.ndarray:
 def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
              *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | None = None,
              on_token: OnToken | None = None, form: str = "fused", cache: str = "inplace",
-             cache_len: int | None = None, **backend_options) -> Generation:
+             cache_len: int | None = None, rank_of: tuple[int, int] | None = None, pad_vocab: bool = False,
+             **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
     batched. A row stops after ``stop_id``; all stop when every row has.
     ``backend``: any registered backend, built with ``backend_options``;
@@ -238,7 +240,12 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     optimizer, the graphs ``docs/PERFORMANCE.md`` measures);
     ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
     just enough) or ``concat`` (see the module docstring). ``prompts``: see
-    ``as_prompts`` (a 2-D integer array is one prompt a row)."""
+    ``as_prompts`` (a 2-D integer array is one prompt a row).
+    ``rank_of=(rank, world)``: this process is one rank of a tensor-parallel
+    group (``parallel/launch.generate_tp``): both graphs are sharded
+    (``passes/shard.py``, ``pad_vocab`` passed on) before the form is
+    applied, and this rank's graph runs on its slice of the weights; the
+    logits are gathered, so every rank picks the same tokens."""
     prompts = check_request(model, prompts, max_new)
     if stop_id is not None and not 0 <= stop_id < model.cfg.vocab:
         raise BlockcError(f"stop id {stop_id} is outside the vocabulary [0, {model.cfg.vocab})")
@@ -248,11 +255,12 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
     pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
-    prefill_graph = to_form(trace(model.for_cache("prefill", padded=pads)), form)
-    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length, padded=pads)), form) \
-        if max_new > 1 else None
-    with target.compile(prefill_graph, weights) as prefill:
-        decode = target.compile(decode_graph, weights) if decode_graph is not None else None
+    prefill_graph, prefill_weights = _rank_part(trace(model.for_cache("prefill", padded=pads)), weights,
+                                                rank_of, pad_vocab)
+    decode_graph, decode_weights = _rank_part(trace(model.for_cache("decode", cache_len=length, padded=pads)),
+                                              weights, rank_of, pad_vocab) if max_new > 1 else (None, None)
+    with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
+        decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
             return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stop_id, on_token,
@@ -260,6 +268,15 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         finally:
             if decode is not None:
                 decode.close()
+
+
+def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool):
+    """The graph and weights this process runs: all of them, or its rank's."""
+    if rank_of is None:
+        return graph, weights
+    rank, world = rank_of
+    sharded = shard(graph, world, pad_vocab=pad_vocab)
+    return sharded.graphs[rank], sharded.rank_weights(weights, rank)
 
 
 def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stop_id, on_token, compile_s,

@@ -14,7 +14,7 @@ where both are the identity on every target (the reference interpreter,
 PyTorch, ONNX's ``Identity``); a graph of ``world > 1`` needs its peers, so
 the interpreter refuses it.
 PyTorch runs them as ``torch.distributed`` calls on the default process
-group that the launcher (``runtime/tp_launch.py``, or ``torchrun``) set up;
+group that the launcher (``parallel/launch.py``, or ``torchrun``) set up;
 ONNX writes them as ONNX Runtime's ``com.microsoft`` ``AllReduce`` and
 ``AllGather``, which only an ONNX Runtime built with NCCL or MPI runs (the
 standard wheel is not).
@@ -44,7 +44,7 @@ def gather_peers(values: Sequence[np.ndarray], axis: int) -> np.ndarray:
 def _alone(name: str, attrs, x: np.ndarray) -> list[np.ndarray]:
     if attrs["world"] != 1:
         raise BlockcError(f"{name} over {attrs['world']} ranks needs its peers' values: a rank's graph runs "
-                          f"under the tensor-parallel launcher (blockc.runtime.tp_launch) or torchrun, "
+                          f"under the tensor-parallel launcher (blockc.parallel.launch) or torchrun, "
                           f"not on its own")
     return [x]
 

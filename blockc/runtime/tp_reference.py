@@ -2,7 +2,7 @@
 float64 reference interpreter: the collectives' meaning given the peers'
 values (``ops/collectives.reduce_peers``, ``gather_peers``), with no
 processes and no transport. It is the oracle the launched ranks
-(``runtime/tp_launch.py``) are checked against, and what a test of a
+(``parallel/launch.py``) are checked against, and what a test of a
 sharding reads first: every rank's graph walks the same node sequence, so
 node ``i`` of each rank is ready when the collective at ``i`` needs it.
 """

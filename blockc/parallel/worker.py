@@ -1,9 +1,9 @@
-"""One rank of a tensor-parallel run: ``python -m blockc.runtime.tp_worker JOB``.
+"""One rank of a tensor-parallel run: ``python -m blockc.parallel.worker JOB``.
 
 It reads who it is from torchrun's environment variables (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so
-``runtime/tp_launch.py`` or ``torchrun --nproc-per-node N -m
-blockc.runtime.tp_worker JOB`` start the same ranks. It joins the process
+``parallel/launch.py`` or ``torchrun --nproc-per-node N -m
+blockc.parallel.worker JOB`` start the same ranks. It joins the process
 group (gloo on the CPU; NCCL is for GPUs, which the PyTorch backend does not
 run on yet), makes its own graph with ``shard`` (every rank shards alike, so
 no graph is sent), its slice of each weight, lowers the graph with the
@@ -20,7 +20,8 @@ process group's), and ``cases``, each run in turn in the one process group:
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
 ``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
 kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
-collective times).
+collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n}``:
+greedy generation instead of one forward pass, ``{out}.tokens.json``).
 """
 from __future__ import annotations
 
@@ -88,10 +89,12 @@ def run_rank(job: dict) -> None:
 def run_case(case: dict, out: str, rank: int, world: int) -> None:
     """One model on one set of feeds: ``{out}.npz`` holds this rank's outputs;
     ``{out}.ready`` appears once the rank is about to run."""
+    if case.get("generate"):
+        return generate_case(case, out, rank, world)
     import numpy as np
 
-    from .feeds import load_npz, save_npz
-    from .torch_runner import TorchSession
+    from ..runtime.feeds import load_npz, save_npz
+    from ..runtime.torch_runner import TorchSession
     graph, weights = rank_graph_and_weights(case, rank, world)
     session = TorchSession(graph, weights, compile=bool(case.get("compile")))
     feeds = load_npz(case["feeds"])
@@ -104,6 +107,21 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
             json.dump(time_rank(session, graph, feeds), f)
 
 
+def generate_case(case: dict, out: str, rank: int, world: int) -> None:
+    """Greedy generation on this rank (``generate(..., rank_of=)``): its new
+    tokens to ``{out}.tokens.json``."""
+    from ..frontends import build_model, init_weights
+    from ..generate.loop import generate
+    model = build_model(case["model"], case.get("overrides") or {})
+    request = case["generate"]
+    result = generate(model, init_weights(model, seed=case.get("seed", 0)), request["prompts"], request["max_new"],
+                      backend="torch-compile" if case.get("compile") else "torch-eager",
+                      form="fused" if case.get("fused") else "standard", rank_of=(rank, world),
+                      pad_vocab=bool(case.get("pad_vocab")))
+    with open(out + ".tokens.json", "w") as f:
+        json.dump(result.tokens, f)
+
+
 def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
     """The median step, and the median of the step's collectives alone (the
     same ops on tensors of the same shapes, in the same order): their ratio
@@ -112,8 +130,8 @@ def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
     import torch
 
     from ..ops.collectives import torch_all_gather, torch_all_reduce
-    from .bindings import bind_inputs
-    from .timing import measure
+    from ..runtime.bindings import bind_inputs
+    from ..runtime.timing import measure
     bindings = bind_inputs(graph, feeds)
     calls = []
     for n in graph.nodes:
@@ -131,7 +149,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if len(argv) != 1:
-            raise BlockcError("usage: python -m blockc.runtime.tp_worker JOB.json")
+            raise BlockcError("usage: python -m blockc.parallel.worker JOB.json")
         with open(argv[0]) as f:
             run_rank(json.load(f))
     except (BlockcError, OSError, ValueError) as err:

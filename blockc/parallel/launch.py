@@ -1,7 +1,7 @@
 """Start the ranks of a tensor-parallel run, and make sure they all end.
 
 ``run_tp(model, tp, feeds, ...)`` starts ``tp`` processes of
-``blockc.runtime.tp_worker`` with torchrun's environment variables
+``blockc.parallel.worker`` with torchrun's environment variables
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``,
 ``MASTER_PORT``), waits for them and returns each rank's outputs. blockc
 grows no transport of its own: the ranks talk through
@@ -77,6 +77,7 @@ class Case:
     compile: bool = False
     repeat: int = 1
     time: bool = False
+    generate: dict | None = None
 
 
 def run_tp(model: str, tp: int, feeds: Mapping[str, np.ndarray], **options) -> list[dict[str, np.ndarray]]:
@@ -91,7 +92,7 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
     """Several models in one launch (one process group, started once):
     ``result[case][rank]`` is a rank's outputs. ``on_start(processes,
     folder)`` is called once every rank has started (a test kills one)."""
-    from .feeds import load_npz
+    from ..runtime.feeds import load_npz
     return _launch(cases, tp, timeout, port, on_start,
                    lambda path: load_npz(path + ".npz"))
 
@@ -99,9 +100,19 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
 def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None
                ) -> list[list[dict[str, float]]]:
     """Each rank's step time and the time of its collectives alone, per case
-    (``tp_worker.time_rank``): ``result[case][rank]``."""
+    (``worker.time_rank``): ``result[case][rank]``."""
     cases = [dataclasses.replace(c, time=True) for c in cases]
     return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
+
+
+def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, overrides: Mapping[str, str] | None = None,
+                seed: int = 0, fused: bool = True, pad_vocab: bool = False, timeout: float = 300.0,
+                port: int | None = None) -> list[list[list[int]]]:
+    """Greedy generation with the model split over ``tp`` ranks: each rank's
+    new tokens per prompt (the ranks gather the logits, so all agree)."""
+    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, fused=fused, pad_vocab=pad_vocab,
+                generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new)})
+    return _launch([case], tp, timeout, port, None, lambda path: json.load(open(path + ".tokens.json")))[0]
 
 
 def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
@@ -123,9 +134,9 @@ def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
 
 def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
     """``folder/job.json`` and the feeds it names: what each rank reads
-    (``tp_worker``), whoever starts the ranks, blockc or torchrun; the
+    (``parallel/worker.py``), whoever starts the ranks, blockc or torchrun; the
     ranks write their outputs into ``folder`` too. Returns the job's path."""
-    from .feeds import save_npz
+    from ..runtime.feeds import save_npz
     job = {"out": os.path.abspath(folder), "timeout": timeout, "cases": []}
     for i, case in enumerate(cases):
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
@@ -154,7 +165,7 @@ def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:
             env = {"OMP_NUM_THREADS": "1", **os.environ, **rank_environ(rank, tp, port),
                    "PYTHONPATH": _this_blockc_first()}
             err = open(os.path.join(folder, f"stderr.rank{rank}"), "w")
-            procs.append(subprocess.Popen([sys.executable, "-m", "blockc.runtime.tp_worker",
+            procs.append(subprocess.Popen([sys.executable, "-m", "blockc.parallel.worker",
                                            os.path.join(folder, "job.json")], env=env, stdout=subprocess.DEVNULL,
                                           stderr=err, start_new_session=True))
             err.close()

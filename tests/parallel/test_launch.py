@@ -20,7 +20,7 @@ import pytest
 from blockc.frontends import build_model, init_weights, trace
 from blockc.errors import ShardError
 from blockc.errors import LaunchError
-from blockc.runtime.tp_launch import Case, run_cases, run_tp, write_job
+from blockc.parallel.launch import Case, run_cases, run_tp, write_job
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -116,7 +116,7 @@ def test_ctrl_c_ends_every_rank():
         import os, sys, time
         import numpy as np
         from blockc.frontends import build_model
-        from blockc.runtime.tp_launch import run_tp
+        from blockc.parallel.launch import run_tp
         rng = np.random.default_rng(0)
         m = build_model("llama-tiny", {"layers": "1"})
         feeds = {s.name: s.sample({"batch": 1, "seq": 4}, rng) for s in m.inputs()}
@@ -151,10 +151,20 @@ def test_torchrun_starts_the_same_ranks(tmp_path):
         port = s.getsockname()[1]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--master-addr", "127.0.0.1", "--master-port", str(port),
-                           "-m", "blockc.runtime.tp_worker", job], env=env, capture_output=True, text=True,
+                           "-m", "blockc.parallel.worker", job], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     want = unsharded("llama-tiny", over, feeds)
     for rank in (0, 1):
         with np.load(tmp_path / f"case0.rank{rank}.npz") as got:
             np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_generate_on_two_ranks_gives_the_tokens_of_one():
+    from blockc.generate.loop import generate
+    from blockc.parallel.launch import generate_tp
+    model = build_model("llama-tiny", {})
+    prompts = [[5, 17, 42, 9], [100, 3]]
+    want = generate(model, init_weights(model, seed=0), prompts, 6, backend="torch-eager").tokens
+    ranks = generate_tp("llama-tiny", 2, prompts, 6)
+    assert ranks == [want, want]
