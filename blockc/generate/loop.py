@@ -255,10 +255,11 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
     pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
-    prefill_graph, prefill_weights = _rank_part(trace(model.for_cache("prefill", padded=pads)), weights,
-                                                rank_of, pad_vocab)
-    decode_graph, decode_weights = _rank_part(trace(model.for_cache("decode", cache_len=length, padded=pads)),
-                                              weights, rank_of, pad_vocab) if max_new > 1 else (None, None)
+    prefill_graph, prefill_weights, split = _rank_part(trace(model.for_cache("prefill", padded=pads)), weights,
+                                                       rank_of, pad_vocab, model.cfg.layers)
+    decode_graph, decode_weights, _ = _rank_part(trace(model.for_cache("decode", cache_len=length, padded=pads)),
+                                                 weights, rank_of, pad_vocab, model.cfg.layers, split) \
+        if max_new > 1 else (None, None, None)
     with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
         decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
         try:
@@ -270,13 +271,20 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
                 decode.close()
 
 
-def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool):
-    """The graph and weights this process runs: all of them, or its rank's."""
+def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, layers: int, split: dict | None = None):
+    """The graph and weights this process runs: all of them, or its rank's,
+    and how its presents are split. The KV cache stays split by heads: the
+    prefill's presents as they are, and each decode step given its pasts in
+    the same layout (``split``) and returning its presents so."""
     if rank_of is None:
-        return graph, weights
+        return graph, weights, {}
     rank, world = rank_of
-    sharded = shard(graph, world, pad_vocab=pad_vocab)
-    return sharded.graphs[rank], sharded.rank_weights(weights, rank)
+    names = cache_names(layers)
+    sharded = shard(graph, world, pad_vocab=pad_vocab, keep_split={present for _, present in names},
+                    inputs={past: split.get(present, ()) for past, present in names} if split is not None else None)
+    if split is not None and sharded.outputs != split:
+        raise BlockcError("the decode step's caches would be split unlike the prefill's: the step cannot carry them")
+    return sharded.graphs[rank], sharded.rank_weights(weights, rank), sharded.outputs
 
 
 def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stop_id, on_token, compile_s,

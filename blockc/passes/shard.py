@@ -43,7 +43,7 @@ graph; the fusion pipeline then runs on each rank's graph.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -69,6 +69,12 @@ class Sharded:
     graphs: list
     layouts: dict
     tp: int
+    inputs: dict = field(default_factory=dict)    # graph inputs each rank is given split: name -> layout
+    outputs: dict = field(default_factory=dict)   # outputs each rank returns split (``keep_split``)
+
+    def rank_feeds(self, feeds: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
+        """Rank ``rank``'s part of whole feeds (the split inputs cut to its block)."""
+        return {k: v[rank_index(v.shape, self.inputs[k], rank)] if k in self.inputs else v for k, v in feeds.items()}
 
     def index(self, name: str, shape, rank: int) -> tuple:
         """Rank ``rank``'s index (slices) into the whole parameter ``name`` of ``shape``."""
@@ -94,26 +100,32 @@ class Sharded:
         return [sum(v.type.nbytes({}) for v in g.params.values()) for g in self.graphs]
 
 
-def shard(graph: Graph, tp: int, *, pad_vocab: bool = False) -> Sharded:
+def shard(graph: Graph, tp: int, *, pad_vocab: bool = False, inputs: Mapping[str, tuple] | None = None,
+          keep_split: frozenset | set = frozenset()) -> Sharded:
     """``graph`` split into ``tp`` per-rank graphs (see the module docstring).
     ``pad_vocab``: a vocabulary that does not divide by ``tp`` is split in
     blocks rounded up, the last rank's ending in zero rows (their logits are
-    dropped when the logits are gathered), instead of being refused."""
+    dropped when the logits are gathered), instead of being refused.
+    ``inputs``: graph inputs each rank is given as its block (name ->
+    layout); ``keep_split``: outputs each rank returns as its block, not
+    gathered (a KV cache split by heads: the presents a step returns split
+    are the pasts the next step is given; ``Sharded.outputs`` says how)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ShardError(f"--tp must be a positive number of ranks, got {tp!r}")
     if tp == 1:
         return Sharded([graph], {name: () for name in graph.params}, 1)
+    io = (dict(inputs or {}), frozenset(keep_split))
     replicate: dict[str, str] = {}
     while True:
         try:
-            first = _Rank(graph, tp, 0, replicate, pad_vocab).build()
+            first = _Rank(graph, tp, 0, replicate, pad_vocab, io).build()
             break
         except _Replicate as again:
             replicate[again.param] = again.where
             _check_replicated(graph, again.param, replicate, tp)
     layouts = dict(first.layouts)
-    graphs = [first.g] + [_Rank(graph, tp, r, replicate, pad_vocab).build().g for r in range(1, tp)]
-    return Sharded(graphs, layouts, tp)
+    graphs = [first.g] + [_Rank(graph, tp, r, replicate, pad_vocab, io).build().g for r in range(1, tp)]
+    return Sharded(graphs, layouts, tp, {k: v for k, v in io[0].items() if v}, first.kept)
 
 
 def _check_replicated(graph: Graph, name: str, replicate: dict, tp: int) -> None:
@@ -136,8 +148,11 @@ ELEMENTWISE = {name for name, op in registry.OPS.items()
 class _Rank:
     """One rank's graph, built by walking the source graph once."""
 
-    def __init__(self, src: Graph, tp: int, rank: int, replicate, pad_vocab: bool = False):
+    def __init__(self, src: Graph, tp: int, rank: int, replicate, pad_vocab: bool = False,
+                 io: tuple = ({}, frozenset())):
         self.src, self.tp, self.rank, self.replicate, self.pad_vocab = src, tp, rank, replicate, pad_vocab
+        self.given, self.keep = io
+        self.kept: dict[str, tuple] = {}
         self.g = Graph(src.name if tp == 1 else f"{src.name}.rank{rank}")
         self.new: dict[int, Value] = {}       # id(source value) -> this rank's value
         self.lay: dict[int, object] = {}      # id(source value) -> layout
@@ -149,15 +164,26 @@ class _Rank:
 
     def build(self) -> "_Rank":
         for v in self.src.inputs:
-            self.new[id(v)], self.lay[id(v)] = self.g.add_input(v.name, v.type), ()
+            layout = tuple(self.given.get(v.name, ()))
+            self.new[id(v)] = self.g.add_input(v.name, v.type.with_shape(local_shape(v.shape, layout)))
+            self.lay[id(v)] = layout
         for n in self.src.nodes:
             handler = _HANDLERS.get(n.op) or (_elementwise if n.op in ELEMENTWISE else _whole_op)
             outs = handler(self, n)
             for o, (value, layout) in zip(n.outputs, outs):
                 self.new[id(o)], self.lay[id(o)] = value, layout
-        self.g.set_outputs([(name, self.whole(v)) for name, v in self.src.outputs])
+        self.g.set_outputs([(name, self.kept_split(name, v) if name in self.keep else self.whole(v))
+                            for name, v in self.src.outputs])
         self.g.remove_unused_params()
         return self
+
+    def kept_split(self, name: str, v: Value) -> Value:
+        """An output returned as this rank's block: as it is, where it is split."""
+        layout = self.layout(v) or ()
+        if layout == PARTIAL:
+            return self.whole(v)
+        self.kept[name] = layout
+        return self.get(v)
 
     # -- values in a layout --------------------------------------------------
     def where(self, n) -> str:
@@ -397,4 +423,4 @@ def _vocab_lookup(r: _Rank, table: Value, ids: Value, rows: int) -> Value:
 
 _HANDLERS = {"matmul": _matmul, "reshape": _reshape, "transpose": _transpose, "softmax": _along_axis,
              "slice": _along_axis, "split": _along_axis, "concat": _along_axis, "layernorm": _norm,
-             "rmsnorm": _norm, "gather": _gather}
+             "rmsnorm": _norm, "gather": _gather, "cache_write": _along_axis}

@@ -20,15 +20,16 @@ from .bindings import bind_inputs
 
 def run_ranks_reference(sharded, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
                         *, float64: bool = True) -> list[dict[str, np.ndarray]]:
-    """Each rank's outputs (``passes/shard.Sharded``), computed together."""
+    """Each rank's outputs (``passes/shard.Sharded``), computed together
+    from whole ``feeds`` (each rank given its block of a split input)."""
     graphs = sharded.graphs
     if len({len(g.nodes) for g in graphs}) != 1:
         raise BlockcError("the ranks' graphs differ in length, so they cannot run in lockstep")
-    env = Env(bind_inputs(graphs[0], feeds), float64)
+    env = Env(bind_inputs(graphs[0], sharded.rank_feeds(feeds, 0)), float64)
     vals = []
     for rank, g in enumerate(graphs):
-        mine = sharded.rank_weights(weights, rank)
-        v = {id(x): np.asarray(feeds[x.name]) for x in g.inputs}
+        mine, fed = sharded.rank_weights(weights, rank), sharded.rank_feeds(feeds, rank)
+        v = {id(x): np.asarray(fed[x.name]).astype(env.numpy_dtype(x.dtype), copy=False) for x in g.inputs}
         v.update({id(x): np.asarray(mine[name]).astype(env.numpy_dtype(x.dtype)) for name, x in g.params.items()})
         vals.append(v)
     for i, nodes in enumerate(zip(*(g.nodes for g in graphs))):

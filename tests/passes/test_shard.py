@@ -68,6 +68,31 @@ def test_a_padded_vocabulary(name, overrides, tp):
     check_ranks(graph, weights, feeds, sharded)
 
 
+@pytest.mark.parametrize("kv_heads, tp, cache_len", [("2", 2, None), ("2", 2, 8), ("1", 2, 8)])
+def test_a_kv_cache_split_by_heads(kv_heads, tp, cache_len):
+    from blockc.generate.loop import cache_names
+    from blockc.passes.shard_layout import rank_index
+    model = build_model("llama-tiny", {"layers": "2", "kv_heads": kv_heads})
+    names = cache_names(2)
+    presents = {present for _, present in names}
+    prefill = shard(trace(model.for_cache("prefill")), tp, keep_split=presents)
+    step = model.for_cache("decode", cache_len=cache_len)
+    graph = trace(step)
+    sharded = shard(graph, tp, inputs={past: prefill.outputs[present] for past, present in names},
+                    keep_split=presents)
+    assert sharded.outputs == prefill.outputs
+    heads = sharded.graphs[0].input("past.0.key").shape[1]
+    assert heads == (int(kv_heads) // tp if int(kv_heads) >= tp else int(kv_heads))   # replicated when fewer
+    assert sharded.graphs[0].op_counts()["all_gather"] == 1   # the logits only: no cache is gathered
+    rng = np.random.default_rng(0)
+    feeds = {s.name: s.sample({"batch": 2, "seq": 1, "past": 3, "total": 4}, rng) for s in step.inputs()}
+    want = run_reference(graph, init_weights(model, seed=0), feeds)
+    for rank, got in enumerate(run_ranks_reference(sharded, init_weights(model, seed=0), feeds)):
+        for name, value in want.items():
+            block = value[rank_index(value.shape, sharded.outputs[name], rank)] if name in sharded.outputs else value
+            np.testing.assert_allclose(got[name], block, rtol=1e-12, atol=1e-12, err_msg=f"rank {rank} {name}")
+
+
 def test_an_imported_onnx_file_shards(tmp_path):
     from blockc.codegen.onnx_export import save_onnx
     graph, weights, _ = model_and_feeds("llama-tiny", {"layers": "1"})
