@@ -150,9 +150,13 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
 
 
 def _check_shards(case: Case, tp: int) -> None:
-    """Shard here first: what does not divide is refused before any rank starts."""
+    """Shard here first: what does not divide, or weights no rank can read
+    in slices, are refused before any rank starts."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
+    from .worker import check_weights_file
+    if case.weights is not None:
+        check_weights_file(case.weights)
     shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
 
 

@@ -30,7 +30,7 @@ import json
 import os
 import sys
 
-from ..errors import BlockcError
+from ..errors import BlockcError, WeightsError
 
 
 def rank_env() -> tuple[int, int]:
@@ -62,12 +62,26 @@ def rank_graph_and_weights(job: dict, rank: int, world: int):
     return graph, weights
 
 
+def check_weights_file(path: str) -> None:
+    """A rank reads its slices through safetensors' slice API: other formats
+    would be read whole on every rank."""
+    if not str(path).endswith(".safetensors"):
+        raise WeightsError(f"{path}: a tensor-parallel rank reads its slices of a .safetensors file; "
+                           f"convert the weights to .safetensors")
+    if not os.path.isfile(path):
+        raise WeightsError(f"{path}: no such weights file")
+
+
 def read_rank_weights(path: str, sharded, rank: int) -> dict:
     """Rank ``rank``'s slice of each weight in a ``.safetensors`` file, read
     through its slice API (memory-mapped), never the whole tensor."""
     from safetensors import safe_open
+    check_weights_file(path)
     out = {}
     with safe_open(path, framework="numpy") as f:
+        missing = sorted(set(sharded.layouts) - set(f.keys()))
+        if missing:
+            raise WeightsError(f"{path} has no tensor {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
         for name in sharded.layouts:
             part = f.get_slice(name)
             out[name] = sharded.block(name, part.get_shape(), rank, part.__getitem__)

@@ -39,3 +39,16 @@ def test_a_rank_needs_torchruns_variables(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500")
     with pytest.raises(BlockcError, match="RANK=2 is not a rank of WORLD_SIZE=2"):
         rank_env()
+
+
+def test_weights_a_rank_cannot_read_in_slices_are_refused(tmp_path):
+    from blockc.errors import WeightsError
+    from blockc.parallel.launch import run_tp
+    sharded = shard(trace(build_model("llama-tiny", {"layers": "1"})), 2)
+    with pytest.raises(WeightsError, match="reads its slices of a .safetensors file"):
+        run_tp("llama-tiny", 2, {}, overrides={"layers": "1"}, weights=str(tmp_path / "w.npz"))
+    with pytest.raises(WeightsError, match="no such weights file"):
+        read_rank_weights(str(tmp_path / "none.safetensors"), sharded, 0)
+    save_weights(tmp_path / "few.safetensors", {"tok.weight": np.zeros((256, 64), np.float32)})
+    with pytest.raises(WeightsError, match="has no tensor blocks.0"):
+        read_rank_weights(str(tmp_path / "few.safetensors"), sharded, 0)
