@@ -48,7 +48,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import ShardError
+from ..errors import ShardError, printable
 from ..ir.graph import Graph, Value
 from ..ir.printer import result_numbers
 from ..ops import registry
@@ -137,7 +137,7 @@ def _check_replicated(graph: Graph, name: str, replicate: dict, tp: int) -> None
               if n.op == "matmul" and n.inputs[1].kind == "param" and n.inputs[0] is reader.inputs[0]}
     if beside <= set(replicate):
         first = next(b for b in replicate if b in beside)
-        raise ShardError(f"{replicate[first]}: the heads of {first} do not split across {tp} ranks "
+        raise ShardError(f"{replicate[first]}: the heads of {printable(first)} do not split across {tp} ranks "
                          f"(more ranks than heads)")
 
 
@@ -324,14 +324,14 @@ def _place_projection(r: _Rank, n, a: Value, w: Value) -> None:
     split = split_of(r.layout(a) or (), a.type.rank - 1)
     if split and (split.parts, split.stride) == (r.tp, 1):
         if k % r.tp:
-            raise ShardError(f"{r.where(n)}: the {k} rows of {w.name} do not divide by {r.tp} ranks")
+            raise ShardError(f"{r.where(n)}: the {k} rows of {printable(w.name)} do not divide by {r.tp} ranks")
         r.decide(w, (Split(0, r.tp),))
     elif split or w.name in r.replicate or r.layout(a) == PARTIAL:
         r.decide(w, ())
     else:
         vocab = bool(r.vocab) and cols == r.src.params[r.vocab].shape[0]
         if cols % r.tp and not (vocab and r.pad_vocab):
-            raise ShardError(f"{r.where(n)}: the {cols} {'vocabulary' if vocab else 'columns'} of {w.name} do not "
+            raise ShardError(f"{r.where(n)}: the {cols} {'vocabulary' if vocab else 'columns'} of {printable(w.name)} do not "
                              f"divide by {r.tp} ranks" + (" (pad the vocabulary: --pad-vocab)" if vocab else ""))
         r.decide(w, (Split(1, r.tp, padded=bool(cols % r.tp)),))
 
@@ -385,7 +385,7 @@ def _norm(r: _Rank, n) -> list:
     x, *params = n.inputs
     layout = r.layout(x) or ()
     if split_of(layout, x.type.rank - 1) and id(x) in r.origin:
-        raise ShardError(f"{r.where(n)}: {n.op} over the whole of {r.origin[id(x)]}'s output (QK-norm across "
+        raise ShardError(f"{r.where(n)}: {n.op} over the whole of {printable(r.origin[id(x)])}'s output (QK-norm across "
                          f"all heads) needs the full width on each rank, so it does not split across {r.tp} "
                          f"ranks; QK-norm per head does")
     if layout == PARTIAL or split_of(layout, x.type.rank - 1):
@@ -400,7 +400,7 @@ def _gather(r: _Rank, n) -> list:
         return _whole_op(r, n)
     rows = table.shape[0]
     if rows % r.tp and not r.pad_vocab:
-        raise ShardError(f"{r.where(n)}: the vocabulary of {rows} rows of {table.name} does not divide by "
+        raise ShardError(f"{r.where(n)}: the vocabulary of {rows} rows of {printable(table.name)} does not divide by "
                          f"{r.tp} ranks (pad it to a multiple of {r.tp}: --pad-vocab)")
     split = Split(0, r.tp, padded=bool(rows % r.tp))
     r.decide(table, (split,))
