@@ -15,5 +15,6 @@ from .ir.parser import parse_graph  # noqa: F401
 from .ir.printer import print_graph  # noqa: F401
 from .ir.verify import verify  # noqa: F401
 from .passes.manager import optimize  # noqa: F401
+from .passes.shard import shard  # noqa: F401
 from .runtime.reference import run_reference  # noqa: F401
 from .version import __version__  # noqa: F401

@@ -47,6 +47,17 @@ class OnnxFileError(BlockcError):
     operators blockc does not import."""
 
 
+class ShardError(BlockcError):
+    """A graph that does not split over the tensor-parallel ranks asked for
+    (heads, K/V heads, a width or a vocabulary that does not divide; a norm
+    over a whole split projection)."""
+
+
+class LaunchError(BlockcError):
+    """A tensor-parallel run that could not start (a port in use) or did not
+    finish (a rank that failed or died, the time limit)."""
+
+
 class InputsError(BlockcError):
     """Input arrays that do not fit a graph's inputs; ``problems`` lists every mismatch."""
 

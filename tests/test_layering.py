@@ -29,6 +29,7 @@ LAYERS = [
     ("codegen",),
     ("runtime",),
     ("report", "generate"),
+    ("parallel",),
     ("compare",),
     ("blockc",),
     ("cli",),

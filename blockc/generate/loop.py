@@ -42,6 +42,7 @@ from ..errors import BlockcError
 from ..frontends.models import DecoderLM
 from ..frontends.module import trace
 from ..passes.forms import to_form
+from ..passes.shard import shard
 from ..runtime.backend import make_backend
 from .sampling import greedy
 
@@ -244,7 +245,8 @@ def stop_ids(stop_id: int | Iterable[int] | None, vocab: int) -> frozenset[int]:
 def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
              *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | Iterable[int] | None = None,
              on_token: OnToken | None = None, form: str = "fused", cache: str = "inplace",
-             cache_len: int | None = None, **backend_options) -> Generation:
+             cache_len: int | None = None, rank_of: tuple[int, int] | None = None, pad_vocab: bool = False,
+             **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
     batched. A row stops after ``stop_id`` (an id, or several: ``stop_ids``);
     all stop when every row has.
@@ -253,7 +255,12 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     optimizer, the graphs ``docs/PERFORMANCE.md`` measures);
     ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
     just enough) or ``concat`` (see the module docstring). ``prompts``: see
-    ``as_prompts`` (a 2-D integer array is one prompt a row)."""
+    ``as_prompts`` (a 2-D integer array is one prompt a row).
+    ``rank_of=(rank, world)``: this process is one rank of a tensor-parallel
+    group (``parallel/launch.generate_tp``): both graphs are sharded
+    (``passes/shard.py``, ``pad_vocab`` passed on) before the form is
+    applied, and this rank's graph runs on its slice of the weights; the
+    logits are gathered, so every rank picks the same tokens."""
     prompts = check_request(model, prompts, max_new)
     stops = stop_ids(stop_id, model.cfg.vocab)
     length = cache_length(model, prompts, max_new, cache, cache_len)
@@ -262,11 +269,13 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
     pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
-    prefill_graph = to_form(trace(model.for_cache("prefill", padded=pads)), form)
-    decode_graph = to_form(trace(model.for_cache("decode", cache_len=length, padded=pads)), form) \
-        if max_new > 1 else None
-    with target.compile(prefill_graph, weights) as prefill:
-        decode = target.compile(decode_graph, weights) if decode_graph is not None else None
+    prefill_graph, prefill_weights, split = _rank_part(trace(model.for_cache("prefill", padded=pads)), weights,
+                                                       rank_of, pad_vocab, model.cfg.layers)
+    decode_graph, decode_weights, _ = _rank_part(trace(model.for_cache("decode", cache_len=length, padded=pads)),
+                                                 weights, rank_of, pad_vocab, model.cfg.layers, split) \
+        if max_new > 1 else (None, None, None)
+    with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
+        decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
             return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stops, on_token,
@@ -274,6 +283,22 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         finally:
             if decode is not None:
                 decode.close()
+
+
+def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, layers: int, split: dict | None = None):
+    """The graph and weights this process runs: all of them, or its rank's,
+    and how its presents are split. The KV cache stays split by heads: the
+    prefill's presents as they are, and each decode step given its pasts in
+    the same layout (``split``) and returning its presents so."""
+    if rank_of is None:
+        return graph, weights, {}
+    rank, world = rank_of
+    names = cache_names(layers)
+    sharded = shard(graph, world, pad_vocab=pad_vocab, keep_split={present for _, present in names},
+                    inputs={past: split.get(present, ()) for past, present in names} if split is not None else None)
+    if split is not None and sharded.outputs != split:
+        raise BlockcError("the decode step's caches would be split unlike the prefill's: the step cannot carry them")
+    return sharded.graphs[rank], sharded.rank_weights(weights, rank), sharded.outputs
 
 
 def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stops, on_token, compile_s,

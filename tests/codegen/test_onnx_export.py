@@ -319,6 +319,16 @@ def block_f16(_):
     return g
 
 
+@case("all_reduce", "all_gather")
+def collective_alone(op):
+    # a group of one: ONNX's Identity, which the standard onnxruntime wheel runs (a larger group is
+    # com.microsoft AllReduce/AllGather: tests/ops/test_collectives.py, tests/codegen/test_onnx_ranks.py)
+    g = Graph(op)
+    x = g.add_input("x", T(F32, "batch", "seq", 8))
+    g.set_outputs([("y", g.op(op, x, world=1, **({"axis": -1} if op == "all_gather" else {})))])
+    return g
+
+
 ALL_CASES = [(op, i, c) for op, cs in CASES.items() for i, c in enumerate(cs)]
 
 

@@ -1,0 +1,238 @@
+"""Start the ranks of a tensor-parallel run, and make sure they all end.
+
+``run_tp(model, tp, feeds, ...)`` starts ``tp`` processes of
+``blockc.parallel.worker`` with torchrun's environment variables
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``,
+``MASTER_PORT``), waits for them and returns each rank's outputs. blockc
+grows no transport of its own: the ranks talk through
+``torch.distributed``. The run is bounded and self-stopping:
+
+* a rank that exits with an error, or dies, stops the others at once, and
+  the error names the rank and says what it printed;
+* a run past ``timeout`` seconds is stopped;
+* a ``MASTER_PORT`` already in use is refused before any rank starts;
+* whatever ends the wait (an error, Ctrl-C), every rank started is killed
+  with its process group (torch.compile's workers too) and reaped, so no
+  process outlives the call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import LaunchError
+
+MASTER_ADDR = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((MASTER_ADDR, 0))
+        return s.getsockname()[1]
+
+
+def check_port(port: int) -> None:
+    """Refuse a port another process holds: the ranks would meet the wrong store, or none."""
+    if not 0 < port < 65536:
+        raise LaunchError(f"MASTER_PORT {port} is not a port number (1 to 65535)")
+    with socket.socket() as s:
+        try:
+            s.bind((MASTER_ADDR, port))
+        except OSError:
+            raise LaunchError(f"port {port} on {MASTER_ADDR} is already in use: pick a free MASTER_PORT "
+                              f"or leave it to blockc") from None
+
+
+def rank_environ(rank: int, world: int, port: int) -> dict[str, str]:
+    """torchrun's variables for ``rank`` on this machine."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port)}
+
+
+@dataclass
+class Case:
+    """One model run on the ranks: a built-in name or a ``.py``/``.onnx``
+    spec with its ``--set`` overrides, weights from ``seed`` or a
+    ``.safetensors`` file, the vocabulary padded to divide (``pad_vocab``), the per-rank graphs ``fused`` or not, lowered for
+    torch eager or ``compile``, run ``repeat`` times (``time``: timed, see
+    ``time_cases``)."""
+    model: str
+    feeds: Mapping[str, np.ndarray]
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    seed: int = 0
+    weights: str | None = None
+    pad_vocab: bool = False
+    fused: bool = False
+    compile: bool = False
+    repeat: int = 1
+    time: bool = False
+    generate: dict | None = None
+
+
+def run_tp(model: str, tp: int, feeds: Mapping[str, np.ndarray], **options) -> list[dict[str, np.ndarray]]:
+    """Run ``model`` split over ``tp`` ranks on ``feeds``; each rank's
+    outputs. ``options``: ``Case``'s fields, and ``run_cases``' own."""
+    launch = {k: options.pop(k) for k in ("timeout", "port", "on_start") if k in options}
+    return run_cases([Case(model, feeds, **options)], tp, **launch)[0]
+
+
+def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int | None = None,
+              on_start: Callable[[list, str], None] | None = None) -> list[list[dict[str, np.ndarray]]]:
+    """Several models in one launch (one process group, started once):
+    ``result[case][rank]`` is a rank's outputs. ``on_start(processes,
+    folder)`` is called once every rank has started (a test kills one)."""
+    from ..runtime.feeds import load_npz
+    return _launch(cases, tp, timeout, port, on_start,
+                   lambda path: load_npz(path + ".npz"))
+
+
+def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None
+               ) -> list[list[dict[str, float]]]:
+    """Each rank's step time and the time of its collectives alone, per case
+    (``worker.time_rank``): ``result[case][rank]``."""
+    cases = [dataclasses.replace(c, time=True) for c in cases]
+    return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
+
+
+def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, overrides: Mapping[str, str] | None = None,
+                seed: int = 0, fused: bool = True, pad_vocab: bool = False, timeout: float = 300.0,
+                port: int | None = None) -> list[list[list[int]]]:
+    """Greedy generation with the model split over ``tp`` ranks: each rank's
+    new tokens per prompt (the ranks gather the logits, so all agree)."""
+    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, fused=fused, pad_vocab=pad_vocab,
+                generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new)})
+    return _launch([case], tp, timeout, port, None, lambda path: json.load(open(path + ".tokens.json")))[0]
+
+
+def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
+    for case in cases:
+        _check_shards(case, tp)
+    port = free_port() if port is None else port
+    check_port(port)
+    with tempfile.TemporaryDirectory(prefix="blockc-tp-") as folder:
+        write_job(cases, folder, timeout)
+        procs = _start(folder, tp, port)
+        try:
+            if on_start is not None:
+                on_start(procs, folder)
+            _wait(procs, folder, timeout)
+        finally:
+            stop(procs)
+        return [[read(os.path.join(folder, f"case{i}.rank{r}")) for r in range(tp)] for i in range(len(cases))]
+
+
+def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
+    """``folder/job.json`` and the feeds it names: what each rank reads
+    (``parallel/worker.py``), whoever starts the ranks, blockc or torchrun; the
+    ranks write their outputs into ``folder`` too. Returns the job's path."""
+    from ..runtime.feeds import save_npz
+    job = {"out": os.path.abspath(folder), "timeout": timeout, "cases": []}
+    for i, case in enumerate(cases):
+        spec = {k: v for k, v in vars(case).items() if k != "feeds"}
+        spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)
+        save_npz(spec["feeds"], case.feeds)
+        job["cases"].append(spec)
+    path = os.path.join(folder, "job.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    return path
+
+
+def _check_shards(case: Case, tp: int) -> None:
+    """Shard here first: what does not divide, or weights no rank can read
+    in slices, are refused before any rank starts."""
+    from ..frontends import build_model, trace
+    from ..passes.shard import shard
+    from .worker import check_weights_file
+    if case.weights is not None:
+        check_weights_file(case.weights)
+    shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
+
+
+def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:
+    procs = []
+    try:
+        for rank in range(tp):
+            # one thread per rank unless told otherwise, as torchrun does: ranks whose thread pools
+            # spin against each other's on shared cores make a step hundreds of times slower
+            env = {"OMP_NUM_THREADS": "1", **os.environ, **rank_environ(rank, tp, port),
+                   "PYTHONPATH": _this_blockc_first()}
+            err = open(os.path.join(folder, f"stderr.rank{rank}"), "w")
+            procs.append(subprocess.Popen([sys.executable, "-m", "blockc.parallel.worker",
+                                           os.path.join(folder, "job.json")], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=err, start_new_session=True))
+            err.close()
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def _this_blockc_first() -> str:
+    """The ranks import the blockc that launched them, whatever is installed."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def _wait(procs: list, folder: str, timeout: float) -> None:
+    """Until every rank has ended well; the first that fails, or the clock, ends the run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank = min(failed, key=lambda r: (codes[r] >= 0, r))   # one killed is the cause, not its peers
+            raise LaunchError(f"rank {rank} of {len(procs)} {_how(codes[rank])}: {_said(folder, rank)}; "
+                              f"the other ranks were stopped")
+        if all(c == 0 for c in codes):
+            return
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the {len(procs)} ranks did not finish within {timeout:g} s; they were stopped")
+        time.sleep(0.05)
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"died ({signal.Signals(-code).name})"
+    return f"exited with code {code}"
+
+
+def _said(folder: str, rank: int) -> str:
+    try:
+        with open(os.path.join(folder, f"stderr.rank{rank}")) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except OSError:
+        lines = []
+    errors = [ln for ln in lines if ln.startswith("blockc: error:")]
+    return (errors or lines or ["it printed nothing"])[-1]
+
+
+def stop(procs: list) -> None:
+    """Kill every rank's process group and reap it (idempotent)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        # a rank's own children (torch.compile's workers) share its group: kill what is left of it
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,179 @@
+"""One rank of a tensor-parallel run: ``python -m blockc.parallel.worker JOB``.
+
+It reads who it is from torchrun's environment variables (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so
+``parallel/launch.py`` or ``torchrun --nproc-per-node N -m
+blockc.parallel.worker JOB`` start the same ranks. It joins the process
+group (gloo on the CPU; NCCL is for GPUs, which the PyTorch backend does not
+run on yet), makes its own graph with ``shard`` (every rank shards alike, so
+no graph is sent), its slice of each weight, lowers the graph with the
+PyTorch backend (``runtime/torch_runner.py``: the collectives are
+``torch.distributed`` calls) and writes its outputs to
+``{out}/rank{R}.npz``. A peer that dies makes its collectives fail, and the
+group's timeout bounds one that hangs: the rank then exits with a
+``blockc: error:`` line, never waiting for ever.
+
+``JOB`` is a JSON file: ``out`` (a folder), ``timeout`` (seconds, the
+process group's), and ``cases``, each run in turn in the one process group:
+``model`` (a built-in name, a ``.py`` or ``.onnx`` spec), ``overrides``,
+``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
+file, each rank reading only its slices), ``feeds`` (an ``.npz``),
+``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
+kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
+collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n}``:
+greedy generation instead of one forward pass, ``{out}.tokens.json``).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+from ..errors import BlockcError, WeightsError
+
+
+def rank_env() -> tuple[int, int]:
+    """``(rank, world size)`` from torchrun's variables, checked."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise BlockcError(f"a tensor-parallel rank needs the environment variables {', '.join(missing)} "
+                          f"(set by blockc's launcher or torchrun)")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if not 0 <= rank < world:
+        raise BlockcError(f"RANK={rank} is not a rank of WORLD_SIZE={world}")
+    return rank, world
+
+
+def rank_graph_and_weights(job: dict, rank: int, world: int):
+    """This rank's graph (sharded, then fused if asked) and its weights."""
+    from ..frontends import build_model, init_weights, trace
+    from ..passes.manager import optimize
+    from ..passes.shard import shard
+    model = build_model(job["model"], job.get("overrides") or {})
+    sharded = shard(trace(model), world, pad_vocab=bool(job.get("pad_vocab")))
+    graph = sharded.graphs[rank]
+    if job.get("fused"):
+        graph = optimize(graph, check=False).graph
+    if job.get("weights"):
+        weights = read_rank_weights(job["weights"], sharded, rank)
+    else:
+        weights = sharded.rank_weights(init_weights(model, seed=job.get("seed", 0)), rank)
+    return graph, weights
+
+
+def check_weights_file(path: str) -> None:
+    """A rank reads its slices through safetensors' slice API: other formats
+    would be read whole on every rank."""
+    if not str(path).endswith(".safetensors"):
+        raise WeightsError(f"{path}: a tensor-parallel rank reads its slices of a .safetensors file; "
+                           f"convert the weights to .safetensors")
+    if not os.path.isfile(path):
+        raise WeightsError(f"{path}: no such weights file")
+
+
+def read_rank_weights(path: str, sharded, rank: int) -> dict:
+    """Rank ``rank``'s slice of each weight in a ``.safetensors`` file, read
+    through its slice API (memory-mapped), never the whole tensor."""
+    from safetensors import safe_open
+    check_weights_file(path)
+    out = {}
+    with safe_open(path, framework="numpy") as f:
+        missing = sorted(set(sharded.layouts) - set(f.keys()))
+        if missing:
+            raise WeightsError(f"{path} has no tensor {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        for name in sharded.layouts:
+            part = f.get_slice(name)
+            out[name] = sharded.block(name, part.get_shape(), rank, part.__getitem__)
+    return out
+
+
+def run_rank(job: dict) -> None:
+    import torch.distributed as dist
+    rank, world = rank_env()
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 60))))
+    try:
+        for i, case in enumerate(job["cases"]):
+            run_case(case, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_case(case: dict, out: str, rank: int, world: int) -> None:
+    """One model on one set of feeds: ``{out}.npz`` holds this rank's outputs;
+    ``{out}.ready`` appears once the rank is about to run."""
+    if case.get("generate"):
+        return generate_case(case, out, rank, world)
+    import numpy as np
+
+    from ..runtime.feeds import load_npz, save_npz
+    from ..runtime.torch_runner import TorchSession
+    graph, weights = rank_graph_and_weights(case, rank, world)
+    session = TorchSession(graph, weights, compile=bool(case.get("compile")))
+    feeds = load_npz(case["feeds"])
+    open(out + ".ready", "w").close()
+    for _ in range(max(1, int(case.get("repeat", 1)))):
+        outputs = session.run(feeds)
+    save_npz(out + ".npz", {k: np.asarray(v) for k, v in outputs.items()})
+    if case.get("time"):
+        with open(out + ".timing.json", "w") as f:
+            json.dump(time_rank(session, graph, feeds), f)
+
+
+def generate_case(case: dict, out: str, rank: int, world: int) -> None:
+    """Greedy generation on this rank (``generate(..., rank_of=)``): its new
+    tokens to ``{out}.tokens.json``."""
+    from ..frontends import build_model, init_weights
+    from ..generate.loop import generate
+    model = build_model(case["model"], case.get("overrides") or {})
+    request = case["generate"]
+    result = generate(model, init_weights(model, seed=case.get("seed", 0)), request["prompts"], request["max_new"],
+                      backend="torch-compile" if case.get("compile") else "torch-eager",
+                      form="fused" if case.get("fused") else "standard", rank_of=(rank, world),
+                      pad_vocab=bool(case.get("pad_vocab")))
+    with open(out + ".tokens.json", "w") as f:
+        json.dump(result.tokens, f)
+
+
+def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
+    """The median step, and the median of the step's collectives alone (the
+    same ops on tensors of the same shapes, in the same order): their ratio
+    is the collectives' share of a step. Every rank runs the same fixed
+    count, so the ranks' collectives stay paired."""
+    import torch
+
+    from ..ops.collectives import torch_all_gather, torch_all_reduce
+    from ..runtime.bindings import bind_inputs
+    from ..runtime.timing import measure
+    bindings = bind_inputs(graph, feeds)
+    calls = []
+    for n in graph.nodes:
+        if n.op in ("all_reduce", "all_gather") and n.attrs["world"] > 1:
+            x = torch.zeros(n.inputs[0].type.concrete_shape(bindings), dtype=torch.float32)
+            calls.append((lambda x=x: torch_all_reduce(x)) if n.op == "all_reduce"
+                         else (lambda x=x, a=n.attrs: torch_all_gather(x, a["axis"], a["world"])))
+    fixed = {"warmup": 3, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
+    step = measure(lambda: session.run_unchecked(feeds), **fixed)
+    comm = measure(lambda: [call() for call in calls], **fixed)
+    return {"step_s": step.median_s, "collectives_s": comm.median_s, "collectives": len(calls)}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if len(argv) != 1:
+            raise BlockcError("usage: python -m blockc.parallel.worker JOB.json")
+        with open(argv[0]) as f:
+            run_rank(json.load(f))
+    except (BlockcError, OSError, ValueError) as err:
+        print(f"blockc: error: rank {os.environ.get('RANK', '?')}: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:   # torch.distributed: a peer gone, a timeout
+        print(f"blockc: error: rank {os.environ.get('RANK', '?')}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
