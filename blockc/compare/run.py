@@ -111,7 +111,8 @@ class Contestant:
     params: dict = field(repr=False, default_factory=dict)
 
     def prepare(self, threads: int) -> Compiled:
-        return self.backend.compile(self.graph, self.params, variant=self.variant, threads=threads)
+        return self.backend.compile(self.graph, self.params, variant=self.variant, threads=threads,
+                                    count_kernels=True)
 
 
 def plan_comparison(o: CompareOptions) -> Plan:

@@ -9,7 +9,7 @@ name happens once, here, in ``make_backend``::
 
     backend = make_backend("ort-cpu", fused_as="function")
     ok, why = backend.availability()        # (False, "no GPU ...") where it cannot run
-    with backend.compile(graph, weights, variant="basic", threads=2) as compiled:
+    with backend.compile(graph, weights, variant="basic", threads=2, count_kernels=True) as compiled:
         outputs = compiled.run(feeds)       # {output name: array}
         timing = compiled.time(feeds)       # runtime.timing.Timing
         run = compiled.runner(feeds)        # feeds checked once; run() runs them unchecked
@@ -64,7 +64,8 @@ class Compiled:
     kernels=..., close=...)``.
     """
 
-    kernels: int | None = None     # what the runtime executes per run, where it can be counted
+    kernels: int | None = None     # what the runtime executes per run, where it can be counted and was
+                                   # asked for (``Backend.compile(..., count_kernels=True)``)
     times_itself = False           # True: ``time`` measures where the run happens (a device's clock, a
                                    # child process); callers call it instead of timing ``run`` themselves
 
@@ -247,10 +248,14 @@ class Backend:
         return True
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
-                threads: int | None = None) -> Compiled:
+                threads: int | None = None, count_kernels: bool = False) -> Compiled:
         """``graph`` with ``weights``, ready to run. ``variant``: one of
         ``variants`` (None: the first); ``threads``: intra-op threads (None:
-        the runtime's default)."""
+        the runtime's default); ``count_kernels``: the caller reads
+        ``Compiled.kernels`` (compare does; a run or a generation does not).
+        A backend whose count costs work (ONNX Runtime saves the model it
+        optimized to count its nodes) does that work only when asked; one
+        whose count is free may always give it."""
         raise NotImplementedError
 
     def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:
