@@ -3,9 +3,10 @@
 Weights are a ``{name: ndarray}`` mapping keyed by the model's parameter
 names (``blocks.0.attn.w_q.weight``). Two file formats, chosen by extension:
 
-* ``.safetensors``: the standard, mmap-able format (through
-  ``safetensors.numpy``); float16, bfloat16 (``ml_dtypes``), float32/64 and
-  integer arrays round-trip.
+* ``.safetensors``: the standard, mmap-able format, written through
+  ``safetensors.numpy`` and read as a memory map (arrays over the file's
+  pages, read-only, never copied); float16, bfloat16 (``ml_dtypes``),
+  float32/64 and integer arrays round-trip.
 * ``.npz``: numpy's zip of ``.npy`` files. numpy has no bfloat16 of its own and
   would read one back as raw ``|V2`` bytes, so dtypes numpy cannot describe are
   stored as same-sized unsigned ints and named in a small side entry.
@@ -142,9 +143,7 @@ def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise WeightsError(f"weights file {path!r} not found")
     try:
         if fmt == ".safetensors":
-            import safetensors.numpy
-
-            weights = dict(safetensors.numpy.load_file(path))
+            weights = _map_safetensors(path)
         else:
             weights = _read_npz(path)
     except WeightsError:
@@ -158,6 +157,47 @@ def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
             f"{path}: {len(bad)} of {len(weights)} weight tensors hold non-finite values ({shown}); "
             f"outputs computed from them will not be finite", bad), stacklevel=2)
     return weights
+
+
+# safetensors' dtype names; what numpy lacks comes from ml_dtypes, as DType's bfloat16 does
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": DType.bfloat16.numpy,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64,
+                       "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def _map_safetensors(path: str) -> dict[str, np.ndarray]:
+    """``{name: read-only array}`` over a memory map of the file: no tensor is
+    read until something reads it, and then from the page cache, so the
+    weights take no memory of the process's own (``safetensors.numpy``
+    copies every tensor out of its map: twice the file at the peak). The
+    safetensors library checks the header first (its errors for a corrupt
+    file); the file must not change while the arrays are in use."""
+    import mmap
+
+    from safetensors import safe_open
+    with safe_open(path, framework="np"):   # the library's own checks of the header and the offsets
+        pass
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        # no tensor data at all: nothing to map (mmap refuses 0 bytes)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, os.SEEK_END) > 8 + header_len \
+            else None
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in _SAFETENSORS_DTYPES:
+            raise WeightsError(f"{path!r}: {printable(name)} has the dtype {entry['dtype']}, which blockc does not "
+                               f"read")
+        dtype = np.dtype(_SAFETENSORS_DTYPES[entry["dtype"]])
+        start, end = entry["data_offsets"]
+        if start == end:   # an empty tensor (may sit at the very end, where no buffer starts)
+            out[name] = np.empty(entry["shape"], dtype)
+            continue
+        array = np.frombuffer(mapped, dtype, (end - start) // dtype.itemsize, 8 + header_len + start)
+        out[name] = array.reshape(entry["shape"])
+    return out
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
