@@ -240,7 +240,7 @@ def test_safetensors_are_mapped_not_read(tmp_path):
     assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from Linux's /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the resident size from Linux's /proc")
 def test_loading_safetensors_takes_no_second_copy(tmp_path):
     """Peak memory of loading (and scanning for NaN) a 96 MB file: the file's
     pages once, not the file plus a copy (safetensors.numpy's 2x)."""
@@ -250,10 +250,11 @@ def test_loading_safetensors_takes_no_second_copy(tmp_path):
     save_weights(tmp_path / "big.safetensors",
                  {f"w{k}": rng.standard_normal((1024, 2048), np.float32) for k in range(12)})
     size = os.path.getsize(tmp_path / "big.safetensors")
-    # from the resident memory just before (the peak so far may be higher: imports come and go)
-    script = ("import os, resource, sys; from blockc.frontends.weights import load_weights; "
-              "before = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE'); "
-              "w = load_weights(sys.argv[1]); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)")
+    # From the resident memory just before (the peak so far may be higher: imports come and go) to the
+    # peak after, both of this process's memory (VmHWM: ru_maxrss can carry the forking parent's over exec).
+    script = ("import os, sys; from blockc.frontends.weights import load_weights; "
+              "kib = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
+              "before = kib('VmRSS:'); w = load_weights(sys.argv[1]); print((kib('VmHWM:') - before) * 1024)")
     grown = int(subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.safetensors")], check=True,
                                capture_output=True, text=True).stdout)
     assert grown < 1.3 * size, (grown, size)
