@@ -20,7 +20,9 @@
   longer matches (a truncated or corrupted file). The cache holds at most
   ``cache_limit()`` (10 GiB, or ``$BLOCKC_CACHE_MAX``): after each build the
   least recently used entries are removed (``prune_cache``);
-  ``cache_entries`` lists them (``blockc cache``).
+  ``cache_entries`` lists them (``blockc cache``). ``cached_value`` keeps
+  any made bytes so (the compile cache: an optimized graph, a weightless
+  ONNX export), under a ``cache_key`` of what they were made from.
 * ``output_folder``: a folder of outputs (a CUDA build, a report) filled
   under a temporary name and renamed into place when complete, so an error
   or Ctrl-C leaves no folder and no partial file.
@@ -41,11 +43,14 @@ import re
 import shutil
 import stat
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Sequence
+from typing import IO, Callable, Iterator, Sequence, TypeVar
 
 from .errors import BlockcError
+
+T = TypeVar("T")
 
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -463,6 +468,51 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
     if path.resolve().is_relative_to(cache_root().resolve()):
         prune_cache(keep=path.parent)
     return path
+
+
+# What each kind of cached artifact did in this process: CACHE_COUNTS[kind, "hit" | "miss"] (tests and
+# benches read it)
+CACHE_COUNTS: Counter = Counter()
+
+
+def cache_key(*parts: str | bytes) -> str:
+    """16 hex digits of SHA-256 over ``parts``, each length-prefixed so no two
+    lists of parts hash alike: the name of a cache entry made from them."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:16]
+
+
+def cached_value(kind: str, key: str, name: str, make: Callable[[], bytes], read: Callable[[bytes], T]) -> T:
+    """``read(make())``, with what ``make`` returned kept in the cache as
+    ``KIND/KEY/NAME`` (``cached_file``: built once under a lock, recorded,
+    rebuilt when damaged; pruned to ``cache_limit()`` with every other entry,
+    listed and cleared by ``blockc cache``). An entry that is intact on disk
+    but that ``read`` refuses (written by a build that died between its
+    record and its use, or tampered with) is made again. Counted in
+    ``CACHE_COUNTS``."""
+    path = cache_root() / kind / key / name
+    for attempt in (0, 1):
+        made = []
+
+        def write(tmp: Path) -> None:
+            made.append(True)
+            tmp.write_bytes(make())
+        entry = cached_file(path, write)
+        try:
+            value = read(entry.read_bytes())
+        except Exception:
+            if made or attempt:
+                raise
+            for stale in (entry.with_name(entry.name + ".ok"), entry):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+            continue
+        CACHE_COUNTS[kind, "miss" if made else "hit"] += 1
+        return value
+    raise AssertionError("unreachable")
 
 
 def _used(stamp: Path) -> None:

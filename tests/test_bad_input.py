@@ -123,14 +123,15 @@ def test_json_report_into_a_missing_folder_is_refused_before_the_work(tmp_path, 
     assert out == ""
 
 
+@pytest.mark.parametrize("backend", ["cuda-emu", "ort-cpu"])   # the CUDA builds and the compile cache
 @pytest.mark.parametrize("variable", ["BLOCKC_CACHE", "HOME"])
-def test_unwritable_cache_or_home(variable, tmp_path, monkeypatch, capsys):
+def test_unwritable_cache_or_home(variable, backend, tmp_path, monkeypatch, capsys):
     afile = tmp_path / "afile"
     afile.write_text("")
     for name in ("BLOCKC_CACHE", "BLOCKC_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(variable, str(afile))
-    code, _, err = run(capsys, "run", "tiny", "--set", "layers=1", "--backend", "cuda-emu")
+    code, _, err = run(capsys, "run", "tiny", "--set", "layers=1", "--backend", backend)
     one_line_error(code, err, str(afile))
 
 

@@ -491,11 +491,14 @@ def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
     expected = generate(model, init_weights(model, seed=2), [[1, 2, 3], [4, 5]], 5).tokens
     lines = out.splitlines()
     assert lines[:2] == [f"[{k}] " + " ".join(map(str, ids)) for k, ids in enumerate(expected)]  # printed once
-    assert re.match(r"time to first token [\d.]+ ms", lines[2])
-    assert re.match(r"decode step [\d.]+ ms median, [\d.]+ ms p90 over 4 steps", lines[3])
-    assert re.match(r"10 tokens at [\d.]+ tokens/s", lines[4])
+    assert re.match(r"whole run [\d.]+ s: start [\d.]+ s \(load [\d.]+ s, compile [\d.]+ s\), then [\d.]+ s "
+                    r"generating", lines[2])
+    assert re.match(r"time to first token [\d.]+ ms", lines[3])
+    assert re.match(r"decode step [\d.]+ ms median, [\d.]+ ms p90 over 4 steps", lines[4])
+    assert re.match(r"10 tokens at [\d.]+ tokens/s", lines[5])
     report = json.loads(out_json.read_text())
     assert report["tokens"] == expected and len(report["step_s"]) == 4 and report["first_token_s"] > 0
+    assert report["whole_s"] > report["start_s"] >= report["compile_s"] > 0
 
 
 def test_generate_runs_the_fused_graphs_unless_form_says_otherwise(capsys, monkeypatch):

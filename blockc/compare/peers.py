@@ -152,7 +152,7 @@ class OrtOptimizerPeer(Backend):
         return f"the user's file {os.path.basename(self.file.file.path)}" + _replaced_words(self.replaced)
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
-                threads: int | None = None) -> Compiled:
+                threads: int | None = None, count_kernels: bool = False) -> Compiled:
         import logging
 
         from onnxruntime.transformers.optimizer import optimize_model
@@ -226,7 +226,7 @@ class OrtOriginalPeer(Backend):
                 f"on ONNX Runtime CPU at levels basic and all, {threads} intra-op threads")
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
-                threads: int | None = None) -> Compiled:
+                threads: int | None = None, count_kernels: bool = False) -> Compiled:
         proto, self.replaced = self.file.own_proto(weights)
         return _compiled(proto, graph, variant or self.variants[0], threads, "the user's file")
 

@@ -118,7 +118,8 @@ class Contestant:
         return pace_key(f"{self.backend.name}/{self.variant}", len(self.graph.nodes), flops, kernel=self.kernel)
 
     def prepare(self, threads: int) -> Compiled:
-        return self.backend.compile(self.graph, self.params, variant=self.variant, threads=threads)
+        return self.backend.compile(self.graph, self.params, variant=self.variant, threads=threads,
+                                    count_kernels=True)
 
 
 def plan_comparison(o: CompareOptions) -> Plan:

@@ -6,9 +6,11 @@ names (``blocks.0.attn.w_q.weight``). Two file formats, chosen by extension:
 * ``.safetensors``: the standard, mmap-able format; float16, bfloat16
   (``ml_dtypes``), float32/64 and integer arrays round-trip. One reader,
   ``SafetensorsFiles``, serves a file and a Hugging Face checkpoint's shards
-  alike: it reads the headers (names, shapes, dtypes) up front and each
-  tensor from the memory-mapped file only when asked for it, so a checkpoint
-  is never all in memory at once.
+  alike: it reads the headers (names, shapes, dtypes) up front, and each
+  tensor is a read-only array over the memory-mapped file, never copied, so
+  the weights take no memory of the process's own until something reads them
+  (``safetensors.numpy`` copies every tensor out of its map: twice the file
+  at the peak).
 * ``.npz``: numpy's zip of ``.npy`` files. numpy has no bfloat16 of its own and
   would read one back as raw ``|V2`` bytes, so dtypes numpy cannot describe are
   stored as same-sized unsigned ints and named in a small side entry.
@@ -108,42 +110,49 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 # -- loading ----------------------------------------------------------------------
+# safetensors' dtype codes; what numpy lacks comes from ml_dtypes, as DType's bfloat16 does
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": DType.bfloat16.numpy,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64,
+                       "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
+
+
 class SafetensorsFiles(Mapping):
     """``{name: array}`` over one or more ``.safetensors`` files (a checkpoint's
-    shards), read lazily: ``shapes`` and ``dtypes`` come from the headers, and
-    each tensor is copied out of its memory-mapped file on access, one at a
-    time. ``files`` maps each name to the file holding it; a name in two files
-    is refused. Problems name the file (and the tensor)."""
+    shards): ``shapes`` and ``dtypes`` come from the headers, which the
+    safetensors library checks (its errors for a corrupt file), and each
+    tensor is a read-only array over its file's memory map, made on access
+    and never copied; the files must not change while the arrays are in use.
+    ``files`` maps each name to the file holding it; a name in two files is
+    refused, and so is a dtype blockc has no type for. Problems name the file
+    (and the tensor)."""
 
     def __init__(self, paths):
-        from safetensors import safe_open
         self.files: dict[str, str] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}   # safetensors' codes: F32, F16, BF16, I64...
+        self._where: dict[str, tuple[int, int]] = {}   # name -> (first byte, end) in its file
+        self._maps: dict[str, object] = {}
         for path in map(os.fspath, paths):
-            if not os.path.isfile(path):
-                raise WeightsError(f"weights file {path!r} not found")
-            try:
-                with safe_open(path, framework="numpy") as f:
-                    for name in f.keys():
-                        if name in self.files:
-                            raise WeightsError(f"{path}: tensor {printable(name)} is also in {self.files[name]}")
-                        part = f.get_slice(name)
-                        self.files[name], self.shapes[name] = path, tuple(part.get_shape())
-                        self.dtypes[name] = part.get_dtype()
-            except WeightsError:
-                raise
-            except Exception as e:   # a bad header: safetensors' own error says what is wrong with it
-                raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from None
+            for name, entry, start in _safetensors_header(path):
+                if name in self.files:
+                    raise WeightsError(f"{path}: tensor {printable(name)} is also in {self.files[name]}")
+                if entry["dtype"] not in _SAFETENSORS_DTYPES:
+                    raise WeightsError(f"{path!r}: {printable(name)} has the dtype {entry['dtype']}, which blockc "
+                                       f"does not read")
+                self.files[name], self.shapes[name] = path, tuple(entry["shape"])
+                self.dtypes[name] = entry["dtype"]
+                self._where[name] = (start + entry["data_offsets"][0], start + entry["data_offsets"][1])
 
     def __getitem__(self, name: str) -> np.ndarray:
-        from safetensors import safe_open
-        path = self.files[name]
-        try:
-            with safe_open(path, framework="numpy") as f:
-                return f.get_tensor(name)
-        except Exception as e:   # truncated data, a dtype numpy lacks
-            raise WeightsError(f"{path}: cannot read tensor {printable(name)}: {type(e).__name__}: {e}") from None
+        import mmap
+        path, (start, end) = self.files[name], self._where[name]
+        dtype = np.dtype(_SAFETENSORS_DTYPES[self.dtypes[name]])
+        if start == end:   # an empty tensor (it may sit at the very end, where no buffer starts)
+            return np.empty(self.shapes[name], dtype)
+        if path not in self._maps:
+            with open(path, "rb") as f:
+                self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(self._maps[path], dtype, (end - start) // dtype.itemsize, start).reshape(self.shapes[name])
 
     def __iter__(self):
         return iter(self.files)
@@ -158,6 +167,24 @@ class NonFiniteWeightsWarning(UserWarning):
     def __init__(self, message: str, tensors: list[str]):
         super().__init__(message)
         self.tensors = tensors
+
+
+def _safetensors_header(path: str):
+    """(name, header entry, where the data begins) for each tensor of a
+    ``.safetensors`` file, once the safetensors library has checked its
+    header and offsets."""
+    from safetensors import safe_open
+    if not os.path.isfile(path):
+        raise WeightsError(f"weights file {path!r} not found")
+    try:
+        with safe_open(path, framework="numpy"):   # the library's own checks of the header and the offsets
+            pass
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except Exception as e:   # a bad header: safetensors' own error says what is wrong with it
+        raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from None
+    return [(name, entry, 8 + size) for name, entry in header.items() if name != "__metadata__"]
 
 
 def non_finite_weights(weights: Mapping[str, np.ndarray]) -> list[str]:

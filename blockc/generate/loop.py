@@ -57,7 +57,10 @@ class Generation:
     a stop id where one came), and how long it took. ``first_token_s``: from
     the prefill's start to the first tokens picked; ``step_s``: each decode
     step, feeds to picked tokens; ``compile_s``: tracing and compiling both
-    graphs, once, before any of it; ``form``: the graph form that ran."""
+    graphs, once, before any of it; ``load_s``: loading the weights, as the
+    caller measured it (``generate(..., load_s=)``); ``form``: the graph
+    form that ran. What a user waits for is ``whole_s``: the start
+    (``start_s``: loading and compiling) and the generation."""
 
     tokens: list[list[int]]
     first_token_s: float
@@ -65,6 +68,17 @@ class Generation:
     compile_s: float = 0.0
     backend: str = ""
     form: str = ""
+    load_s: float = 0.0
+
+    @property
+    def start_s(self) -> float:
+        """Loading the weights and compiling both graphs: before the first token is asked for."""
+        return self.load_s + self.compile_s
+
+    @property
+    def whole_s(self) -> float:
+        """The start, the first token and every decode step: the whole run."""
+        return self.start_s + self.first_token_s + sum(self.step_s)
 
     @property
     def step_median_s(self) -> float | None:
@@ -81,7 +95,8 @@ class Generation:
         return sum(len(t) for t in self.tokens) / total if total > 0 else 0.0
 
     def as_json(self) -> dict:
-        return {"backend": self.backend, "form": self.form, "tokens": self.tokens, "compile_s": self.compile_s,
+        return {"backend": self.backend, "form": self.form, "tokens": self.tokens, "whole_s": self.whole_s,
+                "start_s": self.start_s, "load_s": self.load_s, "compile_s": self.compile_s,
                 "first_token_s": self.first_token_s, "step_s": self.step_s,
                 "step_median_s": self.step_median_s, "step_p90_s": self.step_p90_s,
                 "tokens_per_s": self.tokens_per_s}
@@ -246,7 +261,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
              *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | Iterable[int] | None = None,
              on_token: OnToken | None = None, form: str = "fused", cache: str = "inplace",
              cache_len: int | None = None, rank_of: tuple[int, int] | None = None, pad_vocab: bool = False,
-             **backend_options) -> Generation:
+             load_s: float = 0.0, **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
     batched. A row stops after ``stop_id`` (an id, or several: ``stop_ids``);
     all stop when every row has.
@@ -255,7 +270,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     optimizer, the graphs ``docs/PERFORMANCE.md`` measures);
     ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
     just enough) or ``concat`` (see the module docstring). ``prompts``: see
-    ``as_prompts`` (a 2-D integer array is one prompt a row).
+    ``as_prompts`` (a 2-D integer array is one prompt a row); ``load_s``:
+    the seconds the caller took to load ``weights``, reported in the start
+    time (``Generation.start_s``) with the compile.
     ``rank_of=(rank, world)``: this process is one rank of a tensor-parallel
     group (``parallel/launch.generate_tp``): both graphs are sharded
     (``passes/shard.py``, ``pad_vocab`` passed on) before the form is
@@ -279,7 +296,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         try:
             compile_s = time.perf_counter() - t0
             return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stops, on_token,
-                                 compile_s, target.name), form=form)
+                                 compile_s, target.name), form=form, load_s=load_s)
         finally:
             if decode is not None:
                 decode.close()

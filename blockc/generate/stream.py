@@ -111,8 +111,12 @@ class TextLines:
 
 
 def format_timings(gen: Generation) -> str:
-    """Time to first token, each decode step's median and p90, tokens per second."""
-    lines = [f"time to first token {gen.first_token_s * 1e3:.2f} ms (compile {gen.compile_s:.2f} s, not counted)"]
+    """The whole run first, then its parts: the start (loading the weights,
+    compiling), the time to first token, each decode step's median and p90,
+    tokens per second while generating."""
+    lines = [f"whole run {gen.whole_s:.2f} s: start {gen.start_s:.2f} s (load {gen.load_s:.2f} s, compile "
+             f"{gen.compile_s:.2f} s), then {gen.whole_s - gen.start_s:.2f} s generating",
+             f"time to first token {gen.first_token_s * 1e3:.2f} ms"]
     if gen.step_s:
         lines.append(f"decode step {gen.step_median_s * 1e3:.2f} ms median, {gen.step_p90_s * 1e3:.2f} ms p90 "
                      f"over {len(gen.step_s)} steps")

@@ -6,7 +6,7 @@ through it::
 
     backend = make_backend("ort-cpu", fused_as="function")
     ok, why = backend.availability()        # (False, "no GPU ...") where it cannot run
-    with backend.compile(graph, weights, variant="basic", threads=2) as compiled:
+    with backend.compile(graph, weights, variant="basic", threads=2, count_kernels=True) as compiled:
         outputs = compiled.run(feeds)       # {output name: array}
         timing = compiled.time(feeds)       # runtime.timing.Timing
         run = compiled.runner(feeds)        # feeds checked once; run() runs them unchecked

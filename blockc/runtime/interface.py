@@ -44,7 +44,8 @@ class Compiled:
     kernels=..., close=...)``.
     """
 
-    kernels: int | None = None     # what the runtime executes per run, where it can be counted
+    kernels: int | None = None     # what the runtime executes per run, where it can be counted and was
+                                   # asked for (``Backend.compile(..., count_kernels=True)``)
     times_itself = False           # True: ``time`` measures where the run happens (a device's clock, a
                                    # child process); callers call it instead of timing ``run`` themselves
 
@@ -227,10 +228,14 @@ class Backend:
         return True
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
-                threads: int | None = None) -> Compiled:
+                threads: int | None = None, count_kernels: bool = False) -> Compiled:
         """``graph`` with ``weights``, ready to run. ``variant``: one of
         ``variants`` (None: the first); ``threads``: intra-op threads (None:
-        the runtime's default)."""
+        the runtime's default); ``count_kernels``: the caller reads
+        ``Compiled.kernels`` (compare does; a run or a generation does not).
+        A backend whose count costs work (ONNX Runtime saves the model it
+        optimized to count its nodes) does that work only when asked; one
+        whose count is free may always give it."""
         raise NotImplementedError
 
     def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:

@@ -8,6 +8,7 @@ through protobuf (see ``OrtSession``).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from typing import Mapping
 
@@ -15,8 +16,11 @@ import numpy as np
 
 from ..codegen.onnx_export import checked_weights, export_onnx
 from ..errors import BlockcError
+from ..files import cache_key, cached_value
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
+from ..ir.printer import print_graph
+from ..version import code_version
 from .interface import CachedStep
 from .bindings import bind_inputs
 
@@ -65,6 +69,33 @@ def session_options(optimization: str = "basic", threads: int | None = None,
     return options
 
 
+def weightless_export(graph: Graph, *, fused_as: str, provider: str, opset: int | None,
+                      decisions: list | None = None) -> bytes:
+    """``graph`` exported to ONNX for ONNX Runtime, every parameter declared as
+    external data it never opens (bound at load), serialized: from the
+    compile cache (``files.cached_value``, under ``$BLOCKC_CACHE/onnx``) when
+    this graph was exported with these options by this code and this onnx
+    before. The key never holds a weight: they are bound when a session
+    loads. ``decisions`` (the fused-op encodings chosen, and why) are only
+    heard from a fresh export: asking for them skips the cache."""
+    def make() -> bytes:
+        return export_onnx(graph, None, fused_as=fused_as, provider=provider, opset=opset, decisions=decisions,
+                           data_location=_BOUND_AT_LOAD).SerializeToString()
+    if decisions is not None:
+        return make()
+    import onnx
+    key = cache_key(print_graph(graph), json.dumps([fused_as, provider, opset]), code_version(), onnx.__version__)
+    return cached_value("onnx", key, "model.onnx", make, _parsed)
+
+
+def _parsed(data: bytes) -> bytes:
+    """``data``, once it parses as an ONNX model with a graph (a cache entry's check)."""
+    import onnx
+    if not onnx.ModelProto.FromString(data).HasField("graph"):
+        raise ValueError("no graph")
+    return data
+
+
 class OrtSession:
     """``graph`` exported once and loaded into ONNX Runtime; ``run`` many times.
 
@@ -104,11 +135,11 @@ class OrtSession:
 
         self.graph = graph
         self._weights = dict(checked_weights(graph, weights))   # the memory ONNX Runtime reads: kept alive
-        model = export_onnx(graph, None, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
-                            opset=opset, decisions=decisions, data_location=_BOUND_AT_LOAD)
+        model = weightless_export(graph, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
+                                  opset=opset, decisions=decisions)
         self._bind_weights(ort, options)
         try:
-            self._session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+            self._session = ort.InferenceSession(model, options, providers=providers)
         except Exception as err:  # onnxruntime's exceptions share no public base class
             self.close()
             raise BlockcError(f"onnxruntime could not load the exported model: {_short(err)}") from err

@@ -237,3 +237,48 @@ def test_saved_file_has_ordinary_permissions(tmp_path, ext):
     finally:
         os.umask(umask)
     assert (tmp_path / f"w{ext}").stat().st_mode & 0o777 == 0o644
+
+
+def test_safetensors_are_mapped_not_read(tmp_path):
+    """The arrays are views of the file's pages (read-only, no copy), with
+    every dtype the library writes, empty tensors included."""
+    import mmap
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, ml_dtypes.bfloat16),
+              "i": np.arange(3, dtype=np.int64), "e": np.zeros((0, 4), np.float16), "t": np.array(True)}
+    save_weights(tmp_path / "w.safetensors", arrays)
+    got = load_weights(tmp_path / "w.safetensors")
+    for name, a in arrays.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape
+        np.testing.assert_array_equal(got[name].astype(np.float64), a.astype(np.float64))
+    assert not got["w"].flags.writeable
+    base = got["w"]
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the resident size from Linux's /proc")
+def test_loading_safetensors_takes_no_second_copy(tmp_path):
+    """Peak memory of loading (and scanning for NaN) a 96 MB file: the file's
+    pages once, not the file plus a copy (safetensors.numpy's 2x)."""
+    import subprocess
+    import sys
+    rng = np.random.default_rng(0)
+    save_weights(tmp_path / "big.safetensors",
+                 {f"w{k}": rng.standard_normal((1024, 2048), np.float32) for k in range(12)})
+    size = os.path.getsize(tmp_path / "big.safetensors")
+    # From the resident memory just before (the peak so far may be higher: imports come and go) to the
+    # peak after, both of this process's memory (VmHWM: ru_maxrss can carry the forking parent's over exec).
+    script = ("import os, sys; from blockc.frontends.weights import load_weights; "
+              "kib = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
+              "before = kib('VmRSS:'); w = load_weights(sys.argv[1]); print((kib('VmHWM:') - before) * 1024)")
+    grown = int(subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.safetensors")], check=True,
+                               capture_output=True, text=True).stdout)
+    assert grown < 1.3 * size, (grown, size)
+
+
+def test_a_safetensors_dtype_blockc_does_not_read_is_named(tmp_path):
+    safetensors.numpy.save_file({"ok": np.ones(2, np.float32), "z": np.ones(2, np.complex64)},
+                                str(tmp_path / "c.safetensors"))
+    with pytest.raises(WeightsError, match=r"c\.safetensors': z has the dtype C64, which blockc does not read"):
+        load_weights(tmp_path / "c.safetensors")

@@ -1,6 +1,8 @@
 """``blockc generate``'s display: redrawn lines on a terminal, each line once elsewhere."""
 import io
 
+import pytest
+
 from blockc.generate.loop import Generation
 from blockc.generate.stream import TextLines, TokenLines, format_timings
 
@@ -37,6 +39,25 @@ def test_timings_give_median_p90_and_rate():
     assert "time to first token 10.00 ms" in text
     assert "decode step 2.50 ms median, 3.70 ms p90 over 4 steps" in text
     assert "6 tokens at 300.0 tokens/s" in text   # 6 tokens over 20 ms
+
+
+def test_the_whole_run_is_the_headline_with_the_start_apart():
+    gen = Generation([[1, 2]], 0.010, [0.030], 0.5, "reference", load_s=0.25)
+    first, second = format_timings(gen).splitlines()[:2]
+    assert first == "whole run 0.79 s: start 0.75 s (load 0.25 s, compile 0.50 s), then 0.04 s generating"
+    assert second == "time to first token 10.00 ms"
+    assert "not counted" not in format_timings(gen)
+    got = gen.as_json()
+    assert (got["whole_s"], got["start_s"], got["load_s"], got["compile_s"]) == pytest.approx((0.79, 0.75, 0.25, 0.5))
+
+
+def test_generate_counts_the_callers_load_in_the_start():
+    from blockc.frontends import build_model, init_weights
+    from blockc.generate import generate
+    model = build_model("tiny", {"layers": "1"})
+    gen = generate(model, init_weights(model, seed=0), [[1, 2, 3]], 3, backend="reference", load_s=1.5)
+    assert gen.load_s == 1.5 and gen.start_s == 1.5 + gen.compile_s > 1.5
+    assert gen.whole_s == pytest.approx(gen.start_s + gen.first_token_s + sum(gen.step_s))
 
 
 # ---- text ---------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ class NumpyTwin(Backend):
     def detail(self, threads):
         return "numpy, twice over"
 
-    def compile(self, graph, weights, *, variant=None, threads=None):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         self.compiled.append(variant)
         twin = Compiled(lambda feeds: run_reference(graph, weights, feeds, float64=False), kernels=len(graph.nodes))
         if self.own_clock:

@@ -16,7 +16,6 @@ one leaves nothing the next run does not clean.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -28,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from ...errors import BlockcError
-from ...files import cache_root, replace_together, user_mode
+from ...files import cache_key, cache_root, replace_together, user_mode
 from . import toolchain
 from .kernels.elementwise import ELEMENTWISE
 from .kernels.gemm import EMULATED_GEMM, GPU_GEMM, GemmChoice
@@ -172,14 +171,10 @@ def source_hash(model: CudaModel, *flags: str, compiler: str = "") -> str:
     """The cache key of a build of ``model``: everything that goes into it --
     the generated source, the runtime and API headers, the emulator's headers
     and sources, the build's ``flags`` and the ``compiler`` (its ``--version``)."""
-    h = hashlib.sha256()
     parts = [model.source.encode(), open(RUNTIME_HEADER, "rb").read(), open(API_HEADER, "rb").read()]
     for path in emulator_sources():
         parts += [os.path.basename(path).encode(), open(path, "rb").read()]
-    parts += [f.encode() for f in flags] + [compiler.encode()]
-    for part in parts:  # length-prefixed, so no two lists of parts hash alike
-        h.update(len(part).to_bytes(8, "little") + part)
-    return h.hexdigest()[:16]
+    return cache_key(*parts, *flags, compiler)
 
 
 def cache_dir() -> str:

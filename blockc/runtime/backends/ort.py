@@ -89,13 +89,17 @@ class OrtBackend(Backend):
                 f"graph optimization level basic and all; fused ops written as --fused-as {self.fused_as}"
                 + ("; run() includes host-device copies" if self.provider == "cuda" else ""))
 
-    def compile(self, graph, weights, *, variant=None, threads=None):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         from ..ort_runner import OrtSession
+        options = dict(provider=self.provider, optimization=variant or self.variants[0], threads=threads,
+                       fused_as=self.fused_as)
+        if not count_kernels:   # saving the optimized model was a third of a GPT-2's start: only when asked
+            session = OrtSession(graph, weights, **options)
+            return OrtCompiled(session, graph=graph, close=session.close)
         folder = tempfile.TemporaryDirectory(prefix="blockc-ort-")
         optimized = os.path.join(folder.name, "optimized.onnx")   # the graph ONNX Runtime runs: its kernels
         try:
-            session = OrtSession(graph, weights, provider=self.provider, optimization=variant or self.variants[0],
-                                 threads=threads, fused_as=self.fused_as, optimized_model_path=optimized)
+            session = OrtSession(graph, weights, **options, optimized_model_path=optimized)
         except BaseException:
             folder.cleanup()
             raise

@@ -1,5 +1,5 @@
 """The ``ort`` backend: its kernel count reads ONNX Runtime's optimized graph,
-never the weights saved beside it."""
+never the weights saved beside it, and is made only when a caller asks."""
 from __future__ import annotations
 
 import os
@@ -34,7 +34,7 @@ def test_the_kernel_count_reads_the_graph_without_the_weights(monkeypatch):
         return real(path)
     monkeypatch.setattr(ort_backend, "count_onnx_nodes", spy)
     g, w = mlp()
-    compiled = make_backend("ort-cpu").compile(g, w, threads=1)
+    compiled = make_backend("ort-cpu").compile(g, w, threads=1, count_kernels=True)
     try:
         x = np.ones((3, 128), np.float32)
         np.testing.assert_allclose(compiled.run({"x": x})["y"], compiled.run({"x": x})["y"])
@@ -43,3 +43,40 @@ def test_the_kernel_count_reads_the_graph_without_the_weights(monkeypatch):
         compiled.close()
     [size] = counted
     assert size < sum(a.nbytes for a in w.values()) / 10
+
+
+def saved_models(monkeypatch) -> list:
+    """Where each ONNX Runtime session made from now on saves its optimized model (None: nowhere)."""
+    from blockc.runtime import ort_runner
+    saved, real = [], ort_runner.session_options
+
+    def spy(optimization="basic", threads=None, optimized_model_path=None):
+        saved.append(optimized_model_path)
+        return real(optimization, threads, optimized_model_path)
+    monkeypatch.setattr(ort_runner, "session_options", spy)
+    return saved
+
+
+def test_a_compile_that_is_not_asked_for_kernels_saves_no_optimized_model(monkeypatch):
+    """Saving ONNX Runtime's optimized model only to count its nodes was a
+    third of GPT-2's start: a run never pays it."""
+    saved = saved_models(monkeypatch)
+    g, w = mlp()
+    x = {"x": np.ones((3, 128), np.float32)}
+    with make_backend("ort-cpu").compile(g, w, threads=1) as compiled:
+        got = compiled.run(x)["y"]
+        assert compiled.kernels is None
+    assert saved == [None]
+    with make_backend("ort-cpu").compile(g, w, threads=1, count_kernels=True) as counted:
+        np.testing.assert_array_equal(counted.run(x)["y"], got)
+        assert counted.kernels == 3
+    assert saved[1] is not None
+
+
+def test_generate_saves_no_optimized_model(monkeypatch):
+    from blockc.frontends import build_model, init_weights
+    from blockc.generate import generate
+    saved = saved_models(monkeypatch)
+    model = build_model("tiny")
+    generate(model, init_weights(model, seed=0), [[1, 2, 3]], 3, backend="ort-cpu")
+    assert saved == [None, None]   # prefill and decode
