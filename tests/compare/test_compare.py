@@ -577,7 +577,8 @@ def test_readme_compare_examples_fit_the_memory_budget(tmp_path, monkeypatch):
     import pathlib
     import shlex
 
-    from blockc.cli import build_parser, compare_options
+    from blockc.cli import build_parser
+    from blockc.cli.compare import compare_options
     from blockc.compare.machine import memory_gib
     from blockc.compare.run import _contestants
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
