@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import BlockcError
 from .common import dim_bindings, make_graph, make_weights, write_text
-from .options import dim_arg, dtype_arg, form_arg, gemm_arg, json_arg, model_args, optimize_args, weights_args
+from .options import dim_arg, dtype_arg, gemm_arg, graph_args, json_arg, weights_args
 
 NAME = "cuda"
 HELP = "generate CUDA C++ and prove it compiles"
@@ -13,9 +13,7 @@ DESCRIPTION = ("Generate CUDA C++ for MODEL into DIR (kernels from templates, a 
 
 
 def add_arguments(p) -> None:
-    model_args(p)
-    form_arg(p, default="fused")
-    optimize_args(p)
+    graph_args(p, default="fused")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the build directory to write")
     p.add_argument("--arch", default="sm_80,sm_90", type=arch_list,
                    help="GPU architectures, comma-separated sm_XX (default sm_80,sm_90)")

@@ -6,7 +6,7 @@ import time
 
 from ..errors import BlockcError
 from .common import make_graph, make_weights
-from .options import form_arg, fused_as_arg, model_args, optimize_args, provider_arg, weights_args
+from .options import fused_as_arg, graph_args, provider_arg, weights_args
 from .progress_bar import ProgressBar
 
 NAME = "export"
@@ -16,9 +16,7 @@ DESCRIPTION = ("Export MODEL as an ONNX file (standard ops, dynamic batch/seq, w
 
 
 def add_arguments(p) -> None:
-    model_args(p)
-    form_arg(p)
-    optimize_args(p)
+    graph_args(p)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--opset", type=int, help="ONNX opset (default: 21, or 23 for --fused-as onnx23)")
     fused_as_arg(p)

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from .common import dim_bindings, make_weights, trace_model, write_text
-from .options import (dim_arg, form_arg, fused_as_arg, json_arg, model_args, optimize_args, optimize_options,
-                      provider_arg, weights_args)
+from .options import dim_arg, fused_as_arg, graph_args, json_arg, optimize_options, provider_arg, weights_args
 
 NAME = "fusions"
 HELP = "what fused, what did not and why"
@@ -12,9 +11,7 @@ DESCRIPTION = ("Optimize MODEL and report every fusion candidate: matched, or re
 
 
 def add_arguments(p) -> None:
-    model_args(p)
-    form_arg(p, start=True)
-    optimize_args(p)
+    graph_args(p, start=True)
     dim_arg(p, defaults={"batch": 1, "seq": 128}, purpose=" for the traffic model")
     json_arg(p, what="the report", schema="docs/fusion-report.md")
     p.add_argument("--verbose", action="store_true", help="list every rejected candidate")

@@ -153,3 +153,11 @@ def optimize_args(p: argparse.ArgumentParser) -> None:
 def optimize_options(args) -> dict:
     return {"disable": getattr(args, "disable", []), "print_after": getattr(args, "print_after", []),
             "print_after_all": getattr(args, "print_after_all", False), "out": sys.stderr}
+
+
+def graph_args(p: argparse.ArgumentParser, *, default: str = "standard", start: bool = False) -> None:
+    """MODEL, --set, --form and the optimization options: the graph a command
+    works on (``default`` and ``start``: as ``form_arg``'s)."""
+    model_args(p)
+    form_arg(p, default=default, start=start)
+    optimize_args(p)

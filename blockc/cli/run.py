@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from .common import make_feeds, make_graph, make_weights
-from .options import dim_arg, form_arg, fused_as_arg, gemm_arg, model_args, optimize_args, provider_arg, weights_args
+from .options import dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, weights_args
 
 NAME = "run"
 HELP = "run the model on your inputs or seeded random ones"
@@ -17,9 +17,7 @@ DESCRIPTION = ("Run MODEL on the arrays of --inputs FILE.npz, or on seeded rando
 
 def add_arguments(p) -> None:
     from ..runtime.backend import backend_names
-    model_args(p)
-    form_arg(p)
-    optimize_args(p)
+    graph_args(p)
     p.add_argument("--backend", choices=backend_names(), default="ort",
                    help="reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
                         "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "

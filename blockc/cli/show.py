@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from .common import make_graph
-from .options import form_arg, model_args, optimize_args
+from .options import graph_args
 
 NAME = "show"
 HELP = "print a model's IR"
@@ -12,9 +12,7 @@ DESCRIPTION = "Trace MODEL and print its IR (one line per node; the text parses 
 
 
 def add_arguments(p) -> None:
-    model_args(p)
-    form_arg(p)
-    optimize_args(p)
+    graph_args(p)
 
 
 def run(args) -> int:
