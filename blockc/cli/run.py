@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..errors import printable
     from ..frontends.module import InputSpec  # noqa: F401  (documented input sampling)
-    from ..report.numerics import max_abs_error
+    from ..report.numerics import max_abs_error, run_check_failure
     from ..runtime.backend import make_backend
     from ..runtime.reference import run_reference
     backend = make_backend(args.backend, **args.backend_options)   # an option it does not take: refused first
@@ -69,9 +69,10 @@ def run(args) -> int:
         from ..runtime.feeds import save_npz
         save_npz(args.save, outputs)
         print(f"wrote {args.save}")
-    if oracle:
-        return check_finite(graph, weights, feeds, outputs, oracle, backend.title)
-    return 0
+    failure = run_check_failure(graph, weights, feeds, outputs, oracle, backend.title) if oracle else ""
+    if failure:
+        print(f"blockc: check failed: {failure}", file=sys.stderr)
+    return 1 if failure else 0
 
 
 def build_and_run(backend, graph, weights, feeds) -> tuple[dict[str, float], dict, dict]:
@@ -92,18 +93,3 @@ def build_and_run(backend, graph, weights, feeds) -> tuple[dict[str, float], dic
         outputs = run()
         t3 = time.perf_counter()
     return {"weights made": t1 - t0, "build": t2 - t1, "first run": t3 - t2}, weights, outputs
-
-
-def check_finite(graph, weights, feeds, outputs, oracle, where: str) -> int:
-    """``run --check``: 1, with where the values first stopped being finite, when any output is NaN/Inf."""
-    from ..report.numerics import first_non_finite, non_finite_outputs
-    bad = non_finite_outputs(outputs)
-    if not bad:
-        return 0
-    if non_finite_outputs(oracle):
-        origin = first_non_finite(graph, weights, feeds)
-    else:
-        origin = (f"the float64 reference is finite, so {where} made them; "
-                  + first_non_finite(graph, weights, feeds, float64=False))
-    print(f"blockc: check failed: the outputs are not finite ({'; '.join(bad)}); {origin}", file=sys.stderr)
-    return 1
