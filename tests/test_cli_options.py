@@ -165,9 +165,9 @@ FLAG_ARGS = {"provider": ["--provider", "cuda"], "fused_as": ["--fused-as", "con
 
 
 def test_every_backend_flag_is_a_backend_option():
-    from blockc.runtime.backend import _registry
-    assert set(FLAG_ARGS) == set(blockc.cli.options.BACKEND_FLAGS)
-    taken = set().union(*(entry.cls.option_names() for entry in _registry().values()))
+    from blockc.runtime.backend import registrations
+    assert set(FLAG_ARGS) == set(BACKEND_FLAGS)
+    taken = set().union(*(entry.cls.option_names() for entry in registrations()))
     assert set(FLAG_ARGS) <= taken
 
 

@@ -147,24 +147,38 @@ def _measure_rate() -> float:
 def _best_recorded_rate(measured: float) -> float:
     """The higher of ``measured`` and the best this machine recorded before,
     which it records; where the cache cannot be read or written, ``measured``."""
+    def best(known):
+        return max(measured, known) if isinstance(known, (int, float)) and known > 0 else measured
+    return update_record("matmul-rate.json", best, fallback=measured)
+
+
+def machine_key() -> str:
+    """What a record of this machine's speed is kept under: its CPU, its cores, its numpy."""
+    return f"{cpu_name()} | {os.cpu_count()} cores | numpy {version_of('numpy')}"
+
+
+def update_record(filename: str, update, *, fallback):
+    """This machine's entry in the cache file ``filename`` (a JSON object
+    keyed by ``machine_key``), replaced by ``update(entry or None)`` under a
+    lock, and returned. Where the cache cannot be read or written,
+    ``fallback``; an unreadable file is started again."""
     import json
 
     from ..errors import BlockcError
     from ..files import atomic_write, cache_root, file_lock
-    key = f"{cpu_name()} | {os.cpu_count()} cores | numpy {version_of('numpy')}"
+    key = machine_key()
     try:
-        path = cache_root() / "matmul-rate.json"
+        path = cache_root() / filename
         with file_lock(path.with_suffix(".lock")):
             try:
                 known = json.loads(path.read_text())
                 known = known if isinstance(known, dict) else {}
             except (OSError, ValueError):
                 known = {}
-            best = known.get(key)
-            best = max(measured, best) if isinstance(best, (int, float)) and best > 0 else measured
-            if best != known.get(key):
+            new = update(known.get(key))
+            if new != known.get(key):
                 with atomic_write(path, "w") as f:
-                    json.dump({**known, key: best}, f)
-            return best
+                    json.dump({**known, key: new}, f)
+            return new
     except (BlockcError, OSError):
-        return measured
+        return fallback

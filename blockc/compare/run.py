@@ -45,6 +45,7 @@ from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, che
                                make_backend, split_options)
 from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
 from . import memory
+from .pace import ORACLE, Pace, load_pace, modelled_prepare_s, modelled_run_s, pace_key, record_pace
 from .peers import PEERS, make_peer
 
 AA = " (A/A)"   # the key suffix of a standard form's second session, the A/A control
@@ -109,6 +110,12 @@ class Contestant:
     estimate: int                        # host bytes it holds (compare/memory.py)
     build: int = 0                       # and more it holds while it is prepared (memory.build_bytes)
     params: dict = field(repr=False, default_factory=dict)
+    kernel: bool = False                 # a fused kernel timed alone (``_kernel_contestants``)
+    prepared_s: list[float] = field(default_factory=list)   # how long each block's preparation took
+
+    def pace_key(self, flops: float) -> str:
+        """What this contestant's measured pace is kept under (``compare/pace.py``)."""
+        return pace_key(f"{self.backend.name}/{self.variant}", len(self.graph.nodes), flops, kernel=self.kernel)
 
     def prepare(self, threads: int) -> Compiled:
         return self.backend.compile(self.graph, self.params, variant=self.variant, threads=threads)
@@ -261,7 +268,7 @@ def _kernel_contestants(plan: Plan) -> list[tuple[str, object, list[Contestant]]
     for label, node in first_fused_nodes(plan.kernel_graphs):
         g = isolate(node, f"{node.op}_alone")
         out.append((label, node, [Contestant(f"{b.name}/{variant}/{node.op}", _row(b.name, variant, node.op, False, {}),
-                                             b, variant, g, 0) for b, variant in _kernel_backends(plan)]))
+                                             b, variant, g, 0, kernel=True) for b, variant in _kernel_backends(plan)]))
     return out
 
 
@@ -274,24 +281,55 @@ def planned_steps(plan: Plan) -> int:
     return per_shape * len(plan.shapes) * plan.options.blocks
 
 
-def planned_seconds(plan: Plan) -> float:
-    """About how long ``run_comparison`` takes: each session's preparation
-    and timed runs in every block, a run's time guessed from the FLOP model
-    at this machine's measured matmul rate."""
+def planned_seconds(plan: Plan, pace: Pace | None = None) -> float:
+    """About how long ``run_comparison`` takes on a quiet machine: each
+    session's preparation and timed runs in every block, and the float64
+    oracle at each shape, each by its model (``compare/pace.py``) times the
+    ratio this machine last measured to it (``pace``, else the record)."""
     from ..report.flops import total_flops
     from .machine import matmul_flops_per_s
-    o, rate = plan.options, matmul_flops_per_s()
+    o, rate, pace = plan.options, matmul_flops_per_s(), pace or load_pace()
+    kernels = [c for _, _, cs in _kernel_contestants(plan) for c in cs] if o.kernels else []
     total = 0.0
     for shape in plan.shapes:
-        for c in _contestants(plan, shape):
-            run = total_flops(c.graph, shape) / rate
-            prepare = 0.2 + c.estimate / 1e9          # sessions copy their weights at ~1 GB/s here
+        for c in _contestants(plan, shape) + kernels:
+            need, flops = c.estimate or memory.session_bytes(c.backend, c.graph, shape), total_flops(c.graph, shape)
+            key = c.pace_key(flops)
+            run = pace.factor(key, "run") * modelled_run_s(flops, rate)
+            prepare = pace.factor(key, "prepare") * modelled_prepare_s(need)
             timed = max(o.min_time_s, o.min_repeats * run) + (o.warmup + o.rounds) * run
-            total += o.blocks * (prepare + timed)
-        total += 4 * total_flops(plan.graphs["standard"], shape) / rate    # the float64 oracle
-        if o.kernels:
-            total += o.blocks * sum(len(c) for _, _, c in _kernel_contestants(plan)) * (0.1 + o.min_time_s)
+            total += o.blocks * (prepare + timed) + 2 * run     # the first block checks each session twice
+        standard = plan.graphs["standard"]
+        flops = total_flops(standard, shape)
+        total += pace.factor(pace_key(ORACLE, len(standard.nodes), flops), "run") * modelled_run_s(flops, rate)
     return total
+
+
+def measured_pace(contestants: list[Contestant], times: dict, shape) -> dict[str, dict[str, float]]:
+    """What ``contestants`` took at ``shape`` against the model, as ratios
+    (``compare/pace.py``): the median run of every block, the median preparation."""
+    from ..report.flops import total_flops
+    from .machine import matmul_flops_per_s
+    rate, out = matmul_flops_per_s(), {}
+    for c in contestants:
+        ran = [s for t in times.get(c.key, ()) if t is not None for s in t.samples]
+        flops = total_flops(c.graph, shape)
+        ratios = out.setdefault(c.pace_key(flops), {})
+        if ran and flops:
+            ratios["run"] = float(np.median(ran)) / modelled_run_s(flops, rate)
+        if c.prepared_s:
+            need = c.estimate or memory.session_bytes(c.backend, c.graph, shape)
+            ratios["prepare"] = float(np.median(c.prepared_s)) / modelled_prepare_s(need)
+    return out
+
+
+def _oracle_pace(graph: Graph, shape, seconds: float) -> dict[str, dict[str, float]]:
+    """The float64 oracle's run at ``shape`` against the model, as a ratio."""
+    from ..report.flops import total_flops
+    from .machine import matmul_flops_per_s
+    flops = total_flops(graph, shape)
+    return {pace_key(ORACLE, len(graph.nodes), flops): {"run": seconds / modelled_run_s(flops, matmul_flops_per_s())}
+            } if flops else {}
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -312,9 +350,10 @@ def describe_plan(plan: Plan) -> list[str]:
     lines[:0] = plan.notes
     if too_big:
         lines.append(f"over the budget, not run: {', '.join(too_big)}")
-    from .machine import matmul_flops_per_s
-    lines.append(f"time: about {_duration(planned_seconds(plan))} on a quiet machine (each run guessed from its "
-                 f"FLOPs at {matmul_flops_per_s() / 1e9:.0f} GFLOP/s, the best matmul rate seen here; "
+    pace = load_pace()
+    basis = ("each step's model scaled by what earlier comparisons measured here" if pace.ratios else
+             "a first guess from FLOPs and bytes: no comparison has been recorded here yet")
+    lines.append(f"time: about {_duration(planned_seconds(plan, pace))} on a quiet machine ({basis}; "
                  f"longer where other work shares the cores)")
     return lines
 
@@ -362,13 +401,16 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         "verdicts": [], "results": [], "ratios": [], "kernels": [],
     }
     peak = report["machine"]["peak_gbps"]
+    observed = []
     for shape in plan.shapes:
         contestants = _contestants(plan, shape)
         for c in contestants:
             c.params = weights
         feeds = oracle = None   # the last shape's go before this one's are made
         feeds = _feeds(plan, shape)
+        began = time.perf_counter()
         oracle = _oracle(plan.graphs["standard"], weights, feeds)
+        oracle_s = time.perf_counter() - began
         one_run = max(memory.run_bytes(g, shape) for g in plan.graphs.values())
         times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), watch, one_run,
                                   report["memory"]["groups"])
@@ -379,14 +421,19 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         report["results"].extend(rows)
         report["ratios"].extend(_ratios(rows, times, shape))
         report["verdicts"].extend(_verdicts(contestants, times, shape))
+        observed += [measured_pace(contestants, times, shape), _oracle_pace(plan.graphs["standard"], shape, oracle_s)]
         if o.kernels:
-            report["kernels"].extend(_measure_kernels(plan, weights, shape, peak, steps, watch))
+            entries, paces = _measure_kernels(plan, weights, shape, peak, steps, watch)
+            report["kernels"].extend(entries)
+            observed += paces
     for entry, (p, ok, _) in zip(report["peers"], plan.peers):
         if ok:
             entry["detail"] = p.detail(o.threads)   # again: how it ran may be known only once it has
         if ok and getattr(p, "fused", None):
             entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
     steps.end()
+    for ratios in observed:   # what the next comparison's estimate goes by (compare/pace.py)
+        record_pace(ratios)
     report["timing"]["elapsed_s"] = time.perf_counter() - started
     report["memory"]["peak_growth_bytes"] = watch.peak_growth()
     report["memory"]["peak_at"] = watch.peak_at
@@ -478,7 +525,9 @@ def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress:
                 compiled = None
                 try:
                     watch.stretch(f"preparing {key} {where}")
+                    began = time.perf_counter()
                     compiled = c.prepare(o.threads)
+                    c.prepared_s.append(time.perf_counter() - began)
                     if block == 0:
                         one_build = max(one_build, _beyond_kept(watch, f"checking {key} {where}"))
                         c.row["kernels"] = compiled.kernels
@@ -696,10 +745,13 @@ def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
     return out
 
 
-def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: memory.Watch) -> list[dict]:
+def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: memory.Watch
+                     ) -> tuple[list[dict], list[dict]]:
+    """Each fused op kind timed alone: its report entries, and what its
+    sessions took against the model (``measured_pace``)."""
     from .kernels import kernel_cost, sample_feeds
     o = plan.options
-    entries = []
+    entries, paces = [], []
     for label, node, contestants in _kernel_contestants(plan):
         g = contestants[0].graph if contestants else None
         if g is None:
@@ -714,6 +766,7 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: 
         times, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
                             f"kernel {_shape_text(shape)}", watch, memory.run_bytes(g, shape))
         _latencies(contestants, times, peak)
+        paces.append(measured_pace(contestants, times, shape))
         for c in contestants:
             row = c.row
             entries.append({"backend": row["backend"], "variant": row["variant"], "op": node.op, "shape": dict(shape),
@@ -722,4 +775,4 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: 
                             "bytes_modelled": nbytes, "flops_modelled": flops,
                             "bandwidth_gbps": row["bandwidth_gbps"], "fraction_of_peak": row["fraction_of_peak"],
                             "max_abs_error": row["max_abs_error"]})
-    return entries
+    return entries, paces

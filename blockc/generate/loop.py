@@ -34,7 +34,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ OnToken = Callable[[list[list[int]]], None]
 @dataclass
 class Generation:
     """What ``generate`` made: each prompt's new ids (up to and including
-    ``stop_id`` where it came), and how long it took. ``first_token_s``: from
+    a stop id where one came), and how long it took. ``first_token_s``: from
     the prefill's start to the first tokens picked; ``step_s``: each decode
     step, feeds to picked tokens; ``compile_s``: tracing and compiling both
     graphs, once, before any of it; ``form``: the graph form that ran."""
@@ -227,12 +227,27 @@ def into_cache(present: np.ndarray, cache_len: int) -> np.ndarray:
     return buffer
 
 
+def stop_ids(stop_id: int | Iterable[int] | None, vocab: int) -> frozenset[int]:
+    """The ids a row stops after: none, one, or several (a generation
+    config's ``eos_token_id`` may be a list), each inside the vocabulary."""
+    if stop_id is None:
+        return frozenset()
+    ids = [stop_id] if isinstance(stop_id, (int, np.integer)) else list(stop_id)
+    for t in ids:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise BlockcError(f"stop id {t!r} is not an integer token id")
+        if not 0 <= t < vocab:
+            raise BlockcError(f"stop id {t} is outside the vocabulary [0, {vocab})")
+    return frozenset(int(t) for t in ids)
+
+
 def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
-             *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | None = None,
+             *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | Iterable[int] | None = None,
              on_token: OnToken | None = None, form: str = "fused", cache: str = "inplace",
              cache_len: int | None = None, **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
-    batched. A row stops after ``stop_id``; all stop when every row has.
+    batched. A row stops after ``stop_id`` (an id, or several: ``stop_ids``);
+    all stop when every row has.
     ``backend``: any registered backend, built with ``backend_options``;
     ``form``: the graph form compiled (by default ``fused``: through the
     optimizer, the graphs ``docs/PERFORMANCE.md`` measures);
@@ -240,8 +255,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     just enough) or ``concat`` (see the module docstring). ``prompts``: see
     ``as_prompts`` (a 2-D integer array is one prompt a row)."""
     prompts = check_request(model, prompts, max_new)
-    if stop_id is not None and not 0 <= stop_id < model.cfg.vocab:
-        raise BlockcError(f"stop id {stop_id} is outside the vocabulary [0, {model.cfg.vocab})")
+    stops = stop_ids(stop_id, model.cfg.vocab)
     length = cache_length(model, prompts, max_new, cache, cache_len)
     target = make_backend(backend, **backend_options)
     target.require()
@@ -255,14 +269,14 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         decode = target.compile(decode_graph, weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
-            return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stop_id, on_token,
+            return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stops, on_token,
                                  compile_s, target.name), form=form)
         finally:
             if decode is not None:
                 decode.close()
 
 
-def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stop_id, on_token, compile_s,
+def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stops, on_token, compile_s,
           backend) -> Generation:
     vocab = model.cfg.vocab
     ids, mask, positions = left_pad(prompts)
@@ -276,8 +290,7 @@ def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stop_id, on
             if not done[row]:
                 new[row].append(int(token))
                 history[row].append(int(token))
-        if stop_id is not None:
-            done[:] |= chosen == stop_id
+        done[:] |= np.isin(chosen, list(stops))
         seconds = time.perf_counter() - start
         if on_token is not None:
             on_token(new)

@@ -17,7 +17,7 @@ from ..codegen.onnx_export import checked_weights, export_onnx
 from ..errors import BlockcError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
-from .backend import CachedStep
+from .interface import CachedStep
 from .bindings import bind_inputs
 
 _CUDA, _CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -170,7 +170,7 @@ class OrtSession:
         if self._session is None:
             raise BlockcError("this OrtSession is closed")
         if self._bfloat16:
-            from .backend import Compiled
+            from .interface import Compiled
             return CachedStep(Compiled(self.run), carry, state)
         return OrtCachedStep(self._session, self.graph, carry, state, check=check)
 

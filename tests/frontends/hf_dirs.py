@@ -38,19 +38,53 @@ FAMILIES = ("gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "qwen3")
 DECODERS = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
-def train_tokenizer(vocab_size: int = 400):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``TEXT``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+TOKENIZERS = ("bytelevel", "sentencepiece")
+
+
+def train_tokenizer(vocab_size: int = 400, kind: str = "bytelevel"):
+    """A BPE ``PreTrainedTokenizerFast`` trained on ``TEXT``: byte-level (GPT-2,
+    Llama 3, Qwen), or ``sentencepiece`` as Llama 2 and Mistral convert theirs
+    (``▁`` for a space, a BOS added, byte fallback ``<0xNN>`` tokens for
+    characters outside the vocabulary, a decoder that strips the first space)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    if kind not in TOKENIZERS:
+        raise ValueError(f"no tokenizer {kind!r}; kinds: {', '.join(TOKENIZERS)}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    if kind == "bytelevel":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+        alphabet = []
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet)
     tok.train_from_iterator(TEXT, trainer=trainer)
+    (_bytelevel if kind == "bytelevel" else _sentencepiece)(tok)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                    unk_token="<|endoftext|>", pad_token="<pad>", chat_template=CHAT_TEMPLATE)
+
+
+def _bytelevel(tok):
+    from tokenizers import decoders, processors
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+
+
+def _sentencepiece(tok):
+    """Llama 2's layout: byte tokens appended to the trained vocabulary, byte fallback on, BOS added."""
+    import json as _json
+
+    from tokenizers import decoders, models, processors
+    trained = _json.loads(tok.to_str())["model"]
+    vocab = dict(trained["vocab"])
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tok.model = models.BPE(vocab, merges, unk_token="<|endoftext|>", byte_fallback=True, fuse_unk=True)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", pair="<|endoftext|> $A $B",
+                                                       special_tokens=[("<|endoftext|>", 0)])
 
 
 def hf_config(family: str, vocab_size: int, tokenizer, **kw):
@@ -85,16 +119,17 @@ def hf_model(family: str, config):
 
 
 def save_hf_dir(family: str, path, *, seed: int = 0, dtype: str = "float32", shard_size: str | None = None,
-                **config) -> Path:
+                tokenizer: str = "bytelevel", **config) -> Path:
     """Save a random ``family`` model with its tokenizer to ``path`` and return
     it. ``shard_size`` (e.g. ``"200KB"``) writes shards and their index;
-    ``dtype`` is the checkpoint's (``float16``, ``bfloat16``); ``config``
+    ``dtype`` is the checkpoint's (``float16``, ``bfloat16``); ``tokenizer``
+    is ``bytelevel`` or ``sentencepiece`` (``train_tokenizer``); ``config``
     overrides the config's fields."""
     import torch
     if family not in FAMILIES:
         raise ValueError(f"no fixture for {family!r}; families: {', '.join(FAMILIES)}")
     path = Path(path)
-    tokenizer = train_tokenizer()
+    tokenizer = train_tokenizer(kind=tokenizer)
     cfg = hf_config(family, len(tokenizer), tokenizer, **config)
     torch.manual_seed(seed)
     model = randomise(hf_model(family, cfg), torch).to(getattr(torch, dtype))

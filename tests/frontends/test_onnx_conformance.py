@@ -5,7 +5,7 @@ ones ONNX ships (an outside oracle).
 
 Which cases: every case whose nodes all have a rule in the importer's table at
 the case's opset (``missing_operators`` finds none) -- so a rule added to
-``convert.TABLE`` brings its cases in, and nothing here lists operators.
+``rules.TABLE`` brings its cases in, and nothing here lists operators.
 
 A case the importer cannot express must be refused with a ``BlockcError``,
 never answered wrongly. Those cases are ``REFUSED``: one row per family, with
@@ -234,7 +234,7 @@ def test_node_case(name, tmp_path):
 
 def test_cases_are_selected():
     """The selection finds cases, and every rule in the table has one (an op with none would be unchecked)."""
-    from blockc.frontends.onnx.convert import TABLE
+    from blockc.frontends.onnx.rules import TABLE
     covered = {n.op_type for model, _ in CASES.values() for n in model.graph.node}
     assert len(CASES) > 300
     assert set(TABLE) - covered == set()

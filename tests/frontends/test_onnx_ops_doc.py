@@ -2,7 +2,7 @@
 supported operators cannot go stale beside it."""
 from pathlib import Path
 
-from blockc.frontends.onnx.convert import TABLE
+from blockc.frontends.onnx.rules import TABLE
 from blockc.frontends.onnx.ops_doc import supported_ops_markdown
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ONNX-OPS.md"

@@ -2,7 +2,7 @@
 import io
 
 from blockc.generate.loop import Generation
-from blockc.generate.stream import TokenLines, format_timings
+from blockc.generate.stream import TextLines, TokenLines, format_timings
 
 
 class Terminal(io.StringIO):
@@ -37,3 +37,69 @@ def test_timings_give_median_p90_and_rate():
     assert "time to first token 10.00 ms" in text
     assert "decode step 2.50 ms median, 3.70 ms p90 over 4 steps" in text
     assert "6 tokens at 300.0 tokens/s" in text   # 6 tokens over 20 ms
+
+
+# ---- text ---------------------------------------------------------------------------------------
+class FakeTokenizer:
+    """Ids are bytes: decode is UTF-8 with U+FFFD for what does not decode, as a byte-level BPE's is."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def special_ids(self):
+        return frozenset()
+
+    def token(self, id):
+        return chr(id)
+
+
+def steps(rows):
+    """The ``tokens`` of each step of a generation of ``rows``: every row one id longer each time."""
+    return [[row[:n] for row in rows] for n in range(1, max(map(len, rows)) + 1)]
+
+
+def test_one_prompts_text_streams_as_it_comes_and_joins_to_decode():
+    ids = list("a🚀\x1bb".encode())
+    out = io.StringIO()
+    lines = TextLines(FakeTokenizer(), 1, out)
+    seen = []
+    for tokens in steps([ids]):
+        lines(tokens)
+        seen.append(out.getvalue())
+    assert seen == ["a", "a", "a", "a", "a🚀", "a🚀\x1b", "a🚀\x1bb"]   # the rocket only once whole
+    assert lines.finish([ids]) == ["a🚀\x1bb"] and out.getvalue() == "a🚀\x1bb\n"   # a pipe gets the text exactly
+
+
+def test_a_character_left_incomplete_is_shown_at_the_end():
+    ids = list("a🚀".encode())[:-1]
+    out = io.StringIO()
+    lines = TextLines(FakeTokenizer(), 1, out)
+    for tokens in steps([ids]):
+        lines(tokens)
+    assert out.getvalue() == "a"
+    assert lines.finish([ids]) == ["a\ufffd"] and out.getvalue() == "a\ufffd\n"
+
+
+def test_a_terminal_sees_control_characters_escaped():
+    out = Terminal()
+    lines = TextLines(FakeTokenizer(), 1, out)
+    ids = list("a\x1b[31mb\n".encode())
+    lines.finish([ids])
+    assert out.getvalue() == "a\\x1b[31mb\n\n" and lines.texts == ["a\x1b[31mb\n"]
+
+
+def test_several_prompts_are_lines_in_a_pipe_and_redrawn_on_a_terminal():
+    rows = [list("ab\nc".encode()), list("注".encode())]
+    out = io.StringIO()
+    lines = TextLines(FakeTokenizer(), 2, out)
+    for tokens in steps(rows):
+        lines(tokens)
+    assert out.getvalue() == ""
+    assert lines.finish(rows) == ["ab\nc", "注"] and out.getvalue() == "[0] ab\nc\n[1] 注\n"
+    term = Terminal()
+    lines = TextLines(FakeTokenizer(), 2, term)
+    for tokens in steps(rows):
+        lines(tokens)
+    lines.finish(rows)
+    assert term.getvalue().startswith("\x1b[2K[0] a\n\x1b[2K[1] \n\x1b[2F")
+    assert term.getvalue().endswith("\x1b[2F\x1b[2K[0] ab\\nc\n\x1b[2K[1] 注\n")   # one line a prompt

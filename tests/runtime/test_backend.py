@@ -122,8 +122,8 @@ OPTION_VALUES = {"provider": "cuda", "fused_as": "contrib", "gemm": "tiled", "tf
 def every_option() -> set[str]:
     """Every option some backend's class takes (those a registration fixes
     included), and ``fused_ass``, which none does."""
-    from blockc.runtime.backend import _registry
-    return {"fused_ass"}.union(*(entry.cls.option_names() for entry in _registry().values()))
+    from blockc.runtime.backend import registrations
+    return {"fused_ass"}.union(*(entry.cls.option_names() for entry in registrations()))
 
 
 @pytest.mark.parametrize("name", backend_names())

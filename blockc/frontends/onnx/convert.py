@@ -37,7 +37,7 @@ from .safe_load import element_type_name
 
 INT64_MAX = 2**63 - 1
 # The newest ai.onnx opset a rule claims by default. Opsets 25 to 28 changed
-# no operator in TABLE except to admit new element types (int2, uint2,
+# no operator in the table except to admit new element types (int2, uint2,
 # float6, which blockc refuses by type; Range-27 float16 and bfloat16,
 # computed in its stash_type, float32) and to give Attention sliding windows
 # (25), which its rule refuses by name.
@@ -727,7 +727,7 @@ def _unary(ir_op: str):
 
 
 # ONNX op type -> how it is imported (the default domain, ai.onnx).
-TABLE: dict[str, Rule] = {
+RULES: dict[str, Rule] = {
     "Add": _elementwise("add"), "Sub": _elementwise("sub"), "Mul": _elementwise("mul"),
     "Div": _elementwise("div"), "Pow": Rule(_pow),
     "Equal": _elementwise("equal"), "Less": _elementwise("less"), "LessOrEqual": _elementwise("less_equal"),
@@ -751,9 +751,3 @@ TABLE: dict[str, Rule] = {
     "Max": _extremum("greater"), "Min": _extremum("less"),
     "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
 }
-
-# The opset-23 fused operators (Attention, RMSNormalization, RotaryEmbedding)
-# have a module of their own; it uses the helpers above, so it comes last.
-from .opset23 import RULES as OPSET23_RULES  # noqa: E402
-
-TABLE.update(OPSET23_RULES)

@@ -54,7 +54,7 @@ BYTES_PER_NAME = NAME_CHARS + 64
 
 def default_opset(opsets: Mapping[str, int]) -> int:
     """The ai.onnx opset in ``opsets`` (domain -> version): the one
-    ``convert.TABLE``'s ranges are read against."""
+    ``rules.TABLE``'s ranges are read against."""
     return next((v for d, v in opsets.items() if d in DEFAULT_DOMAINS), 1)
 
 

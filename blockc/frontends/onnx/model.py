@@ -10,7 +10,7 @@ weights, limits, passes, exports and ``compare`` see nothing new.
   initializers are constants (a softmax scale, a reshape's shape): folded
   at import, where the fusion patterns expect them.
 * ``forward``: the nodes in dependency order, each replayed by its entry in
-  ``convert.TABLE``; a call of one of the file's local functions is its body
+  ``rules.DOMAINS``; a call of one of the file's local functions is its body
   (``functions.py``).
 * ``own_proto``: the file's own graph again (what ``blockc compare``'s ONNX
   Runtime peers run), with other weights where ``--weights`` gives them.
@@ -30,9 +30,9 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
-from . import contrib
-from .convert import TABLE, Rule, as_value, is_tensor, tensor
+from .convert import Rule, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
+from .rules import DOMAINS
 from .safe_load import ExternalTensor, OnnxFile, element_type_name, label, node_label, read_onnx, tensor_array
 
 _SYMBOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
@@ -176,11 +176,6 @@ def _float_dtype(value: np.ndarray) -> DType | None:
     except KeyError:
         return None
     return dtype if dtype.is_float else None
-
-
-# Each domain's rules: ai.onnx's (convert.py, opset23.py) and ONNX Runtime's
-# com.microsoft fused ops (contrib.py), whose op types overlap (Attention, RotaryEmbedding).
-DOMAINS: dict[str, dict[str, Rule]] = {**{d: TABLE for d in DEFAULT_DOMAINS}, contrib.DOMAIN: contrib.RULES}
 
 
 def rule_for(n: GraphNode) -> Rule | None:

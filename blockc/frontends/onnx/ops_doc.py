@@ -11,10 +11,10 @@ from __future__ import annotations
 import onnx.defs
 
 from . import contrib
-from .convert import TABLE
+from .rules import TABLE
 from .functions import DEFAULT_DOMAINS
 
-# convert.TABLE's rules are for the default domain (functions.DEFAULT_DOMAINS),
+# rules.TABLE's rules are for the default domain (functions.DEFAULT_DOMAINS),
 # shown by its name; contrib.RULES's for ONNX Runtime's com.microsoft.
 DOMAIN = "ai.onnx"
 assert "" in DEFAULT_DOMAINS and DOMAIN in DEFAULT_DOMAINS
@@ -27,7 +27,7 @@ def _introduced(op_type: str) -> int:
 
 
 def supported_ops_markdown() -> str:
-    """The page: one row per operator in ``convert.TABLE``, its domain and opsets."""
+    """The page: one row per operator in ``rules.TABLE``, its domain and opsets."""
     rows = []
     for op_type in sorted(TABLE):
         rule = TABLE[op_type]
@@ -39,7 +39,7 @@ def supported_ops_markdown() -> str:
     return "\n".join([
         "# ONNX operators blockc imports",
         "",
-        "Generated from the importer's table (`blockc/frontends/onnx/convert.py`, `TABLE`) by",
+        "Generated from the importer's table (`blockc/frontends/onnx/rules.py`, `TABLE`) by",
         "`python -m blockc.frontends.onnx.ops_doc > docs/ONNX-OPS.md`; do not edit it by hand",
         "(`tests/frontends/test_onnx_ops_doc.py` fails when it is stale).",
         "",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from ...errors import BlockcError
-from ..backend import Backend, CachedStep, Compiled, register
+from ..interface import Backend, CachedStep, Compiled, Registration
 from ..timing import Timing
 
 # The code generator, the toolchain and the runner are imported when used:
@@ -207,5 +207,4 @@ class CudaEmuBackend(GeneratedCuda):
                             sanitize=self.sanitize)
 
 
-register("cuda", CudaBackend, compare=True)
-register("cuda-emu", CudaEmuBackend)
+REGISTRATIONS = (Registration("cuda", CudaBackend, compare=True), Registration("cuda-emu", CudaEmuBackend))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ..backend import Backend, Compiled, register
+from ..interface import Backend, Compiled, Registration
 
 # ONNX Runtime and the exporter are imported when used: registering this
 # backend (every CLI start) costs nothing.
@@ -112,6 +112,6 @@ class OrtBackend(Backend):
                        fused_as=self.fused_as)
 
 
-register("ort", OrtBackend)
-register("ort-cpu", OrtBackend, compare=True, provider="cpu")
-register("ort-cuda", OrtBackend, compare=True, provider="cuda")
+REGISTRATIONS = (Registration("ort", OrtBackend),
+                 Registration("ort-cpu", OrtBackend, {"provider": "cpu"}, compare=True),
+                 Registration("ort-cuda", OrtBackend, {"provider": "cuda"}, compare=True))

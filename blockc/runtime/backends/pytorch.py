@@ -6,7 +6,7 @@ them as peers on the standard-form graph (``compare/peers.py``).
 """
 from __future__ import annotations
 
-from ..backend import Backend, Compiled, register
+from ..interface import Backend, Compiled, Registration
 
 
 class TorchBackend(Backend):
@@ -46,5 +46,5 @@ class TorchBackend(Backend):
         return Compiled(session.run_unchecked, graph=graph)
 
 
-register("torch-eager", TorchBackend)
-register("torch-compile", TorchBackend, compile=True)
+REGISTRATIONS = (Registration("torch-eager", TorchBackend),
+                 Registration("torch-compile", TorchBackend, {"compile": True}))

@@ -1,7 +1,7 @@
 """``reference``: blockc's numpy interpreter as a backend."""
 from __future__ import annotations
 
-from ..backend import Backend, Compiled, register
+from ..interface import Backend, Compiled, Registration
 from ..reference import interpret
 
 
@@ -39,4 +39,4 @@ class ReferenceCompiled(Compiled):
         return lambda: interpret(self.graph, self.weights, feeds, bindings, float64=self.float64)
 
 
-register("reference", ReferenceBackend, compare=True)
+REGISTRATIONS = (Registration("reference", ReferenceBackend, compare=True),)

@@ -1,0 +1,22 @@
+"""The importer's one table: for each ONNX domain, op type -> ``convert.Rule``.
+
+The rules live in modules by op group, each with a ``RULES`` dict, and are
+assembled here, above all of them, so that no rule module imports another's
+table (the opset-23 module once completed ``convert.py``'s table from the
+bottom of that file, an import cycle):
+
+* ``convert.py``: the ai.onnx operators and the helpers every group uses;
+* ``opset23.py``: the opset-23 fused operators (Attention, RMSNormalization,
+  RotaryEmbedding), ai.onnx too;
+* ``contrib.py``: ONNX Runtime's ``com.microsoft`` fused operators, whose op
+  types overlap ai.onnx's (Attention, RotaryEmbedding): hence one table per domain.
+"""
+from __future__ import annotations
+
+from . import contrib, convert, opset23
+from .convert import Rule
+from .functions import DEFAULT_DOMAINS
+
+# ai.onnx, under each of its names (functions.DEFAULT_DOMAINS)
+TABLE: dict[str, Rule] = {**convert.RULES, **opset23.RULES}
+DOMAINS: dict[str, dict[str, Rule]] = {**{d: TABLE for d in DEFAULT_DOMAINS}, contrib.DOMAIN: contrib.RULES}

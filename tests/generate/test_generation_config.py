@@ -1,0 +1,71 @@
+"""``generation_config.json`` as ``model.generate()`` reads it: its eos ids
+(one or a list) and sampling defaults, the user's choices over them, and
+malformed files refused naming the file."""
+import json
+
+import pytest
+
+from blockc.errors import BlockcError
+from blockc.generate.generation_config import GenerationDefaults, make_sampler, read_generation_config
+from blockc.generate.loop import stop_ids
+
+
+def write(path, name, **fields):
+    path.mkdir(exist_ok=True)
+    (path / name).write_text(json.dumps(fields))
+    return path
+
+
+def test_eos_ids_one_or_a_list(tmp_path):
+    assert read_generation_config(write(tmp_path / "a", "generation_config.json", eos_token_id=2)).eos_ids == (2,)
+    assert read_generation_config(write(tmp_path / "b", "generation_config.json",
+                                        eos_token_id=[2, 7])).eos_ids == (2, 7)
+    assert read_generation_config(write(tmp_path / "c", "generation_config.json")).eos_ids == ()
+    # no generation_config.json: the model config's fields, as transformers' from_model_config
+    assert read_generation_config(write(tmp_path / "d", "config.json", eos_token_id=5)).eos_ids == (5,)
+    assert read_generation_config(tmp_path / "e") == GenerationDefaults()
+
+
+def test_defaults_are_transformers_where_unset(tmp_path):
+    """transformers' global defaults: greedy, temperature 1, top-k 50, top-p 1, no penalty."""
+    transformers = pytest.importorskip("transformers")
+    defaults = read_generation_config(write(tmp_path / "a", "generation_config.json", do_sample=True))
+    hf = transformers.GenerationConfig._get_default_generation_params()
+    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.repetition_penalty) == \
+        (hf["temperature"], hf["top_k"], hf["top_p"], hf["repetition_penalty"])
+    assert hf["do_sample"] is GenerationDefaults().do_sample is False
+
+
+def test_the_users_choices_override_the_file():
+    sampled = GenerationDefaults(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1)
+    s = make_sampler(sampled)
+    assert (s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (0.7, 20, 0.9, 1.1)
+    s = make_sampler(sampled, temperature=1.5, top_k=0, repetition_penalty=1.0)
+    assert (s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (1.5, 0, 0.9, 1.0)
+    for greedy in (make_sampler(sampled, greedy=True), make_sampler(sampled, temperature=0)):
+        assert greedy.temperature == 0 and greedy.repetition_penalty == 1.1   # HF applies the penalty greedy too
+    s = make_sampler(GenerationDefaults(), temperature=0.5)
+    assert (s.temperature, s.top_k, s.top_p) == (0.5, 50, 1.0)   # sampling by flag takes HF's top-k of 50
+    assert make_sampler(GenerationDefaults()).temperature == 0
+    with pytest.raises(BlockcError, match="--top-k and --top-p filter what is sampled"):
+        make_sampler(GenerationDefaults(), top_k=5)
+
+
+def test_malformed_generation_configs_are_refused(tmp_path):
+    with pytest.raises(BlockcError, match=r"generation_config.json: eos_token_id must be a token id or a list "
+                                          r"of them, got 'x'"):
+        read_generation_config(write(tmp_path / "a", "generation_config.json", eos_token_id="x"))
+    with pytest.raises(BlockcError, match=r"generation_config.json: temperature must be a float, got 'hot'"):
+        read_generation_config(write(tmp_path / "b", "generation_config.json", temperature="hot"))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(BlockcError, match="the generation config must be a JSON object, got list"):
+        read_generation_config(tmp_path / "c")
+
+
+def test_stop_ids_are_one_place_for_one_or_many():
+    assert stop_ids(None, 10) == frozenset() and stop_ids(3, 10) == {3} and stop_ids((3, 4), 10) == {3, 4}
+    with pytest.raises(BlockcError, match=r"stop id 12 is outside the vocabulary \[0, 10\)"):
+        stop_ids([3, 12], 10)
+    with pytest.raises(BlockcError, match="stop id 1.5 is not an integer token id"):
+        stop_ids([1.5], 10)
