@@ -80,7 +80,7 @@ def user_frame() -> tuple[str, int] | None:
     """
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
-        if path == os.path.join(_PACKAGE_DIR, "cli.py"):
+        if path.startswith(os.path.join(_PACKAGE_DIR, "cli") + os.sep):
             return None
         if not path.startswith(_PACKAGE_DIR + os.sep) and not frame.filename.startswith("<"):
             return frame.filename, frame.lineno or 0

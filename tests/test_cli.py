@@ -615,15 +615,17 @@ def test_check_and_run_check_catch_a_fused_op_that_zeroes_fully_masked_rows(tmp_
     from blockc.ops import fused_onnx
     args = [hf_padding_attention_file(tmp_path / "hf.onnx"), "--backend", "ort", "--fused-as", "onnx23"]
 
-    def run_error() -> float:
-        code, out, _ = run(capsys, "run", *args, "--form", "fused", "--check")
-        assert code == 0
-        return float(out.splitlines()[-1].split()[-1])
+    def run_check() -> tuple[int, float, str]:
+        code, out, err = run(capsys, "run", *args, "--form", "fused", "--check")
+        return code, float(out.splitlines()[-1].split()[-1]), err
 
     code, out, _ = run(capsys, "check", *args)
     assert code == 0 and "FAIL" not in out
-    assert run_error() < 1e-5
+    code, error, _ = run_check()
+    assert code == 0 and error < 1e-5
     monkeypatch.setattr(fused_onnx, "clamp_bias", lambda e, bias, big: bias)
     code, out, _ = run(capsys, "check", *args)
     assert code == 1 and re.search(r"fuse_attention .* FAIL", out)
-    assert run_error() > 0.1
+    code, error, err = run_check()   # once exit status 0 all the same
+    assert code == 1 and error > 0.1 and err.startswith("blockc: check failed: ONNX Runtime (cpu, fused ops as "
+                                                        "onnx23) is further from the float64 reference than")

@@ -9,6 +9,7 @@ import pytest
 
 import blockc.cli
 from blockc.cli import build_parser, main
+from blockc.cli.options import BACKEND_FLAGS
 from blockc.runtime.backend import backend_names
 
 # Flags that mean something different on each command that has them, so are
@@ -60,13 +61,14 @@ def declared_more_than_once(source: str) -> dict[str, int]:
     return {flag: n for flag, n in declared_flags(source).items() if n > 1 and flag not in PER_COMMAND}
 
 
-CLI_SOURCE = Path(blockc.cli.__file__).read_text()
+# Every module of the command line, as one text: an option declared in two of them counts twice.
+CLI_SOURCE = "\n".join(p.read_text() for p in sorted(Path(blockc.cli.__file__).parent.glob("*.py")))
 
 
 def test_every_shared_option_is_declared_once():
     shared = {flag for flag, uses in options_by_flag().items() if len(uses) > 1}
     assert {"--seed", "--weights", "--dim", "--set", "--form", "--fused-as", "--provider"} <= shared
-    assert not declared_more_than_once(CLI_SOURCE), "declared in more than one place in blockc/cli.py"
+    assert not declared_more_than_once(CLI_SOURCE), "declared in more than one place in blockc/cli/"
     # and the check is not vacuous: a second --seed is caught
     stray = CLI_SOURCE + '\n\ndef _stray(p):\n    p.add_argument("--seed", type=int, default=0, help="a seed")\n'
     assert declared_more_than_once(stray) == {"--seed": 2}
@@ -157,14 +159,14 @@ def test_a_negative_seed_is_one_line_on_every_command(command, tmp_path, capsys)
 
 
 # ---- backend options ------------------------------------------------------------
-# Each backend flag with a value, by the option it sets (blockc.cli.BACKEND_FLAGS).
+# Each backend flag with a value, by the option it sets (blockc.cli.options.BACKEND_FLAGS).
 FLAG_ARGS = {"provider": ["--provider", "cuda"], "fused_as": ["--fused-as", "contrib"], "gemm": ["--gemm", "tiled"],
              "tf32": ["--tf32"], "float64": ["--float64"]}
 
 
 def test_every_backend_flag_is_a_backend_option():
     from blockc.runtime.backend import registrations
-    assert set(FLAG_ARGS) == set(blockc.cli.BACKEND_FLAGS)
+    assert set(FLAG_ARGS) == set(BACKEND_FLAGS)
     taken = set().union(*(entry.cls.option_names() for entry in registrations()))
     assert set(FLAG_ARGS) <= taken
 

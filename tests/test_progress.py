@@ -10,7 +10,8 @@ import pytest
 
 import blockc
 from blockc import progress as stages
-from blockc.cli import _ProgressBar, main
+from blockc.cli import main
+from blockc.cli.progress_bar import ProgressBar
 from blockc.codegen.onnx_export import export_onnx, save_onnx
 from blockc.codegen.onnx_weights_file import save_onnx_weights
 from blockc.passes.pipeline import default_pipeline
@@ -107,7 +108,7 @@ class Terminal(io.StringIO):
         return True
 
 
-def export_with(bar: _ProgressBar, tmp_path) -> None:
+def export_with(bar: ProgressBar, tmp_path) -> None:
     with bar:
         model = blockc.build_model("tiny")
         graph = blockc.to_form(blockc.trace(model, progress=bar), "fused", progress=bar)
@@ -116,7 +117,7 @@ def export_with(bar: _ProgressBar, tmp_path) -> None:
 
 def test_the_bar_draws_every_stage_on_a_terminal(tmp_path):
     screen = Terminal()
-    export_with(_ProgressBar(stream=screen, delay=0), tmp_path)
+    export_with(ProgressBar(stream=screen, delay=0), tmp_path)
     for stage in (stages.TRACING, stages.OPTIMIZING, stages.BUILDING_ONNX, stages.CHECKING_ONNX,
                   stages.WRITING_WEIGHTS):
         assert stage in screen.getvalue()
@@ -124,15 +125,15 @@ def test_the_bar_draws_every_stage_on_a_terminal(tmp_path):
 
 def test_the_bar_waits_for_a_slow_job_and_never_draws_into_a_pipe(tmp_path, monkeypatch):
     screen = Terminal()
-    export_with(_ProgressBar(stream=screen, delay=3600), tmp_path)  # a quick job: no bar
+    export_with(ProgressBar(stream=screen, delay=3600), tmp_path)  # a quick job: no bar
     assert screen.getvalue() == ""
     pipe = io.StringIO()
-    export_with(_ProgressBar(stream=pipe, delay=0), tmp_path)
+    export_with(ProgressBar(stream=pipe, delay=0), tmp_path)
     assert pipe.getvalue() == ""
     # a job that has run past the delay shows the stages it already began
     clock = iter([0.0, 0.0, 10.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock, 10.0))
-    bar = _ProgressBar(stream=screen, delay=1.0)
+    bar = ProgressBar(stream=screen, delay=1.0)
     with bar:
         bar(stages.TRACING, 36, 36)
         bar(stages.BUILDING_ONNX, 0, 75)
@@ -146,7 +147,7 @@ def test_a_long_job_writes_a_line_now_and_then_where_no_bar_can_be_drawn(monkeyp
     clock = iter([0.0, 0.0, 5.0, 20.0, 21.0, 22.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock, 22.0))
     pipe = io.StringIO()
-    with _ProgressBar(stream=pipe, delay=0, lines_every=15.0) as bar:
+    with ProgressBar(stream=pipe, delay=0, lines_every=15.0) as bar:
         for done, detail in ((0, "a"), (1, "b"), (2, "c"), (3, "d")):
             bar(stages.MEASURING, done, 4, detail)
         bar(stages.MEASURING, 4, 4)
@@ -154,7 +155,7 @@ def test_a_long_job_writes_a_line_now_and_then_where_no_bar_can_be_drawn(monkeyp
                                             "measuring 2/4: c (20 s so far, about 20 s left)",
                                             "measuring 4/4 (22 s so far)"]
     for stream, show in ((io.StringIO(), False), (Terminal(), True)):
-        with _ProgressBar(stream=stream, delay=3600, show=show, lines_every=15.0) as bar:
+        with ProgressBar(stream=stream, delay=3600, show=show, lines_every=15.0) as bar:
             bar(stages.MEASURING, 0, 4, "a")
         assert stream.getvalue() == ""
 

@@ -41,8 +41,8 @@ from ..passes.forms import FORMS
 from ..progress import MEASURING, Progress
 from ..report.compare_html import SCHEMA
 from ..report.numerics import max_abs_error
-from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, compare_backends, make_backend,
-                               split_options)
+from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, check_distinct, compare_backends,
+                               make_backend, split_options)
 from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
 from . import memory
 from .pace import BOOKKEEPING, ORACLE, Pace, load_pace, modelled_prepare_s, modelled_run_s, pace_key, record_pace
@@ -142,6 +142,7 @@ def plan_comparison(o: CompareOptions) -> Plan:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:   # each would be measured, and its rows printed, as many times
             raise BlockcError(f"{flag} names {', '.join(twice)} more than once: each is measured once")
+    check_distinct(o.backends, options, flag="--backends")   # ort and ort-cpu: one backend, measured twice
     if o.dtype not in (None, "float32", "float16"):
         raise BlockcError(f"--dtype {o.dtype}: compare runs float32 or float16")
     for name, values in (("--batch", o.batches), ("--seq", o.seqs or DEFAULT_SEQS)):

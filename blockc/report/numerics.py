@@ -55,6 +55,14 @@ class CheckResult:
         return all(v.passed for v in self.variants)
 
 
+def error_limit(unfused_error: float, floor: float = FLOOR) -> float:
+    """The most error a result may have against the float64 reference: twice
+    the error the unfused graph has anyway in float32 (``unfused_error``),
+    plus ``floor`` where float32 is exact. ``blockc check`` holds each fusion
+    to it, ``blockc run --check`` each output."""
+    return 2 * unfused_error + floor
+
+
 _ERROR_CHUNK = 1 << 20   # values widened at a time: 8 MiB of float64, whatever the outputs' size
 
 
@@ -114,6 +122,33 @@ def first_non_finite(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Map
     return f"every value of the {where} is finite"
 
 
+def run_check_failure(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
+                      outputs: Mapping[str, np.ndarray], oracle: Mapping[str, np.ndarray], where: str) -> str:
+    """``blockc run --check``: why ``outputs``, ``graph`` run on ``where``,
+    fail against ``oracle``, its float64 reference; "" where they pass. An
+    output fails when it is not finite (said with where the values first
+    stopped being finite), or when its error is over ``error_limit`` of the
+    error the reference interpreter has in the graph's own dtypes: the error
+    ``blockc check`` allows a fusion over the unfused graph's."""
+    bad = non_finite_outputs(outputs)
+    if bad:
+        if non_finite_outputs(oracle):
+            origin = first_non_finite(graph, weights, feeds)
+        else:
+            origin = (f"the float64 reference is finite, so {where} made them; "
+                      + first_non_finite(graph, weights, feeds, float64=False))
+        return f"the outputs are not finite ({'; '.join(bad)}); {origin}"
+    plain = run_reference(graph, weights, feeds, float64=False)
+    over = []
+    for name in oracle:
+        err, anyway = max_abs_error(outputs[name], oracle[name]), max_abs_error(plain[name], oracle[name])
+        if err > error_limit(anyway):
+            over.append(f"{name}: max |err| {err:.3g} is over its limit {error_limit(anyway):.3g} (2 x the "
+                        f"reference interpreter's {anyway:.3g} in the graph's dtypes + {FLOOR:g})")
+    return f"{where} is further from the float64 reference than blockc check allows: {'; '.join(over)}" \
+        if over else ""
+
+
 def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray], *,
                   run: Callable[[Graph], dict] | None = None, backend: str = "reference",
                   floor: float = FLOOR, variants: list[FusionVariant] | None = None) -> CheckResult:
@@ -142,7 +177,7 @@ def check_fusions(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mappin
     for fv in variants if variants is not None else fusion_variants(graph):
         out = run(fv.graph)
         errors = {k: max_abs_error(out[k], oracle[k]) for k in oracle}
-        limits = {k: 2 * base_err[k] + floor for k in oracle}
+        limits = {k: error_limit(base_err[k], floor) for k in oracle}
         ok = all(errors[k] <= limits[k] for k in oracle)
         v = Variant(fv.name, fv.sites, errors, limits, ok, after=fv.after)
         if non_finite_outputs(out):

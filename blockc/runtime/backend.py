@@ -118,3 +118,28 @@ def split_options(names: Sequence[str], options: Mapping[str, object]) -> dict[s
         if not any(option in backend_options(n) for n in names):
             raise _not_taken(list(names), option)
     return {n: {k: v for k, v in options.items() if k in backend_options(n)} for n in names}
+
+
+def _built_as(name: str, options: Mapping[str, object]) -> tuple:
+    """What the backend ``name`` given ``options`` is built as: its class and
+    every option it gets (given, fixed by its registration, or its class's
+    default). Two names built alike are one backend: ``ort`` is ``ort-cpu``
+    where ``provider`` is not given (cpu, its default)."""
+    entry = _entry(name)
+    settings = {**entry.cls.option_defaults(), **options, **entry.fixed}
+    return entry.cls, tuple(sorted((k, repr(v)) for k, v in settings.items()))
+
+
+def check_distinct(names: Sequence[str], options: Mapping[str, Mapping[str, object]], *, flag: str) -> None:
+    """Refuse two of ``names`` (each with its ``options``, as ``split_options``
+    gives them) that are one backend under two names (``ort`` and ``ort-cpu``,
+    where no provider is given): a command that runs each in turn would run
+    it twice. ``flag``: where the names came from, for the message."""
+    groups: dict[tuple, list[str]] = {}
+    for name in dict.fromkeys(names):
+        groups.setdefault(_built_as(name, options.get(name, {})), []).append(name)
+    for same in groups.values():
+        if len(same) > 1:
+            title = make_backend(same[0], **options.get(same[0], {})).title
+            raise BlockcError(f"{flag} names {' and '.join(same)}, which are one backend ({title}): "
+                              f"each is measured once, name it once")

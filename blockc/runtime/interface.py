@@ -194,6 +194,11 @@ class Backend:
         """The options this backend's class takes: its constructor's keyword-only parameters."""
         return frozenset(p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY)
 
+    @classmethod
+    def option_defaults(cls) -> dict:
+        """Each option's value where it is not given: its constructor's default."""
+        return {p.name: p.default for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
     @property
     def times_itself(self) -> bool:
         """Whether its compiled graphs time themselves (``Compiled.time`` with a device's clock)."""

@@ -144,6 +144,8 @@ def test_peak_bandwidth_given_makes_fractions():
     (["--peers", "tvm"], "unknown peer 'tvm'"),
     (["--backends", "ort-cpu,ort-cpu"], "--backends names ort-cpu more than once: each is measured once"),
     (["--backends", "reference,ort-cpu,reference"], "--backends names reference more than once"),
+    (["--backends", "ort,ort-cpu"], "--backends names ort and ort-cpu, which are one backend (ONNX Runtime (cpu, "
+                                    "fused ops as auto)): each is measured once, name it once"),   # ort: cpu by default
     (["--peers", "torch-eager,torch-eager"], "--peers names torch-eager more than once"),
     (["--backends", ""], "no backend to compare: --backends needs at least one of reference, ort"),
     (["--backends", "none"], "no backend to compare"),
@@ -164,6 +166,7 @@ def test_bad_input_fails_before_measuring(argv, message, capsys):
 
 @pytest.mark.parametrize("backends, peers, message", [
     (("ort-cpu", "ort-cpu"), (), "--backends names ort-cpu more than once"),   # each row printed twice
+    (("ort", "ort-cpu"), (), "--backends names ort and ort-cpu, which are one backend"),   # ort: cpu by default
     ((), ("ort-optimizer",), "no backend to compare"),   # the peers alone: no verdict
     (("reference",), ("torch-eager", "torch-eager"), "--peers names torch-eager more than once"),
 ])
@@ -578,7 +581,8 @@ def test_readme_compare_examples_fit_the_memory_budget(tmp_path, monkeypatch):
     import pathlib
     import shlex
 
-    from blockc.cli import build_parser, compare_options
+    from blockc.cli import build_parser
+    from blockc.cli.compare import compare_options
     from blockc.compare.machine import memory_gib
     from blockc.compare.run import _contestants
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()

@@ -1,8 +1,9 @@
 """Non-finite numbers never pass a check: ``check_fusions`` fails the unfused
 run and names the first node whose reference result is not finite (instead
 of marking it ok and blaming every fusion for a rounding accumulation), and
-``blockc run --check`` exits non-zero saying the same; each fusion's A/B
-runs after the fusions it builds on and reports its true site count."""
+``blockc run --check`` exits non-zero saying the same, and where an output's
+error is over the limit ``blockc check`` holds a fusion to; each fusion's
+A/B runs after the fusions it builds on and reports its true site count."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,10 @@ import blockc
 from blockc.cli import main
 from blockc.frontends.weights import NonFiniteWeightsWarning, materialize, save_weights
 from blockc.report import numerics
-from blockc.report.numerics import check_fusions, first_non_finite, format_check, max_abs_error
+from blockc.report.numerics import (FLOOR, check_fusions, error_limit, first_non_finite, format_check,
+                                   max_abs_error)
+from blockc.runtime.backend import Backend, Compiled, register, unregister
+from blockc.runtime.reference import run_reference
 
 SETS = {"layers": "1"}
 
@@ -83,6 +87,57 @@ def test_run_check_fails_on_non_finite_outputs(tmp_path, capsys):
 
 def test_run_check_passes_finite_outputs(capsys):
     assert main(["run", "tiny", "--set", "layers=1", "--check", "--backend", "reference"]) == 0
+
+
+class Off(Backend):
+    """The reference interpreter in float32 with ``off`` added to every
+    output: a backend whose numbers are wrong by a known amount."""
+
+    def __init__(self, *, off: float = 0.0):
+        self.off = off
+
+    def compile(self, graph, weights, *, variant=None, threads=None):
+        return Compiled(lambda feeds: {k: v + np.float32(self.off) for k, v in
+                                       run_reference(graph, weights, feeds, float64=False).items()})
+
+
+@pytest.fixture
+def off():
+    register("off", Off, off=1e-3)   # far over the limit: ~1e-6 for these outputs
+    register("not-off", Off)
+    yield
+    unregister("off")
+    unregister("not-off")
+
+
+def _run_check(capsys, backend):
+    code = main(["run", "tiny", "--set", "layers=1", "--backend", backend, "--check", "--dim", "seq=7"])
+    out, err = capsys.readouterr()
+    errors = {line.split()[0]: float(line.split()[-1]) for line in out.splitlines()[2:]}
+    return code, errors, err
+
+
+def test_run_check_fails_an_output_over_checks_limit(off, capsys):
+    """Once any finite error passed: the exit status said nothing about the numbers."""
+    code, errors, err = _run_check(capsys, "off")
+    assert errors == pytest.approx({"logits": 1e-3, "probs": 1e-3}, rel=1e-2)
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("blockc: check failed: off is further from the float64 reference than blockc check "
+                          "allows: logits: max |err| 0.001 is over its limit ")
+    assert "; probs: max |err| 0.001 is over" in err and f"in the graph's dtypes + {FLOOR:g})" in err
+
+
+def test_run_check_passes_an_output_within_checks_limit(off, capsys):
+    code, errors, err = _run_check(capsys, "not-off")   # the reference interpreter's own float32 numbers
+    assert code == 0 and err == "" and 0 < errors["logits"] < 1e-5
+
+
+def test_check_holds_a_fusion_to_the_same_limit():
+    model = blockc.build_model("tiny", SETS)
+    weights = materialize(blockc.init_weights(model))
+    result = check_fusions(blockc.trace(model), weights, _feeds(model))
+    unfused, fused = result.variants[0], result.variants[1]
+    assert fused.limits == {k: error_limit(e) for k, e in unfused.errors.items()}
 
 
 @pytest.mark.parametrize("eps", ["-1", "nan", "inf", "0"])

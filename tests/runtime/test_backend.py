@@ -11,8 +11,8 @@ import blockc
 from blockc.cli import main
 from blockc.compare import CompareOptions, plan_comparison, run_comparison
 from blockc.errors import BlockcError
-from blockc.runtime.backend import (Backend, Compiled, backend_names, backend_options, compare_backends,
-                                    make_backend, register, split_options, unregister)
+from blockc.runtime.backend import (Backend, Compiled, backend_names, backend_options, check_distinct,
+                                    compare_backends, make_backend, register, split_options, unregister)
 from blockc.runtime.reference import run_reference
 from blockc.runtime.timing import Timing
 
@@ -164,6 +164,36 @@ def test_several_backends_share_options_each_taking_its_own():
         split_options(["reference", "cuda-emu"], {"provider": "cuda"})
     with pytest.raises(BlockcError, match="backend 'reference' does not take the option 'fused_as'"):
         plan_comparison(CompareOptions(model="tiny", backends=("reference",), fused_as="contrib", peers=()))
+
+
+@pytest.mark.parametrize("names, options, same", [
+    (("ort", "ort-cpu"), {}, "ort and ort-cpu"),   # ort's provider is cpu by default
+    (("reference", "ort-cuda", "ort"), {"ort": {"provider": "cuda"}}, "ort-cuda and ort"),
+    (("ort", "ort-cpu"), {"ort": {"fused_as": "contrib"}, "ort-cpu": {"fused_as": "contrib"}}, "ort and ort-cpu"),
+])
+def test_one_backend_under_two_names_is_refused(names, options, same):
+    with pytest.raises(BlockcError, match=rf"^--backends names {same}, which are one backend \(ONNX Runtime "
+                                          rf"\(\w+, fused ops as \w+\)\): each is measured once, name it once$"):
+        check_distinct(names, options, flag="--backends")
+
+
+@pytest.mark.parametrize("names, options", [
+    (("ort", "ort-cuda"), {}), (("ort", "ort-cpu"), {"ort": {"provider": "cuda"}}),
+    (("ort", "ort-cpu"), {"ort": {"fused_as": "contrib"}}), (("torch-eager", "torch-compile"), {}),
+    (("cuda", "cuda-emu"), {}), (("reference", "ort-cpu", "ort-cuda", "cuda"), {}),
+])
+def test_backends_that_differ_are_not_refused(names, options):
+    check_distinct(names, options, flag="--backends")
+
+
+def test_the_rule_follows_the_registry(twin):
+    check_distinct(["numpy-twin", "numpy-twin-clocked"], {}, flag="--backends")   # own_clock fixed: not the same
+    register("numpy-twin-again", NumpyTwin)
+    try:
+        with pytest.raises(BlockcError, match="numpy-twin and numpy-twin-again, which are one backend"):
+            check_distinct(["numpy-twin", "numpy-twin-again"], {}, flag="--backends")
+    finally:
+        unregister("numpy-twin-again")
 
 
 def test_cuda_without_a_gpu_points_at_the_emulator():

@@ -1,0 +1,21 @@
+"""``blockc show``: a model's IR, one line per node."""
+from __future__ import annotations
+
+import sys
+
+from .common import make_graph
+from .options import graph_args
+
+NAME = "show"
+HELP = "print a model's IR"
+DESCRIPTION = "Trace MODEL and print its IR (one line per node; the text parses back with blockc.parse_graph)."
+
+
+def add_arguments(p) -> None:
+    graph_args(p)
+
+
+def run(args) -> int:
+    _, graph = make_graph(args)
+    sys.stdout.write(str(graph))
+    return 0
