@@ -53,7 +53,9 @@ def symbol_name(text: str, taken: set[str]) -> str:
 class OnnxModel(Model):
     """The model of an ONNX file (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, dims: Mapping[str, object] | None = None):
+        """``dims``: a dim_param of the file -> the dim it is (a size, or an
+        expression of the file's other dim_params: ``cache_io.CacheIO.dims``)."""
         super().__init__()
         loaded = read_onnx(path)
         object.__setattr__(self, "file", loaded)
@@ -74,7 +76,7 @@ class OnnxModel(Model):
                 counts[dtype] = counts.get(dtype, 0) + value.size
         self.dtype = max(counts, key=counts.get) if counts else DType.float32
         self.uses = {x for n in self.nodes for x in n.input} | {o.name for o in g.output}
-        self._specs = _input_specs(loaded, self.nodes)
+        self._specs = _input_specs(loaded, self.nodes, dict(dims or {}))
 
     def inputs(self) -> list[InputSpec]:
         return list(self._specs)
@@ -180,7 +182,9 @@ def _float_dtype(value: np.ndarray) -> DType | None:
 
 # Each domain's rules: ai.onnx's (convert.py, opset23.py) and ONNX Runtime's
 # com.microsoft fused ops (contrib.py), whose op types overlap (Attention, RotaryEmbedding).
-DOMAINS: dict[str, dict[str, Rule]] = {**{d: TABLE for d in DEFAULT_DOMAINS}, contrib.DOMAIN: contrib.RULES}
+# ONNX Runtime also registers ops of its own in the ONNX domain (SimplifiedLayerNormalization).
+DOMAINS: dict[str, dict[str, Rule]] = {**{d: {**TABLE, **contrib.ONNX_DOMAIN_RULES} for d in DEFAULT_DOMAINS},
+                                       contrib.DOMAIN: contrib.RULES}
 
 
 def rule_for(n: GraphNode) -> Rule | None:
@@ -210,7 +214,7 @@ def _refuse_unsupported(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
                             f"not supported by blockc's ONNX import: {', '.join(missing)}")
 
 
-def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
+def _input_specs(loaded: OnnxFile, nodes: list[GraphNode], dims: dict) -> list[InputSpec]:
     g = loaded.model.graph
     taken: set[str] = set()
     symbols: dict[str, str] = {}
@@ -234,6 +238,9 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
                 shape.append(int(d.dim_value))
                 continue
             key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
+            if key in dims:
+                shape.append(dims[key])
+                continue
             if key not in symbols:
                 symbols[key] = symbol_name(key, taken)
             shape.append(Sym.var(symbols[key]))
