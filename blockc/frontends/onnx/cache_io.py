@@ -136,3 +136,14 @@ def _pair_lengths(path: str, inputs: dict, outputs: dict, past: str, present: st
         raise OnnxFileError(f"{path}: cache pair {label(past)} {a} -> {label(present)} {b}: not "
                             f"[batch, kv_heads, length, head_size] alike but for the length")
     return a[2], b[2]
+
+
+def step_dims(path: str | os.PathLike, graph) -> dict[str, Dim]:
+    """The dims of a cached step (``total = past + seq``) where the file at
+    ``path`` carries a cache found by name or by its ``genai_config.json``;
+    none where it carries none (an error where that config does not fit)."""
+    config = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), "genai_config.json")
+    if not os.path.isfile(config) and not _by_name({v.name: v for v in graph.input},
+                                                   {v.name: v for v in graph.output}):
+        return {}
+    return find_cache(path, graph).dims()

@@ -270,14 +270,14 @@ def _packed_qkv(node, ins, heads: int, kv_heads: int):
 
 def _gqa_rotary(node, ins, total, seq):
     """``do_rotary``: each query and key turned at its position, the last ``seq``
-    of ``total`` (positions GroupQueryAttention derives from ``seqlens_k``), the
-    angles' rows read from the caches' first ``total`` (which bounds ``total`` by them)."""
+    of ``total`` (the positions GroupQueryAttention derives from ``seqlens_k``):
+    the caches' rows ``[total - seq, total)``, which bounds ``total`` by them."""
     if input_at(ins, 7) is None or input_at(ins, 8) is None:
         raise Unsupported("GroupQueryAttention with do_rotary=1 and no cos_cache and sin_cache")
     interleaved = bool(_attr(node, "rotary_interleaved", 0))
-    cos, sin = (tensor(pair_table(tensor(t), interleaved, concat)).slice(0, 0, total) for t in (ins[7], ins[8]))
-    positions = apply("arange", n=seq) + tensor(np.array(total - seq, dtype=object))
-    return rotary_rows(cos, sin, positions, interleaved)
+    cos, sin = (tensor(pair_table(tensor(t), interleaved, concat)).slice(0, total - seq, total)
+                for t in (ins[7], ins[8]))
+    return rotary_rows(cos, sin, apply("arange", n=seq), interleaved)
 
 
 def _group_query_attention(node, ins, ctx):
