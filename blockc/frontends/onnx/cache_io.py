@@ -45,8 +45,8 @@ class CacheIO:
     names of its token ids and attention mask inputs."""
 
     pairs: tuple[tuple[str, str], ...]
-    past: str
-    total: str
+    past: str | int
+    total: str | int
     seq: str
     input_ids: str
     attention_mask: str | None
@@ -58,9 +58,11 @@ class CacheIO:
         (``total = past + seq``), or, given ``cache_len``, the past is a buffer
         of that many rows and ``total`` the rows written so far."""
         fixed = dict(self.sizes)
-        if cache_len is not None:
+        if cache_len is not None and isinstance(self.past, str):
             return {**fixed, self.past: int(cache_len)}
-        return {**fixed, self.total: Sym.var(self.past) + Sym.var(self.seq)}
+        if isinstance(self.past, str) and isinstance(self.total, str) and self.past != self.total:
+            return {**fixed, self.total: Sym.var(self.past) + Sym.var(self.seq)}
+        return fixed   # the file's own dims say it already (a buffer of fixed rows)
 
 
 def _shape(value) -> list:
@@ -120,8 +122,8 @@ def find_cache(path: str | os.PathLike, graph, pairs: Sequence[tuple[str, str]] 
         raise OnnxFileError(f"{path}: the cache inputs name their lengths differently: {sorted(lengths)}")
     (past, total), = lengths
     for dim, what in ((past, "past"), (total, "total"), (seq, "sequence")):
-        if not isinstance(dim, str) or not _IDENTIFIER.match(dim):
-            raise OnnxFileError(f"{path}: the cache's {what} length is {dim!r}, not a named dim")
+        if not isinstance(dim, int) and not (isinstance(dim, str) and _IDENTIFIER.match(dim)):
+            raise OnnxFileError(f"{path}: the cache's {what} length is {dim!r}, neither a size nor a named dim")
     shape = _shape(inputs[pairs[0][0]])
     named = tuple((shape[axis], size) for axis, size in sizes.items() if isinstance(shape[axis], str))
     return CacheIO(tuple(pairs), past, total, seq, ids, mask if mask in inputs else None, named)
@@ -143,7 +145,9 @@ def step_dims(path: str | os.PathLike, graph) -> dict[str, Dim]:
     ``path`` carries a cache found by name or by its ``genai_config.json``;
     none where it carries none (an error where that config does not fit)."""
     config = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), "genai_config.json")
-    if not os.path.isfile(config) and not _by_name({v.name: v for v in graph.input},
-                                                   {v.name: v for v in graph.output}):
+    if os.path.isfile(config):
+        return find_cache(path, graph).dims()
+    try:   # found by name alone: a file whose names only look so is imported as its dims say
+        return find_cache(path, graph).dims()
+    except OnnxFileError:
         return {}
-    return find_cache(path, graph).dims()
