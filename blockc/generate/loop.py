@@ -284,12 +284,12 @@ def _step_graphs(model, prompts, length: int | None, decodes: bool, form: str):
         c = model.cache
         names = StepNames(list(c.pairs), c.input_ids, c.attention_mask, model.position_ids,
                           model.empty_past(len(prompts), model.model.dtype.numpy))
-        prefill, decode = model.step(), (model.step(length) if decodes else None)
-    else:
-        pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
-        names = StepNames(cache_names(model.cfg.layers))
-        prefill = model.for_cache("prefill", padded=pads)
-        decode = model.for_cache("decode", cache_len=length, padded=pads) if decodes else None
+        decode = model.step(length) if decodes else None
+        return to_form(model.step(), form), to_form(decode, form) if decode is not None else None, names
+    pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
+    names = StepNames(cache_names(model.cfg.layers))
+    prefill = model.for_cache("prefill", padded=pads)
+    decode = model.for_cache("decode", cache_len=length, padded=pads) if decodes else None
     return (to_form(trace(prefill), form), to_form(trace(decode), form) if decode is not None else None, names)
 
 

@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...errors import OnnxFileError
-from ...ir.dims import Dim, Sym
+from ...errors import BlockcError, OnnxFileError
+from ...ir.dims import Dim, Sym, parse_dim
 from .safe_load import label
 
 _BY_NAME = re.compile(r"^(?:past_key_values|past)\.(\d+)\.(key|value)$")
@@ -122,11 +122,21 @@ def find_cache(path: str | os.PathLike, graph, pairs: Sequence[tuple[str, str]] 
         raise OnnxFileError(f"{path}: the cache inputs name their lengths differently: {sorted(lengths)}")
     (past, total), = lengths
     for dim, what in ((past, "past"), (total, "total"), (seq, "sequence")):
+        if what == "total" and _is_sum(total, past, seq):
+            continue   # blockc writes the present's length as 'past+seq'
         if not isinstance(dim, int) and not (isinstance(dim, str) and _IDENTIFIER.match(dim)):
             raise OnnxFileError(f"{path}: the cache's {what} length is {dim!r}, neither a size nor a named dim")
     shape = _shape(inputs[pairs[0][0]])
     named = tuple((shape[axis], size) for axis, size in sizes.items() if isinstance(shape[axis], str))
     return CacheIO(tuple(pairs), past, total, seq, ids, mask if mask in inputs else None, named)
+
+
+def _is_sum(total, past, seq) -> bool:
+    """Whether ``total`` is written as the sum of ``past`` and ``seq`` ('past+seq')."""
+    try:
+        return isinstance(total, str) and parse_dim(total) == Sym.var(past) + Sym.var(seq)
+    except (BlockcError, TypeError, ValueError):
+        return False
 
 
 def _pair_lengths(path: str, inputs: dict, outputs: dict, past: str, present: str) -> tuple:

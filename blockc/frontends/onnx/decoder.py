@@ -24,7 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ...errors import OnnxFileError
+from ...errors import BlockcError, OnnxFileError
+from ..module import trace
 from .cache_io import CacheIO, find_cache
 from .model import OnnxModel
 from .safe_load import label
@@ -71,9 +72,23 @@ class OnnxDecoder:
         from ..weights import materialize
         return materialize(init_weights(self.model))
 
-    def step(self, cache_len: int | None = None) -> OnnxModel:
-        """The step's model: the past appended to, or a buffer of ``cache_len`` rows."""
-        return self.model if cache_len is None else OnnxModel(self.path, dims=self.cache.dims(cache_len))
+    def step(self, cache_len: int | None = None):
+        """The step's traced graph: the past appended to, or a buffer of
+        ``cache_len`` rows, where the file's attention writes its rows into
+        the past (else a ``BlockcError``: a file that appends to its past,
+        as blockc's own concat step and most exporters' do, has no in-place step)."""
+        if cache_len is None:
+            return trace(self.model)
+        refusal = (f"{self.path}: its cache cannot be written in place (each present is its past with the step "
+                   f"appended, not a buffer of {cache_len} rows): generate with the concat cache (cache='concat', --cache concat)")
+        try:
+            graph = trace(OnnxModel(self.path, dims=self.cache.dims(cache_len)))
+        except OnnxFileError:   # the file's own shapes disagree with a buffer past
+            raise BlockcError(refusal) from None
+        rows = {str(v.shape[2]) for name, v in graph.outputs if name in {q for _, q in self.cache.pairs}}
+        if rows != {str(cache_len)}:
+            raise BlockcError(refusal)
+        return graph
 
     def empty_past(self, batch: int, dtype) -> dict[str, np.ndarray]:
         """Each past of 0 rows: what the prefill reads."""
