@@ -75,6 +75,15 @@ def test_pairs_given_explicitly_must_name_the_files_inputs(own_step):
         find_cache(path, graph, [("past.0.key", "logits")])
 
 
+def test_a_genai_config_without_the_cache_names_is_refused_naming_it(own_step, tmp_path, capsys):
+    import shutil
+    shutil.copy(own_step[2], tmp_path / "step.onnx")
+    (tmp_path / "genai_config.json").write_text('{"model": {}}')
+    assert main(["show", str(tmp_path / "step.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "genai_config.json: cannot read the decoder's cache names" in err and err.count("\n") == 1, err
+
+
 def test_generate_refuses_a_model_file_with_no_cache(tmp_path, capsys):
     path = tmp_path / "tiny.onnx"
     assert main(["export", "tiny", "-o", str(path)]) == 0

@@ -19,10 +19,19 @@ blockc's meaning is bridged here, where it is met:
 * ``GroupQueryAttention`` is causal after its past and reads every row's key
   count off ``seqlens_k``: blockc's attention takes one count for all rows,
   so ``seqlens_k`` must be ``total_sequence_length - 1`` (what blockc
-  writes); a past longer than ``total - seq`` rows is a cache buffer, which
-  the step writes its rows into (``cache_write``).
+  writes), or ONNX Runtime GenAI's ``ReduceSum(attention_mask) - 1``, read
+  as the mask's width less one: a mask of 1s (the input is sampled so, and
+  ``generate`` refuses padded prompts to such a file). A past longer than
+  ``total - seq`` rows is a cache buffer, which the step writes its rows
+  into (``cache_write``); a past of 0 rows is a prefill. Query, key and
+  value may come packed in ``query`` (GenAI's), and ``do_rotary`` turns
+  queries and keys at positions ``[total - seq, total)`` with the
+  ``cos_cache``/``sin_cache`` rows there;
+* ``SimplifiedLayerNormalization`` is ONNX Runtime's, registered in the
+  ONNX domain (``ONNX_DOMAIN_RULES``).
 
-An attribute or input these do not express (a packed QKV input, rotary inside
+An attribute or input these do not express (a packed QKV weight of
+``Attention`` with a past, explicit ``position_ids`` or a ``head_sink`` of
 GroupQueryAttention, local windows, soft caps, a 3-D ``mask_index``, the
 training outputs of the skip norms) is refused by name.
 """
