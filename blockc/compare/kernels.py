@@ -13,8 +13,10 @@ from typing import Mapping
 
 import numpy as np
 
-from ..ir.dims import evaluate
+from ..ir.dims import Sym, evaluate, is_plain_symbol
+from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
+from ..ir.types import TensorType
 from ..ops.registry import fused_ops
 from ..report.flops import node_flops
 from ..report.traffic import node_traffic
@@ -58,11 +60,25 @@ def isolate_nodes(nodes: list[Node], name: str, outputs: tuple = ()) -> Graph:
         copy = g.add_node(n.op, [new[id(v)] for v in n.inputs], dict(n.attrs))
         for o, c in zip(n.outputs, copy.outputs):
             new[id(o)] = c
+    _bind_summed_dims(g)
     leaving = {id(v) for v in outputs}
     g.set_outputs((f"out{i}", new[id(o)]) for i, o in enumerate(
         o for n in nodes for o in n.outputs
         if id(o) in leaving or not o.uses or any(id(user) not in inside for user in o.users())))
     return g
+
+
+def _bind_summed_dims(g: Graph) -> None:
+    """A dim that the cut-out inputs hold only inside a sum (a decode
+    step's keys, ``past+seq``, with ``seq`` its queries') gets an input of
+    its own length, ``dim_NAME: i64[NAME]``: its feeds then bind it as the
+    whole graph's did, and the backends' checks can tell every dim."""
+    plain, summed = set(), set()
+    for v in g.inputs:
+        for d in v.shape:
+            (plain if is_plain_symbol(d) else summed).update(getattr(d, "symbols", ()))
+    for name in sorted(summed - plain):
+        g.add_input(f"dim_{name}", TensorType(DType.int64, (Sym.var(name),)))
 
 
 def sample_feeds(graph: Graph, bindings: Mapping[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -174,7 +174,10 @@ class InputSpec:
     ``kind`` is "float" (standard normal), "ids" (ints in [0, high)),
     "positions" (each row ``0, 1, ..., seq-1``: a batch of unpadded
     sequences; any values in [0, high) are valid) or "mask" (per row along
-    the last axis, 1s over a random span and 0s around it: ``padding_rows``).
+    the last axis, 1s over a random span and 0s around it: ``padding_rows``)
+    or "ones" (a mask of 1s alone: one whose sum a file reads as every row's
+    length, as ONNX Runtime GenAI's ``seqlens_k``, which blockc's attention
+    takes as one length for all rows).
     """
 
     name: str
@@ -200,6 +203,8 @@ class InputSpec:
             return np.broadcast_to(np.arange(shape[-1]), shape).astype(self.dtype.numpy)
         if self.kind == "mask":
             return padding_rows(shape, rng).astype(self.dtype.numpy)
+        if self.kind == "ones":
+            return np.ones(shape, self.dtype.numpy)
         return rng.standard_normal(shape).astype(self.dtype.numpy)
 
 

@@ -41,6 +41,8 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends.models import DecoderLM
 from ..frontends.module import trace
+from ..frontends.onnx.decoder import OnnxDecoder
+from ..frontends.onnx.model import OnnxModel
 from ..passes.forms import to_form
 from ..passes.shard import shard
 from ..runtime.backend import make_backend
@@ -130,12 +132,23 @@ def _prompt_ids(k: int, prompt) -> list[int]:
     return [int(t) for t in prompt]
 
 
+def as_decoder(model):
+    """``model`` as what ``generate`` drives: a ``DecoderLM``, or an ONNX
+    file that carries its cache as an ``OnnxDecoder`` (its cache found by
+    ``genai_config.json`` or by name); else a ``BlockcError``."""
+    if isinstance(model, OnnxModel):
+        return OnnxDecoder(model.file.path)
+    if not isinstance(model, (DecoderLM, OnnxDecoder)):
+        raise BlockcError(f"generate needs a decoder language model (a DecoderLM such as gpt2, tiny, llama-tiny, "
+                          f"or an ONNX decoder file with its cache), "
+                          f"not {getattr(model, 'name', type(model).__name__)!r}")
+    return model
+
+
 def check_request(model, prompts, max_new: int) -> list[list[int]]:
     """Refuse, in one line, what ``generate`` cannot do with ``model``; the
     prompts as lists of ints (``as_prompts``)."""
-    if not isinstance(model, DecoderLM):
-        raise BlockcError(f"generate needs a decoder language model (a DecoderLM such as gpt2, tiny, llama-tiny), "
-                          f"not {getattr(model, 'name', type(model).__name__)!r}")
+    model = as_decoder(model)
     if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 1:
         raise BlockcError(f"max_new must be a positive integer, got {max_new!r}")
     prompts = as_prompts(prompts)
@@ -148,6 +161,9 @@ def check_request(model, prompts, max_new: int) -> list[list[int]]:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise BlockcError(f"prompt {k}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+    if getattr(model, "one_length", False) and padded(prompts):
+        raise BlockcError(f"{model.name} reads every row's length off its attention mask as one length for all "
+                          f"(GroupQueryAttention's seqlens_k): give prompts of one length")
     longest = max(len(p) for p in prompts)
     if longest + max_new > limit:
         raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones make {longest + max_new} positions, "
@@ -213,6 +229,7 @@ def cache_length(model: DecoderLM, prompts: Sequence[Sequence[int]], max_new: in
     if it is given, holds them and fits the model's positions (a longer
     buffer could never be filled), else a ``BlockcError``. None for the
     concat cache, which has no buffer to size."""
+    model = as_decoder(model)
     if cache not in CACHES:
         raise BlockcError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
     if cache != "inplace":
@@ -278,6 +295,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     (``passes/shard.py``, ``pad_vocab`` passed on) before the form is
     applied, and this rank's graph runs on its slice of the weights; the
     logits are gathered, so every rank picks the same tokens."""
+    model = as_decoder(model)
     prompts = check_request(model, prompts, max_new)
     stops = stop_ids(stop_id, model.cfg.vocab)
     length = cache_length(model, prompts, max_new, cache, cache_len)
@@ -285,24 +303,22 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     target.require()
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
-    pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
-    prefill_graph, prefill_weights, split = _rank_part(trace(model.for_cache("prefill", padded=pads)), weights,
-                                                       rank_of, pad_vocab, model.cfg.layers)
-    decode_graph, decode_weights, _ = _rank_part(trace(model.for_cache("decode", cache_len=length, padded=pads)),
-                                                 weights, rank_of, pad_vocab, model.cfg.layers, split) \
-        if max_new > 1 else (None, None, None)
+    prefill_graph, decode_graph, names = _step_graphs(model, prompts, length, max_new > 1)
+    prefill_graph, prefill_weights, split = _rank_part(prefill_graph, weights, rank_of, pad_vocab, names.pairs)
+    decode_graph, decode_weights, _ = _rank_part(decode_graph, weights, rank_of, pad_vocab, names.pairs, split) \
+        if decode_graph is not None else (None, None, None)
     with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
         decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
-            return replace(_loop(model, prefill, decode, length, prompts, max_new, pick, stops, on_token,
-                                 compile_s, target.name), form=form, load_s=load_s)
+            return replace(_loop(model.cfg.vocab, names, prefill, decode, length, prompts, max_new, pick, stops,
+                                 on_token, compile_s, target.name), form=form, load_s=load_s)
         finally:
             if decode is not None:
                 decode.close()
 
 
-def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, layers: int, split: dict | None = None):
+def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, names: list, split: dict | None = None):
     """The graph and weights this process runs: all of them, or its rank's,
     and how its presents are split. The KV cache stays split by heads: the
     prefill's presents as they are, and each decode step given its pasts in
@@ -310,7 +326,6 @@ def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, layers: int, spli
     if rank_of is None:
         return graph, weights, {}
     rank, world = rank_of
-    names = cache_names(layers)
     sharded = shard(graph, world, pad_vocab=pad_vocab, keep_split={present for _, present in names},
                     inputs={past: split.get(present, ()) for past, present in names} if split is not None else None)
     if split is not None and sharded.outputs != split:
@@ -318,9 +333,45 @@ def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, layers: int, spli
     return sharded.graphs[rank], sharded.rank_weights(weights, rank), sharded.outputs
 
 
-def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stops, on_token, compile_s,
-          backend) -> Generation:
-    vocab = model.cfg.vocab
+def _step_graphs(model, prompts, length: int | None, decodes: bool):
+    """The prefill's and the decode step's graphs, traced (no decode graph
+    where one token is asked for), and the names they take."""
+    if isinstance(model, OnnxDecoder):   # the file's own step, with a past of 0 rows for the prefill
+        c = model.cache
+        names = StepNames(list(c.pairs), c.input_ids, c.attention_mask, model.position_ids,
+                          model.empty_past(len(prompts), model.model.dtype.numpy))
+        decode = model.step(length) if decodes else None
+        return model.step(), decode, names
+    pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
+    names = StepNames(cache_names(model.cfg.layers))
+    prefill = model.for_cache("prefill", padded=pads)
+    decode = model.for_cache("decode", cache_len=length, padded=pads) if decodes else None
+    return trace(prefill), trace(decode) if decode is not None else None, names
+
+
+@dataclass(frozen=True)
+class StepNames:
+    """What a step graph calls its inputs and outputs: ``pairs`` (past input,
+    present output); ``position_ids`` None where the graph takes none (it
+    derives positions from the mask, as ONNX Runtime GenAI's does);
+    ``first_past``: what the prefill reads as the past (a file's pasts of 0
+    rows; none for ``DecoderLM.for_cache("prefill")``, which takes none)."""
+
+    pairs: list
+    input_ids: str = "input_ids"
+    attention_mask: str = "attention_mask"
+    position_ids: str | None = "position_ids"
+    first_past: dict = field(default_factory=dict)
+
+    def feeds(self, ids, mask, positions) -> dict:
+        out = {self.input_ids: ids, self.attention_mask: mask}
+        if self.position_ids is not None:
+            out[self.position_ids] = positions
+        return out
+
+
+def _loop(vocab: int, names: StepNames, prefill, decode, cache_len, prompts, max_new, pick, stops, on_token,
+          compile_s, backend) -> Generation:
     ids, mask, positions = left_pad(prompts)
     history = [list(map(int, p)) for p in prompts]
     new: list[list[int]] = [[] for _ in prompts]
@@ -339,23 +390,22 @@ def _loop(model, prefill, decode, cache_len, prompts, max_new, pick, stops, on_t
         return chosen, seconds
 
     start = time.perf_counter()
-    out = prefill.run({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+    out = prefill.run({**names.feeds(ids, mask, positions), **names.first_past})
     chosen, first_s = take(out, start)
     steps: list[float] = []
     if decode is None:
         return Generation(new, first_s, steps, compile_s, backend)
-    names = cache_names(model.cfg.layers)
     state = {past: out[present] if cache_len is None else into_cache(out[present], cache_len)
-             for past, present in names}
+             for past, present in names.pairs}
     position = positions[:, -1:]
-    with decode.cached({present: past for past, present in names}, state) as step:
+    with decode.cached({present: past for past, present in names.pairs}, state) as step:
         for _ in range(max_new - 1):
             if done.all():
                 break
             start = time.perf_counter()
             mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
             position = position + 1
-            out = step.run({"input_ids": chosen[:, None], "attention_mask": mask, "position_ids": position})
+            out = step.run(names.feeds(chosen[:, None], mask, position))
             chosen, seconds = take(out, start)
             steps.append(seconds)
     return Generation(new, first_s, steps, compile_s, backend)

@@ -19,10 +19,19 @@ blockc's meaning is bridged here, where it is met:
 * ``GroupQueryAttention`` is causal after its past and reads every row's key
   count off ``seqlens_k``: blockc's attention takes one count for all rows,
   so ``seqlens_k`` must be ``total_sequence_length - 1`` (what blockc
-  writes); a past longer than ``total - seq`` rows is a cache buffer, which
-  the step writes its rows into (``cache_write``).
+  writes), or ONNX Runtime GenAI's ``ReduceSum(attention_mask) - 1``, read
+  as the mask's width less one: a mask of 1s (the input is sampled so, and
+  ``generate`` refuses padded prompts to such a file). A past longer than
+  ``total - seq`` rows is a cache buffer, which the step writes its rows
+  into (``cache_write``); a past of 0 rows is a prefill. Query, key and
+  value may come packed in ``query`` (GenAI's), and ``do_rotary`` turns
+  queries and keys at positions ``[total - seq, total)`` with the
+  ``cos_cache``/``sin_cache`` rows there;
+* ``SimplifiedLayerNormalization`` is ONNX Runtime's, registered in the
+  ONNX domain (``ONNX_DOMAIN_RULES``).
 
-An attribute or input these do not express (a packed QKV input, rotary inside
+An attribute or input these do not express (a packed QKV weight of
+``Attention`` with a past, explicit ``position_ids`` or a ``head_sink`` of
 GroupQueryAttention, local windows, soft caps, a 3-D ``mask_index``, the
 training outputs of the skip norms) is refused by name.
 """
@@ -35,8 +44,10 @@ from ...ops.activations import ACTIVATIONS
 from ...ops.fused_onnx import MASK_BIAS
 from ...ops.masking import causal_offset
 from ..layers import grouped_attention, join_heads, split_heads
+from ..rotary import pair_table, rotary_rows
 from ..tensor import apply, cache_write, concat, where
-from .convert import MOVES, Rule, Unsupported, _attr, dims_of, input_at, is_tensor, normalize_from, tensor
+from .convert import (MOVES, Rule, Unsupported, _attr, axis_of, dims_of, input_at, is_tensor, normalize_from,
+                      tensor)
 from .opset23 import _require, _rotary_embedding
 
 DOMAIN = "com.microsoft"
@@ -213,20 +224,88 @@ def _dim_of(v, node, name: str):
     return values.pop()
 
 
+def _through_moves(value):
+    """The node that made ``value``, past any ``MOVES`` (a cast to int32)."""
+    producer = value.producer
+    while producer is not None and producer.op in MOVES:
+        producer = producer.inputs[0].producer
+    return producer
+
+
+def _mask_keys_last(v):
+    """``seqlens_k`` written as ONNX Runtime GenAI writes it, ``ReduceSum(attention_mask, 1) - 1``:
+    the mask's last key, its width less one, where the mask holds no zero (blockc's
+    attention takes one key count for every row; ``generate`` feeds such masks).
+    None where ``v`` is not so made."""
+    sub = _through_moves(v.value) if is_tensor(v) else None
+    if sub is None or sub.op != "sub":
+        return None
+    one, total = _through_moves(sub.inputs[1]), _through_moves(sub.inputs[0])
+    if one is None or one.op != "constant" or np.asarray(one.attrs["value"]).tolist() not in (1, [1]):
+        return None
+    if total is None or total.op != "reduce_sum" or total.attrs.get("keepdims"):
+        return None
+    mask = total.inputs[0]
+    if len(mask.shape) != 2 or [a % 2 for a in total.attrs["axes"]] != [1]:
+        return None
+    return mask.shape[1] - 1
+
+
+def _key_count(node, ins):
+    """``(total, seqlens_k)`` as dims: both known, or ``seqlens_k`` made from the mask (``_mask_keys_last``)."""
+    total = _dim_of(ins[6], node, "total_sequence_length")
+    last = _mask_keys_last(ins[5])
+    return total, (last if last is not None else _dim_of(ins[5], node, "seqlens_k"))
+
+
+def _packed_qkv(node, ins, heads: int, kv_heads: int):
+    """query, key, value ``[batch, heads, seq, size]``: given apart, or packed in
+    ``query`` as ``[batch, seq, (num_heads + 2 * kv_num_heads) * size]`` (key and value left out)."""
+    q = tensor(ins[0])
+    given = [input_at(ins, i) is not None for i in (1, 2)]
+    if all(given):
+        return (_heads(q, heads, "query", node),
+                *(_heads(x, kv_heads, name, node) for x, name in ((ins[1], "key"), (ins[2], "value"))))
+    if any(given):
+        raise Unsupported("GroupQueryAttention with only one of key and value")
+    width, parts = q.shape[-1], heads + 2 * kv_heads
+    if q.ndim != 3 or not isinstance(width, int) or not heads or not kv_heads or width % parts:
+        raise Unsupported(f"GroupQueryAttention's packed query {list(q.shape)} is not "
+                          f"[batch, seq, ({heads} + 2 * {kv_heads}) heads * size]")
+    size = width // parts
+    packed = q.split([heads * size, kv_heads * size, kv_heads * size], axis=-1)
+    return tuple(split_heads(x, n, size) for x, n in zip(packed, (heads, kv_heads, kv_heads)))
+
+
+def _gqa_rotary(node, ins, total, seq):
+    """``do_rotary``: each query and key turned at its position, the last ``seq``
+    of ``total`` (the positions GroupQueryAttention derives from ``seqlens_k``):
+    the caches' rows ``[total - seq, total)``, which bounds ``total`` by them."""
+    if input_at(ins, 7) is None or input_at(ins, 8) is None:
+        raise Unsupported("GroupQueryAttention with do_rotary=1 and no cos_cache and sin_cache")
+    interleaved = bool(_attr(node, "rotary_interleaved", 0))
+    cos, sin = (tensor(pair_table(tensor(t), interleaved, concat)).slice(0, total - seq, total)
+                for t in (ins[7], ins[8]))
+    return rotary_rows(cos, sin, apply("arange", n=seq), interleaved)
+
+
 def _group_query_attention(node, ins, ctx):
-    _require(node, ins, ("query", "key", "value"))
+    _require(node, ins, ("query",))
     if len(ins) < 7 or ins[5] is None or ins[6] is None:
         raise Unsupported("GroupQueryAttention without seqlens_k and total_sequence_length")
-    _refuse_inputs(node, ins, {7: "cos_cache", 8: "sin_cache", 9: "position_ids", 11: "head_sink"})
-    _refuse_attrs(node, {"do_rotary": 0, "local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
-                         "qk_output": 0})
+    _refuse_inputs(node, ins, {9: "position_ids", 11: "head_sink"})
+    _refuse_attrs(node, {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0, "qk_output": 0})
     heads, kv_heads = _attr(node, "num_heads", 0), _attr(node, "kv_num_heads", 0)
-    q = _heads(ins[0], heads, "query", node)
-    k, v = (_heads(x, kv_heads, name, node) for x, name in ((ins[1], "key"), (ins[2], "value")))
-    total, seq = _dim_of(ins[6], node, "total_sequence_length"), q.shape[2]
-    last = _dim_of(ins[5], node, "seqlens_k")
+    q, k, v = _packed_qkv(node, ins, heads, kv_heads)
+    seq = q.shape[2]
+    total, last = _key_count(node, ins)
     if last != total - 1:
         raise Unsupported(f"GroupQueryAttention with seqlens_k {last}, not total_sequence_length - 1 = {total - 1}")
+    if _attr(node, "do_rotary", 0):
+        rotary = _gqa_rotary(node, ins, total, seq)
+        q, k = rotary.rotate(q), rotary.rotate(k)
+    elif input_at(ins, 7) is not None or input_at(ins, 8) is not None:
+        raise Unsupported("GroupQueryAttention with cos_cache and sin_cache but do_rotary=0")
     past = input_at(ins, 3)
     if (past is None) != (input_at(ins, 4) is None):
         raise Unsupported("GroupQueryAttention with only one of past_key and past_value")
@@ -242,6 +321,26 @@ def _group_query_attention(node, ins, ctx):
     mask = tensor(ins[10], q) if input_at(ins, 10) is not None else None
     y = grouped_attention(q, *keys, mask, True, _scale(node))
     return [join_heads(y), *present]
+
+
+# ---- ONNX Runtime's own ops in the ONNX domain -------------------------------------
+def _simplified_layer_norm(node, ins, ctx):
+    """SimplifiedLayerNormalization (ONNX Runtime registers it in the ONNX domain, since 1):
+    RMS normalization over the axes from ``axis`` on, times ``scale``."""
+    _require(node, ins, ("X", "scale"))
+    _refuse_outputs(node, ctx, {1: "inv_std_var"})
+    x = tensor(ins[0])
+    stash = _attr(node, "stash_type", 1)
+    if stash != DType.float32.onnx_code:
+        raise Unsupported(f"SimplifiedLayerNormalization with stash_type={stash} (blockc computes in float32, 1)")
+    y = normalize_from(axis_of(node, x.ndim), "rmsnorm", x, [ins[1]], eps=float(_attr(node, "epsilon", 1e-5)))
+    return [y, None]
+
+
+# ONNX Runtime's ops registered in the ONNX domain (at every opset), beside ai.onnx's own
+ONNX_DOMAIN_RULES = {
+    "SimplifiedLayerNormalization": Rule(_simplified_layer_norm),
+}
 
 
 RULES = {

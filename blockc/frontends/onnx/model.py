@@ -30,6 +30,7 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
+from .cache_io import step_dims
 from .convert import Rule, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
 from .rules import DOMAINS
@@ -53,7 +54,10 @@ def symbol_name(text: str, taken: set[str]) -> str:
 class OnnxModel(Model):
     """The model of an ONNX file (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, dims: Mapping[str, object] | None = None):
+        """``dims``: a dim_param of the file -> the dim it is (a size, or an
+        expression of the file's other dim_params: ``cache_io.CacheIO.dims``);
+        by default, a file that carries a cache takes it as a step's, ``total = past + seq``."""
         super().__init__()
         loaded = read_onnx(path)
         object.__setattr__(self, "file", loaded)
@@ -74,7 +78,8 @@ class OnnxModel(Model):
                 counts[dtype] = counts.get(dtype, 0) + value.size
         self.dtype = max(counts, key=counts.get) if counts else DType.float32
         self.uses = {x for n in self.nodes for x in n.input} | {o.name for o in g.output}
-        self._specs = _input_specs(loaded, self.nodes)
+        dims = step_dims(path, g) if dims is None else dims
+        self._specs = _input_specs(loaded, self.nodes, dict(dims))
 
     def inputs(self) -> list[InputSpec]:
         return list(self._specs)
@@ -205,11 +210,12 @@ def _refuse_unsupported(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
                             f"not supported by blockc's ONNX import: {', '.join(missing)}")
 
 
-def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
+def _input_specs(loaded: OnnxFile, nodes: list[GraphNode], dims: dict) -> list[InputSpec]:
     g = loaded.model.graph
     taken: set[str] = set()
     symbols: dict[str, str] = {}
     rows = _id_tables(loaded, nodes)
+    counted = _counted_masks(nodes)
     specs = []
     for v in g.input:
         if v.name in loaded.initializers:
@@ -229,11 +235,16 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
                 shape.append(int(d.dim_value))
                 continue
             key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
+            if key in dims:
+                shape.append(dims[key])
+                continue
             if key not in symbols:
                 symbols[key] = symbol_name(key, taken)
             shape.append(Sym.var(symbols[key]))
         name_l = v.name.lower()
-        if dtype == DType.bool or (not dtype.is_float and "mask" in name_l):
+        if v.name in counted:
+            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="ones"))
+        elif dtype == DType.bool or (not dtype.is_float and "mask" in name_l):
             specs.append(InputSpec(v.name, dtype, tuple(shape), kind="mask"))
         elif not dtype.is_float and "position" in name_l and v.name not in rows:
             # positions computed with (Hugging Face's position_ids feeding rotary angles), not
@@ -244,6 +255,21 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
         else:
             specs.append(InputSpec(v.name, dtype, tuple(shape)))
     return specs
+
+
+def _counted_masks(nodes: list[GraphNode]) -> set[str]:
+    """The names a GroupQueryAttention's ``seqlens_k`` is computed from (ONNX
+    Runtime GenAI's ``ReduceSum(attention_mask) - 1``): the graph inputs among
+    them are masks of 1s (``contrib._mask_keys_last``)."""
+    made = {o: n for n in nodes for o in n.output}
+    todo = [n.input[5] for n in nodes if n.op_type == "GroupQueryAttention" and len(n.input) > 5]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name and name not in seen:
+            seen.add(name)
+            todo += made[name].input if name in made else []
+    return seen
 
 
 # Ops an index passes through unchanged on its way to a Gather (an exporter

@@ -9,7 +9,10 @@ bottom of that file, an import cycle):
 * ``opset23.py``: the opset-23 fused operators (Attention, RMSNormalization,
   RotaryEmbedding), ai.onnx too;
 * ``contrib.py``: ONNX Runtime's ``com.microsoft`` fused operators, whose op
-  types overlap ai.onnx's (Attention, RotaryEmbedding): hence one table per domain.
+  types overlap ai.onnx's (Attention, RotaryEmbedding): hence one table per
+  domain; and the ops ONNX Runtime registers in the ONNX domain itself
+  (``ONNX_DOMAIN_RULES``: SimplifiedLayerNormalization, as GenAI's model
+  builder writes it).
 """
 from __future__ import annotations
 
@@ -19,4 +22,5 @@ from .functions import DEFAULT_DOMAINS
 
 # ai.onnx, under each of its names (functions.DEFAULT_DOMAINS)
 TABLE: dict[str, Rule] = {**convert.RULES, **opset23.RULES}
-DOMAINS: dict[str, dict[str, Rule]] = {**{d: TABLE for d in DEFAULT_DOMAINS}, contrib.DOMAIN: contrib.RULES}
+DOMAINS: dict[str, dict[str, Rule]] = {**{d: {**TABLE, **contrib.ONNX_DOMAIN_RULES} for d in DEFAULT_DOMAINS},
+                                       contrib.DOMAIN: contrib.RULES}

@@ -1,0 +1,177 @@
+"""``generate`` on a decoder ONNX file that carries its cache, with blockc's
+own loop: the past/present pairs found by ``genai_config.json`` or by name,
+the prefill the file's step over a past of 0 rows, the decode step the same
+file with the past appended to or, where its attention allows, a buffer
+written in place.
+
+Checked against the peers: ONNX Runtime GenAI's model builder makes the file
+from a random Hugging Face directory, and ``og.Generator`` running that file
+and Hugging Face's ``generate`` on the directory pick the same greedy tokens
+as blockc. Those tests need an interpreter with ``onnxruntime-genai`` (and a
+transformers its builder imports), named by ``BLOCKC_GENAI_PYTHON``; without
+it they skip saying so. blockc's own exported step needs no peer: it
+generates what blockc generates from the model itself."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+import blockc
+from blockc.cli import main
+from blockc.codegen.onnx_export import export_onnx
+from blockc.errors import BlockcError, OnnxFileError
+from blockc.frontends.onnx.cache_io import find_cache
+from blockc.frontends.onnx.decoder import OnnxDecoder
+from blockc.generate.loop import generate
+from blockc.passes.forms import to_form
+from blockc.passes.manager import optimize
+
+GENAI_PYTHON = os.environ.get("BLOCKC_GENAI_PYTHON")
+PROMPT = [5, 17, 33, 2, 99, 140]
+NEW = 10
+
+
+# ---- blockc's own exported step: no peer needed -------------------------------------
+@pytest.fixture(scope="module")
+def own_step(tmp_path_factory):
+    model = blockc.build_model("llama-tiny", {})
+    weights = dict(blockc.init_weights(model, seed=3))
+    path = tmp_path_factory.mktemp("own") / "step.onnx"
+    onnx.save(export_onnx(optimize(blockc.trace(model.for_cache("decode"))).graph, weights), str(path))
+    return model, weights, path
+
+
+def test_blockcs_own_exported_step_generates_what_blockc_does(own_step):
+    """Found by name (past.N.key -> present.N.key), 'past+seq' read as the sum;
+    prompts of two lengths, left-padded through the file's own mask."""
+    model, weights, path = own_step
+    prompts = [[5, 17, 33, 2], [9, 8, 7]]
+    want = generate(model, weights, prompts, NEW).tokens
+    decoder = OnnxDecoder(path)
+    assert decoder.cache.pairs[0] == ("past.0.key", "present.0.key") and decoder.position_ids == "position_ids"
+    assert generate(decoder, decoder.init_weights(), prompts, NEW, cache="concat").tokens == want
+
+
+def test_a_file_that_appends_to_its_past_has_no_in_place_step(own_step):
+    _, _, path = own_step
+    decoder = OnnxDecoder(path)
+    with pytest.raises(BlockcError, match=r"its cache cannot be written in place .* --cache concat"):
+        generate(decoder, decoder.init_weights(), [PROMPT], 3, cache="inplace")
+
+
+def test_pairs_given_explicitly_must_name_the_files_inputs(own_step):
+    _, _, path = own_step
+    graph = onnx.load(str(path), load_external_data=False).graph
+    with pytest.raises(OnnxFileError, match=r"cache pair 'past.9.key' -> 'present.0.key': the file has no 'past.9.key'"):
+        find_cache(path, graph, [("past.9.key", "present.0.key")])
+    with pytest.raises(OnnxFileError, match=r"not \[batch, kv_heads, length, head_size\] alike"):
+        find_cache(path, graph, [("past.0.key", "logits")])
+
+
+def test_a_genai_config_without_the_cache_names_is_refused_naming_it(own_step, tmp_path, capsys):
+    import shutil
+    shutil.copy(own_step[2], tmp_path / "step.onnx")
+    (tmp_path / "genai_config.json").write_text('{"model": {}}')
+    assert main(["show", str(tmp_path / "step.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "genai_config.json: cannot read the decoder's cache names" in err and err.count("\n") == 1, err
+
+
+def test_generate_refuses_a_model_file_with_no_cache(tmp_path, capsys):
+    path = tmp_path / "tiny.onnx"
+    assert main(["export", "tiny", "-o", str(path)]) == 0
+    assert main(["generate", str(path), "--prompt-ids", "1,2,3"]) == 2
+    err = capsys.readouterr().err
+    assert "no cache inputs and outputs found" in err and err.count("\n") == 1, err
+
+
+# ---- ONNX Runtime GenAI's own file ---------------------------------------------------
+OG_GENERATE = """
+import json, sys
+import onnxruntime_genai as og
+model = og.Model(sys.argv[1])
+prompt, new = json.loads(sys.argv[2]), int(sys.argv[3])
+params = og.GeneratorParams(model)
+params.set_search_options(do_sample=False, max_length=len(prompt) + new)
+g = og.Generator(model, params)
+g.append_tokens(prompt)
+out = []
+while not g.is_done() and len(out) < new:
+    g.generate_next_token()
+    out.append(int(g.get_next_tokens()[0]))
+print(json.dumps(out))
+"""
+
+
+def _genai(*args) -> str:
+    done = subprocess.run([GENAI_PYTHON, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{GENAI_PYTHON} {args[:2]} failed:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def genai_model(request, tmp_path_factory):
+    """(HF directory, GenAI's fp32 CPU model directory) of one family."""
+    if not GENAI_PYTHON:
+        pytest.skip("BLOCKC_GENAI_PYTHON is not set: it names a Python with onnxruntime-genai, whose model "
+                    "builder makes the file these tests read")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "frontends"))
+    from hf_dirs import save_hf_dir
+    root = tmp_path_factory.mktemp(f"genai-{request.param}")
+    hf = save_hf_dir(request.param, root / "hf", seed=0)
+    out = root / "og"
+    _genai("-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf), "-o", str(out),
+           "-p", "fp32", "-e", "cpu", "-c", str(root / "cache"))
+    return hf, out
+
+
+def test_genai_file_generates_as_onnx_runtime_genai_and_hugging_face(genai_model, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf_dir, og_dir = genai_model
+    script = tmp_path / "og_generate.py"
+    script.write_text(OG_GENERATE)
+    og_tokens = json.loads(_genai(str(script), str(og_dir), json.dumps(PROMPT), str(NEW)))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir))
+    ids = torch.tensor([PROMPT])
+    hf_tokens = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
+                            min_new_tokens=NEW)[0, len(PROMPT):].tolist()
+    assert og_tokens == hf_tokens and len(set(hf_tokens)) >= 3
+    decoder = OnnxDecoder(og_dir / "model.onnx")
+    weights = decoder.init_weights()
+    for cache in ("inplace", "concat"):
+        for backend in ("ort-cpu", "reference"):
+            got = generate(decoder, weights, [PROMPT], NEW, cache=cache, backend=backend)
+            assert got.tokens == [hf_tokens], f"{cache} cache on {backend}"
+
+
+def test_genai_files_in_place_step_fuses_to_cache_attention(genai_model):
+    """GroupQueryAttention over a past buffer: the step writes its rows into it."""
+    decoder = OnnxDecoder(genai_model[1] / "model.onnx")
+    fused = Counter(n.op for n in to_form(decoder.step(32), "fused").nodes)
+    assert fused["cache_attention"] == decoder.cfg.layers and fused["rotary"] == 2 * decoder.cfg.layers
+
+
+def test_genai_file_generates_from_the_command_line(genai_model, capsys):
+    path = str(genai_model[1] / "model.onnx")
+    assert main(["generate", path, "--prompt-ids", "1,2,3", "--prompt-ids", "4,5,6", "--max-new", "3"]) == 0
+    assert main(["generate", path, "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "give prompts of one length" in err and err.count("\n") == 1, err
+
+
+def test_genai_config_names_the_cache(genai_model):
+    decoder = OnnxDecoder(genai_model[1] / "model.onnx")
+    c = decoder.cache
+    assert c.pairs[:2] == (("past_key_values.0.key", "present.0.key"), ("past_key_values.0.value", "present.0.value"))
+    assert (c.past, c.total, c.seq) == ("past_sequence_length", "total_sequence_length", "sequence_length")
+    assert decoder.one_length and decoder.position_ids is None
+    assert np.all(next(s for s in decoder.inputs() if s.name == "attention_mask").sample(
+        {"batch_size": 2, "past_sequence_length": 1, "sequence_length": 3}, np.random.default_rng(0)) == 1)
