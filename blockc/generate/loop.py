@@ -25,9 +25,12 @@ by attention's reads. ``cache="concat"`` is the plain decode graph, whose
 present is the past with the step's rows appended (a new, longer cache
 every step).
 
-Tokens are chosen by ``pick(logits [batch, vocab], history) -> int64
-[batch]``, ``history`` holding each row's prompt and the tokens picked so
-far: ``sampling.greedy`` and ``sampling.Sampler``.
+The cache kinds are ``cache.CacheKind``. Tokens are chosen by ``pick(logits
+[batch, vocab], history) -> int64 [batch]``, ``history`` holding each row's
+prompt and the tokens picked so far: ``sampling.greedy`` and
+``sampling.Sampler`` (a list of ``processors``). Rows finish by
+``stopping``'s criteria: max new tokens, the stop ids, and any given
+(stop strings, a time limit). ``DecodeLoop`` holds one generation's state.
 """
 from __future__ import annotations
 
