@@ -136,3 +136,18 @@ class MaxTime(StoppingCriterion):
 
     def __call__(self, history, new):
         return np.full(len(history), self.clock() - self.start > self.seconds, bool)
+
+
+def user_criteria(*, stop: Sequence[str] | None = None, max_time: float | None = None,
+                  decode: Callable[[Sequence[int]], str] | None = None) -> list[StoppingCriterion]:
+    """The criteria the CLI's ``--stop`` (repeatable) and ``--max-time`` ask
+    for; ``decode``: the model's tokenizer's, which stop strings need."""
+    criteria: list[StoppingCriterion] = []
+    if stop:
+        if decode is None:
+            raise BlockcError("--stop needs the model's tokenizer to read the text: generate from a Hugging Face "
+                              "directory with a tokenizer.json, or stop on ids with --stop-id")
+        criteria.append(StopStrings(stop, decode))
+    if max_time is not None:
+        criteria.append(MaxTime(max_time))
+    return criteria

@@ -10,7 +10,8 @@ import pytest
 from blockc.errors import BlockcError
 from blockc.frontends import build_model
 from blockc.generate import generate
-from blockc.generate.stopping import EosIds, MaxNewTokens, MaxTime, StopStrings, StoppingCriteriaList
+from blockc.generate.stopping import (EosIds, MaxNewTokens, MaxTime, StoppingCriteriaList, StopStrings,
+                                      user_criteria)
 
 transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
@@ -100,3 +101,12 @@ def test_a_finished_row_gets_no_more_tokens():
     model = build_model("tiny")
     got = generate(model, weights_of(model), PROMPTS, 4, backend="reference", stopping=[FinishRowZero()]).tokens
     assert [len(row) for row in got] == [1, 4]
+
+
+def test_the_clis_stop_and_max_time_become_criteria():
+    assert user_criteria() == []
+    made = user_criteria(stop=["ab", "c"], max_time=3, decode=LETTERS)
+    assert [type(c).__name__ for c in made] == ["StopStrings", "MaxTime"]
+    assert made[0].strings == ("ab", "c") and made[1].seconds == 3.0
+    with pytest.raises(BlockcError, match="--stop needs the model's tokenizer"):
+        user_criteria(stop=["ab"])
