@@ -25,9 +25,12 @@ by attention's reads. ``cache="concat"`` is the plain decode graph, whose
 present is the past with the step's rows appended (a new, longer cache
 every step).
 
-Tokens are chosen by ``pick(logits [batch, vocab], history) -> int64
-[batch]``, ``history`` holding each row's prompt and the tokens picked so
-far: ``sampling.greedy`` and ``sampling.Sampler``.
+The cache kinds are ``cache.CacheKind``. Tokens are chosen by ``pick(logits
+[batch, vocab], history) -> int64 [batch]``, ``history`` holding each row's
+prompt and the tokens picked so far: ``sampling.greedy`` and
+``sampling.Sampler`` (a list of ``processors``). Rows finish by
+``stopping``'s criteria: max new tokens, the stop ids, and any given
+(stop strings, a time limit). ``DecodeLoop`` holds one generation's state.
 """
 from __future__ import annotations
 
@@ -42,11 +45,13 @@ from ..errors import BlockcError
 from ..frontends.models import DecoderLM
 from ..frontends.module import trace
 from ..frontends.onnx.decoder import OnnxDecoder
-from ..frontends.onnx.model import OnnxModel
 from ..passes.forms import to_form
 from ..passes.shard import shard
 from ..runtime.backend import make_backend
+from .cache import CacheKind, cache_length, cache_names, into_cache
+from .decoder import as_decoder
 from .sampling import greedy
+from .stopping import EosIds, MaxNewTokens, StoppingCriteriaList, StoppingCriterion
 
 Pick = Callable[[np.ndarray, list[list[int]]], np.ndarray]
 # on_token(tokens): each prompt's new ids so far, after every step
@@ -132,19 +137,6 @@ def _prompt_ids(k: int, prompt) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def as_decoder(model):
-    """``model`` as what ``generate`` drives: a ``DecoderLM``, or an ONNX
-    file that carries its cache as an ``OnnxDecoder`` (its cache found by
-    ``genai_config.json`` or by name); else a ``BlockcError``."""
-    if isinstance(model, OnnxModel):
-        return OnnxDecoder(model.file.path)
-    if not isinstance(model, (DecoderLM, OnnxDecoder)):
-        raise BlockcError(f"generate needs a decoder language model (a DecoderLM such as gpt2, tiny, llama-tiny, "
-                          f"or an ONNX decoder file with its cache), "
-                          f"not {getattr(model, 'name', type(model).__name__)!r}")
-    return model
-
-
 def check_request(model, prompts, max_new: int) -> list[list[int]]:
     """Refuse, in one line, what ``generate`` cannot do with ``model``; the
     prompts as lists of ints (``as_prompts``)."""
@@ -169,12 +161,6 @@ def check_request(model, prompts, max_new: int) -> list[list[int]]:
         raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones make {longest + max_new} positions, "
                           f"over the model's maximum of {limit} (max_positions)")
     return prompts
-
-
-def cache_names(layers: int) -> list[tuple[str, str]]:
-    """``(past input, present output)`` of every layer's keys and values, as
-    ``DecoderLM.for_cache`` names them: what one step hands the next."""
-    return [(f"past.{i}.{kv}", f"present.{i}.{kv}") for i in range(layers) for kv in ("key", "value")]
 
 
 def padded(prompts: Sequence[Sequence[int]]) -> bool:
@@ -205,91 +191,25 @@ def _picked(pick: Pick, logits: np.ndarray, history: list[list[int]], vocab: int
     return chosen.astype(np.int64)
 
 
-CACHES = ("inplace", "concat")
-
-
-CACHE_BUCKET = 64   # the smallest default in-place cache, in positions
-
-
-def bucketed(needed: int, most: int) -> int:
-    """The default in-place cache for ``needed`` positions: the next power of
-    two from ``CACHE_BUCKET`` on, at most ``most``. Each length is a decode
-    graph and so a build: ``--max-new 5`` and ``6`` share one, and a run
-    builds at most log2(max_positions) of them."""
-    length = CACHE_BUCKET
-    while length < needed:
-        length *= 2
-    return max(needed, min(length, most))
-
-
-def cache_length(model: DecoderLM, prompts: Sequence[Sequence[int]], max_new: int, cache: str,
-                 cache_len: int | None) -> int | None:
-    """The positions an in-place cache holds: the longest prompt and every
-    new token but the last (which no step reads back), ``bucketed``; ``cache_len``
-    if it is given, holds them and fits the model's positions (a longer
-    buffer could never be filled), else a ``BlockcError``. None for the
-    concat cache, which has no buffer to size."""
-    model = as_decoder(model)
-    if cache not in CACHES:
-        raise BlockcError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
-    if cache != "inplace":
-        if cache_len is not None:
-            raise BlockcError(f"cache_len sizes the in-place cache; the {cache} cache has no buffer to size")
-        return None
-    longest = max(len(p) for p in prompts)
-    needed = longest + max_new - 1
-    if cache_len is None:
-        return bucketed(needed, model.cfg.max_positions)
-    if isinstance(cache_len, bool) or not isinstance(cache_len, (int, np.integer)) or cache_len < 1:
-        raise BlockcError(f"cache_len must be a positive integer, got {cache_len!r}")
-    if needed > cache_len:
-        raise BlockcError(f"a prompt of {longest} tokens and {max_new} new ones need a cache of {needed} positions, "
-                          f"over the preallocated cache_len={cache_len}")
-    if cache_len > model.cfg.max_positions:
-        raise BlockcError(f"cache_len={cache_len} is over the model's maximum of {model.cfg.max_positions} "
-                          f"positions (max_positions): the buffer could never be filled")
-    return int(cache_len)
-
-
-def into_cache(present: np.ndarray, cache_len: int) -> np.ndarray:
-    """A prefill's keys or values ``[batch, kv_heads, seq, head_dim]`` at the
-    start of a zeroed buffer of ``cache_len`` positions."""
-    batch, heads, seq, size = present.shape
-    buffer = np.zeros((batch, heads, cache_len, size), present.dtype)
-    buffer[:, :, :seq] = present
-    return buffer
-
-
-def stop_ids(stop_id: int | Iterable[int] | None, vocab: int) -> frozenset[int]:
-    """The ids a row stops after: none, one, or several (a generation
-    config's ``eos_token_id`` may be a list), each inside the vocabulary."""
-    if stop_id is None:
-        return frozenset()
-    ids = [stop_id] if isinstance(stop_id, (int, np.integer)) else list(stop_id)
-    for t in ids:
-        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-            raise BlockcError(f"stop id {t!r} is not an integer token id")
-        if not 0 <= t < vocab:
-            raise BlockcError(f"stop id {t} is outside the vocabulary [0, {vocab})")
-    return frozenset(int(t) for t in ids)
-
-
 def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Sequence[Sequence[int]], max_new: int,
              *, backend: str = "ort-cpu", pick: Pick = greedy, stop_id: int | Iterable[int] | None = None,
-             on_token: OnToken | None = None, form: str = "fused", cache: str = "inplace",
-             cache_len: int | None = None, rank_of: tuple[int, int] | None = None, pad_vocab: bool = False,
-             load_s: float = 0.0, **backend_options) -> Generation:
+             stopping: Sequence[StoppingCriterion] = (), on_token: OnToken | None = None, form: str = "fused",
+             cache: CacheKind | str = CacheKind.INPLACE, cache_len: int | None = None,
+             rank_of: tuple[int, int] | None = None, pad_vocab: bool = False, load_s: float = 0.0,
+             **backend_options) -> Generation:
     """Up to ``max_new`` new tokens after each of ``prompts`` (lists of ids),
-    batched. A row stops after ``stop_id`` (an id, or several: ``stop_ids``);
-    all stop when every row has.
+    batched. A row stops after ``stop_id`` (an id, or several: ``stop_ids``)
+    or when any of ``stopping`` (``stopping.py``: stop strings, a time limit,
+    your own) finishes it; all stop when every row has.
     ``backend``: any registered backend, built with ``backend_options``;
     ``form``: the graph form compiled (by default ``fused``: through the
     optimizer, the graphs ``docs/PERFORMANCE.md`` measures);
-    ``cache``: ``inplace`` (a buffer of ``cache_len`` positions, by default
-    just enough) or ``concat`` (see the module docstring). ``prompts``: see
-    ``as_prompts`` (a 2-D integer array is one prompt a row); ``load_s``:
-    the seconds the caller took to load ``weights``, reported in the start
-    time (``Generation.start_s``) with the compile.
+    ``cache``: a ``CacheKind`` or its name, ``inplace`` (a buffer of
+    ``cache_len`` positions, by default just enough) or ``concat`` (see the
+    module docstring). ``prompts``: see ``as_prompts`` (a 2-D integer array
+    is one prompt a row); ``load_s``: the seconds the caller took to load
+    ``weights``, reported in the start time (``Generation.start_s``) with
+    the compile.
     ``rank_of=(rank, world)``: this process is one rank of a tensor-parallel
     group (``parallel/launch.generate_tp``): both graphs are sharded
     (``passes/shard.py``, ``pad_vocab`` passed on) before the form is
@@ -297,7 +217,7 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     logits are gathered, so every rank picks the same tokens."""
     model = as_decoder(model)
     prompts = check_request(model, prompts, max_new)
-    stops = stop_ids(stop_id, model.cfg.vocab)
+    criteria = StoppingCriteriaList([MaxNewTokens(max_new), EosIds(stop_id, model.cfg.vocab), *stopping])
     length = cache_length(model, prompts, max_new, cache, cache_len)
     target = make_backend(backend, **backend_options)
     target.require()
@@ -311,8 +231,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
-            return replace(_loop(model.cfg.vocab, names, prefill, decode, length, prompts, max_new, pick, stops,
-                                 on_token, compile_s, target.name), form=form, load_s=load_s)
+            loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length)
+            return replace(loop.run(prefill, decode), compile_s=compile_s, backend=target.name, form=form,
+                           load_s=load_s)
         finally:
             if decode is not None:
                 decode.close()
@@ -370,42 +291,69 @@ class StepNames:
         return out
 
 
-def _loop(vocab: int, names: StepNames, prefill, decode, cache_len, prompts, max_new, pick, stops, on_token,
-          compile_s, backend) -> Generation:
-    ids, mask, positions = left_pad(prompts)
-    history = [list(map(int, p)) for p in prompts]
-    new: list[list[int]] = [[] for _ in prompts]
-    done = np.zeros(len(prompts), bool)
+@dataclass
+class DecodeLoop:
+    """One generation's steps and everything they carry: what it was asked
+    (``pick``, ``criteria``, ``on_token``, the cache length: None for the
+    concat cache) and what it has so far (each row's ``history`` and ``new``
+    ids, which rows are ``done``, the mask and positions fed, the last ids
+    ``chosen``, the timings). ``run`` drives the prefill, then the decode
+    steps until every row is done."""
 
-    def take(out, start) -> tuple[np.ndarray, float]:
-        chosen = _picked(pick, out["logits"][:, -1], history, vocab)
-        for row, token in enumerate(chosen):
-            if not done[row]:
-                new[row].append(int(token))
-                history[row].append(int(token))
-        done[:] |= np.isin(chosen, list(stops))
+    vocab: int
+    names: StepNames
+    pick: Pick
+    criteria: StoppingCriteriaList
+    on_token: OnToken | None
+    prompts: list[list[int]]
+    cache_len: int | None
+    history: list[list[int]] = field(init=False)
+    new: list[list[int]] = field(init=False)
+    done: np.ndarray = field(init=False)
+    mask: np.ndarray = field(init=False)
+    positions: np.ndarray = field(init=False)
+    chosen: np.ndarray = field(init=False)
+    first_token_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.history = [list(p) for p in self.prompts]
+        self.new = [[] for _ in self.prompts]
+        self.done = np.zeros(len(self.prompts), bool)
+
+    def take(self, logits: np.ndarray, start: float) -> float:
+        """Pick from ``logits``, add each unfinished row's id, ask the
+        criteria which rows are done; the seconds since ``start``."""
+        self.chosen = _picked(self.pick, logits, self.history, self.vocab)
+        for row, token in enumerate(self.chosen):
+            if not self.done[row]:
+                self.new[row].append(int(token))
+                self.history[row].append(int(token))
+        self.done |= self.criteria(self.history, self.new)
         seconds = time.perf_counter() - start
-        if on_token is not None:
-            on_token(new)
-        return chosen, seconds
+        if self.on_token is not None:
+            self.on_token(self.new)
+        return seconds
 
-    start = time.perf_counter()
-    out = prefill.run({**names.feeds(ids, mask, positions), **names.first_past})
-    chosen, first_s = take(out, start)
-    steps: list[float] = []
-    if decode is None:
-        return Generation(new, first_s, steps, compile_s, backend)
-    state = {past: out[present] if cache_len is None else into_cache(out[present], cache_len)
-             for past, present in names.pairs}
-    position = positions[:, -1:]
-    with decode.cached({present: past for past, present in names.pairs}, state) as step:
-        for _ in range(max_new - 1):
-            if done.all():
-                break
-            start = time.perf_counter()
-            mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
-            position = position + 1
-            out = step.run(names.feeds(chosen[:, None], mask, position))
-            chosen, seconds = take(out, start)
-            steps.append(seconds)
-    return Generation(new, first_s, steps, compile_s, backend)
+    def run(self, prefill, decode) -> Generation:
+        self.criteria.begin()
+        start = time.perf_counter()
+        ids, self.mask, self.positions = left_pad(self.prompts)
+        out = prefill.run({**self.names.feeds(ids, self.mask, self.positions), **self.names.first_past})
+        self.first_token_s = self.take(out["logits"][:, -1], start)
+        if decode is not None and not self.done.all():
+            self._decode(decode, out)
+        return Generation(self.new, self.first_token_s, self.step_s)
+
+    def _decode(self, decode, out) -> None:
+        pairs = self.names.pairs
+        state = {past: out[present] if self.cache_len is None else into_cache(out[present], self.cache_len)
+                 for past, present in pairs}
+        self.positions = self.positions[:, -1:]
+        with decode.cached({present: past for past, present in pairs}, state) as step:
+            while not self.done.all():
+                start = time.perf_counter()
+                self.mask = np.concatenate([self.mask, np.ones((len(self.prompts), 1), np.int64)], axis=1)
+                self.positions = self.positions + 1
+                out = step.run(self.names.feeds(self.chosen[:, None], self.mask, self.positions))
+                self.step_s.append(self.take(out["logits"][:, -1], start))

@@ -7,7 +7,7 @@ import pytest
 
 from blockc.errors import BlockcError
 from blockc.generate.generation_config import GenerationDefaults, make_sampler, read_generation_config
-from blockc.generate.loop import stop_ids
+from blockc.generate.stopping import stop_ids
 
 
 def write(path, name, **fields):
@@ -36,18 +36,23 @@ def test_defaults_are_transformers_where_unset(tmp_path):
     assert hf["do_sample"] is GenerationDefaults().do_sample is False
 
 
+def rules(sampler):
+    """A sampler's processors as (class, setting) pairs, in the order they run."""
+    return [(type(p).__name__, *vars(p).values()) for p in sampler.processors]
+
+
 def test_the_users_choices_override_the_file():
     sampled = GenerationDefaults(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1)
-    s = make_sampler(sampled)
-    assert (s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (0.7, 20, 0.9, 1.1)
+    assert rules(make_sampler(sampled)) == [("RepetitionPenalty", 1.1), ("Temperature", 0.7), ("TopK", 20),
+                                            ("TopP", 0.9)]
     s = make_sampler(sampled, temperature=1.5, top_k=0, repetition_penalty=1.0)
-    assert (s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (1.5, 0, 0.9, 1.0)
+    assert rules(s) == [("Temperature", 1.5), ("TopP", 0.9)]
     for greedy in (make_sampler(sampled, greedy=True), make_sampler(sampled, temperature=0)):
-        assert greedy.temperature == 0 and greedy.repetition_penalty == 1.1   # HF applies the penalty greedy too
+        assert greedy.temperature == 0 and rules(greedy) == [("RepetitionPenalty", 1.1)]   # HF applies it greedy too
     s = make_sampler(GenerationDefaults(), temperature=0.5)
-    assert (s.temperature, s.top_k, s.top_p) == (0.5, 50, 1.0)   # sampling by flag takes HF's top-k of 50
+    assert rules(s) == [("Temperature", 0.5), ("TopK", 50)]   # sampling by flag takes HF's top-k of 50
     assert make_sampler(GenerationDefaults()).temperature == 0
-    with pytest.raises(BlockcError, match="--top-k and --top-p filter what is sampled"):
+    with pytest.raises(BlockcError, match="--top-k, --top-p and --min-p filter what is sampled"):
         make_sampler(GenerationDefaults(), top_k=5)
 
 

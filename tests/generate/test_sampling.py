@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
 from blockc.errors import BlockcError
 from blockc.ir.dtypes import DType
 from blockc.generate import Sampler, greedy
-from blockc.generate.sampling import repetition_penalty, top_k_filter, top_p_filter
+from blockc.generate.processors import RepetitionPenalty, TopK, TopP
 
 LOGITS = np.array([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0],
                    [0.0, 4.0, -3.0, 1.5, 2.5, -0.5]])
@@ -40,19 +40,19 @@ def test_greedy_takes_the_argmax_and_the_lowest_id_on_ties():
 
 
 def test_repetition_penalty_by_hand_and_as_hf():
-    out = repetition_penalty(LOGITS, HISTORY, 2.0)
+    out = RepetitionPenalty(2.0)(LOGITS, HISTORY)
     # row 0 saw ids 0 (2.0 -> 1.0), 1 (-1.0 -> -2.0, once though seen twice), 4 (-2.0 -> -4.0)
     assert out[0].tolist() == [1.0, -2.0, 0.5, 3.0, -4.0, 1.0]
     # row 1 saw ids 2 (-3.0 -> -6.0) and 3 (1.5 -> 0.75)
     assert out[1].tolist() == [0.0, 4.0, -6.0, 0.75, 2.5, -0.5]
     np.testing.assert_array_equal(out, hf(RepetitionPenaltyLogitsProcessor(2.0), LOGITS))
-    np.testing.assert_array_equal(repetition_penalty(LOGITS, HISTORY, 0.5),
+    np.testing.assert_array_equal(RepetitionPenalty(0.5)(LOGITS, HISTORY),
                                   hf(RepetitionPenaltyLogitsProcessor(0.5), LOGITS))
 
 
 def test_repetition_penalty_ignores_ids_beyond_the_vocabulary_as_hf():
     history = [[0, 99], [5, 6]]
-    np.testing.assert_array_equal(repetition_penalty(LOGITS, history, 1.5),
+    np.testing.assert_array_equal(RepetitionPenalty(1.5)(LOGITS, history),
                                   hf(RepetitionPenaltyLogitsProcessor(1.5), LOGITS, history))
 
 
@@ -64,22 +64,22 @@ def test_temperature_divides_as_hf():
 
 
 def test_top_k_by_hand_and_as_hf():
-    out = top_k_filter(LOGITS, 2)
+    out = TopK(2)(LOGITS, HISTORY)
     assert np.isfinite(out).sum(axis=1).tolist() == [2, 2]
     assert np.flatnonzero(np.isfinite(out[0])).tolist() == [0, 3]
     assert np.flatnonzero(np.isfinite(out[1])).tolist() == [1, 4]
     for k in (1, 2, 3, 6, 10):
-        np.testing.assert_array_equal(top_k_filter(LOGITS, k), hf(TopKLogitsWarper(k), LOGITS))
+        np.testing.assert_array_equal(TopK(k)(LOGITS, HISTORY), hf(TopKLogitsWarper(k), LOGITS))
     # ties with the k-th score are kept, as HF keeps them
     tied = np.array([[1.0, 3.0, 1.0, 0.0]])
-    assert np.isfinite(top_k_filter(tied, 2)).tolist() == [[True, True, True, False]]
-    np.testing.assert_array_equal(top_k_filter(tied, 2), hf(TopKLogitsWarper(2), tied, [[0]]))
+    assert np.isfinite(TopK(2)(tied, HISTORY)).tolist() == [[True, True, True, False]]
+    np.testing.assert_array_equal(TopK(2)(tied, HISTORY), hf(TopKLogitsWarper(2), tied, [[0]]))
 
 
 def test_top_p_by_hand_and_as_hf():
     # probabilities 0.5, 0.3, 0.15, 0.05 (ids 2, 0, 3, 1)
     scores = np.log(np.array([[0.3, 0.05, 0.5, 0.15]]))
-    kept = lambda p: np.flatnonzero(np.isfinite(top_p_filter(scores, p))).tolist()
+    kept = lambda p: np.flatnonzero(np.isfinite(TopP(p)(scores, HISTORY))).tolist()
     assert kept(0.4) == [2]            # 0.5 alone reaches 0.4
     assert kept(0.5) == [2]            # reaching p exactly is enough
     assert kept(0.6) == [0, 2]         # 0.5 + 0.3
@@ -87,7 +87,7 @@ def test_top_p_by_hand_and_as_hf():
     assert kept(0.99) == [0, 1, 2, 3]
     assert kept(1e-9) == [2]           # never fewer than one token
     for p in (0.05, 0.3, 0.6, 0.7, 0.9, 0.97, 1.0):
-        np.testing.assert_array_equal(top_p_filter(LOGITS, p), hf(TopPLogitsWarper(p), LOGITS))
+        np.testing.assert_array_equal(TopP(p)(LOGITS, HISTORY), hf(TopPLogitsWarper(p), LOGITS))
 
 
 def test_sampler_applies_hf_order_penalty_temperature_top_k_top_p():
