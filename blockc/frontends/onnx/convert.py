@@ -715,6 +715,15 @@ def _trilu(node, ins, ctx):
     return [apply("where", tensor(keep), x, tensor(zero)) if is_tensor(x) else _fold("where", keep, x, zero)]
 
 
+def _cumsum(node, ins, ctx):
+    x, axis = ins
+    if is_tensor(axis):
+        raise Unsupported("CumSum's axis is computed at run time (blockc needs it known)")
+    axis = in_range("input axis", int(ints_of(axis)[0]), len(_shape_of(x)))
+    flags = {f: bool(_attr(node, f, 0)) for f in ("exclusive", "reverse")}
+    return [apply("cumsum", x, axis=axis, **flags) if is_tensor(x) else _fold("cumsum", x, axis=axis, **flags)]
+
+
 def _gelu(node, ins, ctx):
     return [ins[0].gelu(_attr(node, "approximate", "none"))]
 
@@ -749,7 +758,7 @@ TABLE: dict[str, Rule] = {
     "ReduceMean": _reduce("reduce_mean", 18), "ReduceSum": _reduce("reduce_sum", 13),
     "ReduceMax": _reduce("reduce_max", 18),
     "Max": _extremum("greater"), "Min": _extremum("less"),
-    "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
+    "Where": Rule(_where), "Trilu": Rule(_trilu, since=14), "CumSum": Rule(_cumsum, since=11),
 }
 
 # The opset-23 fused operators (Attention, RMSNormalization, RotaryEmbedding)
