@@ -166,6 +166,48 @@ def test_golden_rows_computed_per_token():
     """)
 
 
+def test_golden_rows_paired_after_cos():
+    # cat(cos(a), cos(a)): an opset-23 RotaryEmbedding's one-per-pair cache as its import writes it
+    # both members (dynamo's export of Llama at opset 23); the same rows as cos(cat(a, a))
+    before = ir("""
+        graph g(%x: f64[b,4,s,16], %p: f64[1,s,1]) {
+          param @inv_freq: f64[8]
+          %0:f64[1,s,8] = mul %p, @inv_freq
+          %1:f64[1,s,8] = cos %0
+          %2:f64[1,s,8] = sin %0
+          %3:f64[1,s,16] = concat %1, %1 {axis=-1}
+          %4:f64[1,s,16] = concat %2, %2 {axis=-1}
+          %5:f64[1,1,s,16] = reshape %3 {shape=[0,1,-1,16]}
+          %6:f64[1,1,s,16] = reshape %4 {shape=[0,1,-1,16]}
+          %7:f64[b,4,s,8], %8:f64[b,4,s,8] = split %x {axis=-1, sizes=[8,8]}
+          %9:f64[b,4,s,8] = neg %8
+          %10:f64[b,4,s,16] = concat %9, %7 {axis=-1}
+          %11:f64[b,4,s,16] = mul %x, %5
+          %12:f64[b,4,s,16] = mul %10, %6
+          %13:f64[b,4,s,16] = add %11, %12
+          return y=%13
+        }
+    """)
+    check_golden(fuse_rotary, before, """
+        graph g(%x: f64[b,4,s,16], %p: f64[1,s,1]) {
+          param @inv_freq: f64[8]
+          %0:f64[1,s,8] = mul %p, @inv_freq
+          %1:f64[1,s,8] = cos %0
+          %2:f64[1,s,8] = sin %0
+          %3:f64[1,s,16] = concat %1, %1 {axis=-1}
+          %4:f64[1,s,16] = concat %2, %2 {axis=-1}
+          %5:f64[1,1,s,16] = reshape %3 {shape=[0,1,-1,16]}
+          %6:f64[1,1,s,16] = reshape %4 {shape=[0,1,-1,16]}
+          %7:f64[s,16] = reshape %5 {shape=[-1,16]}
+          %8:f64[s,16] = reshape %6 {shape=[-1,16]}
+          %9:i64[s] = arange {n=s}
+          %10:f64[b,4,s,16] = rotary %x, %7, %8, %9 {interleaved=false}
+          return y=%10
+        }
+    """)
+    assert_same_numbers(parse_graph(before), run_pass(fuse_rotary, parse_graph(before)).graph)
+
+
 def test_rows_computed_for_each_row_of_the_batch():
     # position_ids given per row: rows [b, 1, s, 16], a table of b*s rows read as arange(b*s) in [b, s]
     g = parse_graph(computed(rows="b"))
