@@ -476,10 +476,12 @@ def _range(node, ins, ctx):
         dtype = np.asarray(ins[0]).dtype
         stash = np.float32 if dtype.kind in "fV" and dtype.itemsize == 2 else dtype   # Range-27's stash_type
         return [np.arange(start, limit, delta, dtype=stash).astype(dtype)]
-    if isinstance(limit, Sym) and not isinstance(start, Sym) and delta == 1:
-        out = apply("arange", n=limit - int(start))
-        return [out if int(start) == 0 else out + np.array(int(start), np.int64)]
-    raise Unsupported("Range whose start or step is computed at run time")
+    if not isinstance(delta, Sym) and delta == 1:
+        # a cache step's positions run from the past's length: Range(past, past + seq)
+        start = start if isinstance(start, Sym) else int(start)
+        out = apply("arange", n=limit - start)
+        return [out if isinstance(start, int) and start == 0 else out + tensor(as_value(start))]
+    raise Unsupported("Range whose step is computed at run time")
 
 
 def _constant_of_shape(node, ins, ctx):

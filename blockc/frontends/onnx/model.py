@@ -215,6 +215,12 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
     taken: set[str] = set()
     symbols: dict[str, str] = {}
     rows = _id_tables(loaded, nodes)
+    params = [d.dim_param for v in g.input if v.name not in loaded.initializers
+              for d in v.type.tensor_type.shape.dim if d.dim_param]
+    named = set(params)
+    for key in params:   # the plain names first: a sum of them is their symbols' sum, the keys' length
+        if key not in symbols and _summands(key, named) is None:
+            symbols[key] = symbol_name(key, taken)
     specs = []
     for v in g.input:
         if v.name in loaded.initializers:
@@ -234,6 +240,10 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
                 shape.append(int(d.dim_value))
                 continue
             key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
+            summands = _summands(key, named)
+            if summands is not None:
+                shape.append(sum((Sym.var(symbols[p]) for p in summands[1:]), Sym.var(symbols[summands[0]])))
+                continue
             if key not in symbols:
                 symbols[key] = symbol_name(key, taken)
             shape.append(Sym.var(symbols[key]))
@@ -249,6 +259,14 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode]) -> list[InputSpec]:
         else:
             specs.append(InputSpec(v.name, dtype, tuple(shape)))
     return specs
+
+
+def _summands(text: str, named: set[str]) -> list[str] | None:
+    """The dim names a ``dim_param`` such as ``past_sequence_length +
+    sequence_length`` adds (Optimum's name for a cache step's mask and
+    presents), where each names a dim of the inputs; else None."""
+    parts = [p.strip() for p in text.split("+")]
+    return parts if len(parts) > 1 and all(p in named for p in parts) else None
 
 
 # Ops an index passes through unchanged on its way to a Gather (an exporter
