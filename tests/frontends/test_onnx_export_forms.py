@@ -155,9 +155,10 @@ def exported(request, tokenizer, tmp_path_factory):
                                  tmp_path_factory.mktemp("forms") / f"{family}.onnx")
 
 
-def test_form_matches_ort(exported):
-    """The import on the float64 reference against ONNX Runtime on the file,
-    at two sequence lengths."""
+@pytest.mark.parametrize("run", ["reference", "fused-ort"])
+def test_form_matches_ort(exported, run):
+    """The import on the float64 reference, and optimized and re-exported for
+    ONNX Runtime, against ONNX Runtime on the file, at two sequence lengths."""
     (family, exporter, form, opset), path = exported
     # ONNX Runtime's RotaryEmbedding refuses the dynamo exporter's cos/sin caches
     # of one row for a batch of two (its rows are computed without position_ids)
@@ -165,7 +166,7 @@ def test_form_matches_ort(exported):
 
     def dims(seq):
         return {"batch": batch, **({"past": seq + 2, "total": 2 * seq + 2} if form == "cache" else {})}
-    check_against_ort(path, dims=dims)
+    check_against_ort(path, dims=dims, run=run)
 
 
 def test_form_fuses_as_the_plain_export(exported):
