@@ -45,8 +45,9 @@ for _name, _rules in _REDUCE.items():
 # ---- cumsum ------------------------------------------------------------------
 # Hugging Face's masking code finds packed sequences with a running sum over
 # the positions (``(diff(position_ids) != 1).cumsum(-1)``), which every export
-# without an attention mask carries. Targets without a scan decompose it into
-# the sum of each position's prefix: O(n^2), over the mask's short int rows.
+# without an attention mask carries. The decomposed form writes it as the sum
+# of each position's prefix (O(n^2), over the mask's short int rows); the CUDA
+# backend has no kernel for that reduce_sum yet, and says so.
 cumsum = define("cumsum", ("x",), attrs={"axis": (INT, REQUIRED), "exclusive": (BOOL, False),
                                          "reverse": (BOOL, False)},
                 doc="running sum along `axis`: out[i] = sum of x[j] for j <= i (j < i where exclusive; "
