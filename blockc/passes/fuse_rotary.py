@@ -57,7 +57,12 @@ order: the values the graph multiplied by, for any position::
 (rows ``[batch, 1, s, 16]``, from ``position_ids`` of each row, become a table
 of ``batch*s`` rows and positions ``arange(batch*s)`` reshaped to ``[batch, s]``).
 ``cat(angles, angles)`` writes each angle for both members of its pair, as
-the runtime ops' one-angle-per-pair caches assume.
+the runtime ops' one-angle-per-pair caches assume; so does ``cat(cos(angles),
+cos(angles))``, which an opset-23 ``RotaryEmbedding`` imports as (its cache
+holds one value per pair, ``frontends/onnx/opset23.py``)::
+
+    %1:f32[1,s,8] = cos %angles
+    %2:f32[1,s,16] = concat %1, %1 {axis=-1}
 A site that does not fit says why: a sign convention other than
 ``concat(-x2, x1) * sin``, heads laid out ``[batch, seq, heads, head_dim]``,
 tables gathered along another axis, computed rows that pair dims half apart
@@ -80,7 +85,13 @@ def _table(name: str):
                   name=f"{name}_fn", consume=False)
     computed = Or(Op("mul", computed, Const(f"{name}_scale"), commutative=True, name=f"{name}_scaled",
                      consume=False), computed)
-    rows = Or(gathered, computed)
+    # the same values as cat(cos(a), cos(a)): an opset-23 RotaryEmbedding's
+    # one-per-pair cache, written for both members as the import replays it
+    half = Op(name, Var("angles"), name=f"{name}_half", consume=False)
+    half = Or(Op("mul", half, Const(f"{name}_scale"), commutative=True, name=f"{name}_half_scaled",
+                 consume=False), half)
+    paired = Op("concat", half, half, name=f"{name}_paired", consume=False)
+    rows = Or(gathered, computed, paired)
     return Or(Op("reshape", rows, name=f"{name}_heads", consume=False), rows)
 
 
@@ -116,7 +127,8 @@ def _check(m):
     rd = turned.shape[-1]
     if x.type.rank != 4:
         return f"the rotated tensor is {x.type}, not [batch, heads, seq, head_dim]"
-    for name in ("root", "head_split", "halves", "swap", "pair_split"):
+    for name in ("root", "head_split", "halves", "swap", "pair_split", "cos_angles", "sin_angles",
+                 "cos_paired", "sin_paired"):
         node = m.get(name)
         if node is not None and node.op in ("split", "concat"):
             rank = node.outputs[0].type.rank
@@ -164,7 +176,7 @@ def _check_tables(m, x, rd):
 
 def _rows(m, name: str):
     """The value the rotation multiplies by: the table rows as the pattern found them."""
-    for key in ("heads", "rows", "scaled", "fn"):
+    for key in ("heads", "rows", "scaled", "fn", "paired"):
         if f"{name}_{key}" in m:
             return m[f"{name}_{key}"].outputs[0]
 

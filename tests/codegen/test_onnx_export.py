@@ -139,6 +139,18 @@ def reduce(op):
     return g
 
 
+@case("cumsum")
+def running_sum(op):
+    # every direction ONNX's CumSum has, over a float and an int tensor
+    g = Graph(op)
+    x = g.add_input("x", T(F32, "batch", "seq", 8))
+    ids = g.add_input("ids", T(I64, "batch", "seq"))
+    g.set_outputs([("seq", g.op(op, x, axis=1)), ("last", g.op(op, x, axis=-1, exclusive=True)),
+                   ("back", g.op(op, x, axis=1, reverse=True)),
+                   ("ids_before", g.op(op, ids, axis=-1, exclusive=True, reverse=True))])
+    return g
+
+
 @case("matmul", "transpose")
 def attention_matmuls(_):
     g = Graph("attention_matmuls")

@@ -23,8 +23,8 @@ from hf_testing import randomise
 ort = pytest.importorskip("onnxruntime")
 
 
-def _feeds(model, graph, seq, batch=2, seed=0):
-    sizes = {s: (batch if s.startswith("batch") else seq) for s in graph.symbols()}
+def _feeds(model, graph, seq, batch=2, seed=0, dims=None):
+    sizes = {s: (batch if s.startswith("batch") else seq) for s in graph.symbols()} | (dims(seq) if dims else {})
     rng = np.random.default_rng(seed + seq)
     return {s.name: s.sample(sizes, rng) for s in model.inputs()}
 
@@ -40,10 +40,11 @@ RUNS = {
 }
 
 
-def check_against_ort(path, seqs=(5, 11), tol=1e-4, run="reference"):
+def check_against_ort(path, seqs=(5, 11), tol=1e-4, run="reference", dims=None):
     """Import ``path``, run it as ``RUNS[run]`` says at each of ``seqs``
     (one compiled graph: the sizes are symbolic), and compare with ONNX
-    Runtime on the file."""
+    Runtime on the file. Every symbol but the batch is the sequence's
+    length, or as ``dims(seq)`` says (a past, a total)."""
     name, options, optimized = RUNS[run]
     backend = make_backend(name, **options)
     ok, why = backend.availability()
@@ -56,7 +57,7 @@ def check_against_ort(path, seqs=(5, 11), tol=1e-4, run="reference"):
     names = [o.name for o in session.get_outputs()]
     with backend.compile(optimize(graph).graph if optimized else graph, weights) as compiled:
         for seq in seqs:
-            feeds = _feeds(model, graph, seq)
+            feeds = _feeds(model, graph, seq, dims=dims)
             ours = compiled.run(feeds)
             theirs = dict(zip(names, session.run(None, feeds)))
             assert set(ours) == set(theirs)
@@ -310,6 +311,31 @@ def test_gather_nd_max_min_of_tensors(tmp_path):
                        helper.make_node("Min", ["m", "hi"], ["y"])], tmp_path, inputs=[x])
     model, graph = check_against_ort(path)
     assert graph.outputs[0][1].shape == (2, 3)
+
+
+def test_a_cache_step_positions_and_mask(tmp_path):
+    """Optimum's cache step: its positions Range(past, past + seq) from the
+    shapes (a start known only as a dim), and its mask named
+    ``past_sequence_length + sequence_length``, the sum of two input dims: the
+    length of the keys, so that the mask and the scores agree."""
+    past = helper.make_tensor_value_info("past", TensorProto.FLOAT, ["batch_size", "past_sequence_length"])
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                         ["batch_size", "past_sequence_length + sequence_length"])
+    one = helper.make_node("Constant", [], ["one"], value=onnx.numpy_helper.from_array(np.array(1, np.int64)))
+    path = _file_with([one, helper.make_node("Shape", ["past"], ["ps"]), helper.make_node("Shape", ["input_ids"], ["s"]),
+                       helper.make_node("Gather", ["ps", "one"], ["p"], axis=0),
+                       helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+                       helper.make_node("Add", ["p", "n"], ["total"]),
+                       helper.make_node("Range", ["p", "total", "one"], ["positions"]),
+                       helper.make_node("Cast", ["attention_mask"], ["y"], to=TensorProto.FLOAT)],
+                      tmp_path, inputs=[past, ids, mask])
+    m = onnx.load(str(path))
+    m.graph.output.append(helper.make_tensor_value_info("positions", TensorProto.INT64, None))
+    onnx.save(m, str(path))
+    model, graph = check_against_ort(path, dims=lambda seq: {"past_sequence_length": seq + 3})
+    assert graph.symbols() == ["batch_size", "past_sequence_length", "sequence_length"]
+    assert str(model.inputs()[2].shape[1]) == "past_sequence_length+sequence_length"
 
 
 @pytest.mark.parametrize("axis", [-1, 1])

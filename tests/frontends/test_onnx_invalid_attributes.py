@@ -258,3 +258,22 @@ def test_the_command_line_refuses_it_by_node_and_attribute(case, tmp_path, capsy
     assert main(["show", str(path)]) == 2
     err = capsys.readouterr().err
     assert err == f"blockc: error: {path}: node 'n' ({case.split()[0]}): {says}\n"
+
+
+@FAST
+@given(axis=AXIS, exclusive=st.sampled_from([0, 1]), reverse=st.sampled_from([0, 1]), known=st.booleans())
+@example(axis=7, exclusive=0, reverse=0, known=False)
+@example(axis=-3, exclusive=1, reverse=1, known=True)
+def test_cumsum_axis(axis, exclusive, reverse, known):
+    x = _x(known)
+    node = helper.make_node("CumSum", ["X", "axis"], ["Y"], exclusive=exclusive, reverse=reverse)
+    check(_file([node], x, [_ints("axis", axis)], opset=14), _feeds(x))
+
+
+def test_cumsum_axis_computed_at_run_time():
+    x = _x(False)
+    axis = helper.make_tensor_value_info("axis", TensorProto.INT64, [])
+    model = _file([helper.make_node("CumSum", ["X", "axis"], ["Y"])], x, opset=14, inputs=[axis])
+    ours = blockc_run(model, {"X": x, "axis": np.array(1)})
+    assert isinstance(ours, BlockcError)
+    assert str(ours).endswith("node 'Y' (CumSum): CumSum's axis is computed at run time (blockc needs it known)")

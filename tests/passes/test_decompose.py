@@ -54,6 +54,10 @@ OPS = {
     "softmax": "%0:f32[3,7] = softmax %x {axis=0}",
     "gelu": '%0:f32[3,7] = gelu %x {approximate="none"}',
     "gelu_tanh": '%0:f32[3,7] = gelu %x {approximate="tanh"}',
+    "cumsum": "%0:f32[3,7] = cumsum %x {axis=1}",
+    "cumsum_exclusive": "%0:f32[3,7] = cumsum %x {axis=0, exclusive=true}",
+    "cumsum_reverse": "%0:f32[3,7] = cumsum %x {axis=-1, reverse=true}",
+    "cumsum_both": "%0:f32[3,7] = cumsum %x {axis=1, exclusive=true, reverse=true}",
 }
 
 

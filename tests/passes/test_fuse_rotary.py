@@ -31,17 +31,20 @@ def fused(rd: int, interleaved: bool) -> str:
                          "  return y=%4\n}\n")
 
 
+def rotate_half(cos: int, sin: int) -> str:
+    """x turned by the rows %cos and %sin, rotate-half, as the lines after them."""
+    n = max(cos, sin) + 1
+    return (f"  %{n}:f64[b,4,s,8], %{n + 1}:f64[b,4,s,8] = split %x {{axis=-1, sizes=[8,8]}}\n"
+            f"  %{n + 2}:f64[b,4,s,8] = neg %{n + 1}\n"
+            f"  %{n + 3}:f64[b,4,s,16] = concat %{n + 2}, %{n} {{axis=-1}}\n"
+            f"  %{n + 4}:f64[b,4,s,16] = mul %x, %{cos}\n"
+            f"  %{n + 5}:f64[b,4,s,16] = mul %{n + 3}, %{sin}\n"
+            f"  %{n + 6}:f64[b,4,s,16] = add %{n + 4}, %{n + 5}\n"
+            f"  return y=%{n + 6}\n}}\n")
+
+
 def test_golden_rotate_half():
-    r = check_golden(fuse_rotary, header() + """\
-  %4:f64[b,4,s,8], %5:f64[b,4,s,8] = split %x {axis=-1, sizes=[8,8]}
-  %6:f64[b,4,s,8] = neg %5
-  %7:f64[b,4,s,16] = concat %6, %4 {axis=-1}
-  %8:f64[b,4,s,16] = mul %x, %2
-  %9:f64[b,4,s,16] = mul %7, %3
-  %10:f64[b,4,s,16] = add %8, %9
-  return y=%10
-}
-""", fused(16, False))
+    r = check_golden(fuse_rotary, header() + rotate_half(2, 3), fused(16, False))
     (site,) = [s for s in r.sites if s.fused]
     assert site.kind == "rotary" and site.ops == ["split", "neg", "concat", "mul", "mul", "add"]
 
@@ -164,6 +167,31 @@ def test_golden_rows_computed_per_token():
           return y=%12
         }
     """)
+
+
+def test_golden_rows_paired_after_cos():
+    # cat(cos(a), cos(a)): an opset-23 RotaryEmbedding's one-per-pair cache as its import writes
+    # both members (dynamo's export of Llama at opset 23); the same rows as cos(cat(a, a))
+    rows = """
+        graph g(%x: f64[b,4,s,16], %p: f64[1,s,1]) {
+          param @inv_freq: f64[8]
+          %0:f64[1,s,8] = mul %p, @inv_freq
+          %1:f64[1,s,8] = cos %0
+          %2:f64[1,s,8] = sin %0
+          %3:f64[1,s,16] = concat %1, %1 {axis=-1}
+          %4:f64[1,s,16] = concat %2, %2 {axis=-1}
+          %5:f64[1,1,s,16] = reshape %3 {shape=[0,1,-1,16]}
+          %6:f64[1,1,s,16] = reshape %4 {shape=[0,1,-1,16]}
+    """
+    before = ir(rows) + rotate_half(5, 6)
+    check_golden(fuse_rotary, before, ir(rows) + ir("""
+          %7:f64[s,16] = reshape %5 {shape=[-1,16]}
+          %8:f64[s,16] = reshape %6 {shape=[-1,16]}
+          %9:i64[s] = arange {n=s}
+          %10:f64[b,4,s,16] = rotary %x, %7, %8, %9 {interleaved=false}
+          return y=%10
+        }
+    """))
 
 
 def test_rows_computed_for_each_row_of_the_batch():

@@ -476,10 +476,12 @@ def _range(node, ins, ctx):
         dtype = np.asarray(ins[0]).dtype
         stash = np.float32 if dtype.kind in "fV" and dtype.itemsize == 2 else dtype   # Range-27's stash_type
         return [np.arange(start, limit, delta, dtype=stash).astype(dtype)]
-    if isinstance(limit, Sym) and not isinstance(start, Sym) and delta == 1:
-        out = apply("arange", n=limit - int(start))
-        return [out if int(start) == 0 else out + np.array(int(start), np.int64)]
-    raise Unsupported("Range whose start or step is computed at run time")
+    if not isinstance(delta, Sym) and delta == 1:
+        # a cache step's positions run from the past's length: Range(past, past + seq)
+        start = start if isinstance(start, Sym) else int(start)
+        out = apply("arange", n=limit - start)
+        return [out if isinstance(start, int) and start == 0 else out + tensor(as_value(start))]
+    raise Unsupported("Range whose step is computed at run time")
 
 
 def _constant_of_shape(node, ins, ctx):
@@ -715,6 +717,15 @@ def _trilu(node, ins, ctx):
     return [apply("where", tensor(keep), x, tensor(zero)) if is_tensor(x) else _fold("where", keep, x, zero)]
 
 
+def _cumsum(node, ins, ctx):
+    x, axis = ins
+    if is_tensor(axis):
+        raise Unsupported("CumSum's axis is computed at run time (blockc needs it known)")
+    axis = in_range("input axis", int(ints_of(axis)[0]), len(_shape_of(x)))
+    flags = {f: bool(_attr(node, f, 0)) for f in ("exclusive", "reverse")}
+    return [apply("cumsum", x, axis=axis, **flags) if is_tensor(x) else _fold("cumsum", x, axis=axis, **flags)]
+
+
 def _gelu(node, ins, ctx):
     return [ins[0].gelu(_attr(node, "approximate", "none"))]
 
@@ -749,5 +760,5 @@ RULES: dict[str, Rule] = {
     "ReduceMean": _reduce("reduce_mean", 18), "ReduceSum": _reduce("reduce_sum", 13),
     "ReduceMax": _reduce("reduce_max", 18),
     "Max": _extremum("greater"), "Min": _extremum("less"),
-    "Where": Rule(_where), "Trilu": Rule(_trilu, since=14),
+    "Where": Rule(_where), "Trilu": Rule(_trilu, since=14), "CumSum": Rule(_cumsum, since=11),
 }

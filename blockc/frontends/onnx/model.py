@@ -216,6 +216,12 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode], dims: dict) -> list[I
     symbols: dict[str, str] = {}
     rows = _id_tables(loaded, nodes)
     counted = _counted_masks(nodes)
+    params = [d.dim_param for v in g.input if v.name not in loaded.initializers
+              for d in v.type.tensor_type.shape.dim if d.dim_param]
+    named = set(params)
+    for key in params:   # the plain names first: a sum of them is their symbols' sum, the keys' length
+        if key not in symbols and _summands(key, named) is None:
+            symbols[key] = symbol_name(key, taken)
     specs = []
     for v in g.input:
         if v.name in loaded.initializers:
@@ -237,6 +243,10 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode], dims: dict) -> list[I
             key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
             if key in dims:
                 shape.append(dims[key])
+                continue
+            summands = _summands(key, named)
+            if summands is not None:
+                shape.append(sum((Sym.var(symbols[p]) for p in summands[1:]), Sym.var(symbols[summands[0]])))
                 continue
             if key not in symbols:
                 symbols[key] = symbol_name(key, taken)
@@ -270,6 +280,14 @@ def _counted_masks(nodes: list[GraphNode]) -> set[str]:
             seen.add(name)
             todo += made[name].input if name in made else []
     return seen
+
+
+def _summands(text: str, named: set[str]) -> list[str] | None:
+    """The dim names a ``dim_param`` such as ``past_sequence_length +
+    sequence_length`` adds (Optimum's name for a cache step's mask and
+    presents), where each names a dim of the inputs; else None."""
+    parts = [p.strip() for p in text.split("+")]
+    return parts if len(parts) > 1 and all(p in named for p in parts) else None
 
 
 # Ops an index passes through unchanged on its way to a Gather (an exporter

@@ -1,0 +1,64 @@
+"""Optimum's ONNX exports (``optimum-onnx``'s ``python -m
+optimum.exporters.onnx``) of a checkpoint directory made by ``hf_dirs``,
+offline: the plain decoder (``--task text-generation``) and the cache step
+(``text-generation-with-past``: ``past_key_values.*`` in, ``present.*`` out,
+the mask ``past_sequence_length + sequence_length`` long) import, fuse and
+match ONNX Runtime on the file at two sequence lengths.
+
+optimum-onnx pins its own transformers, so it runs in an environment of its
+own: ``BLOCKC_OPTIMUM_PYTHON`` names that environment's interpreter; without
+it these tests skip, saying so.
+
+Its exporter is TorchScript's with Hugging Face's SDPA attention, whose
+additive mask holds -inf, so the NaN guard after the softmax stays and
+attention fuses as far as ``masked_softmax`` (``fuse_attention`` says why),
+as for any such TorchScript export (tests/frontends/test_onnx_import.py).
+"""
+import os
+import subprocess
+
+import pytest
+
+from blockc import optimize
+from blockc.frontends import trace
+from blockc.frontends.onnx import OnnxModel
+
+from hf_dirs import save_hf_dir
+from test_onnx_import import check_against_ort
+
+PYTHON = os.environ.get("BLOCKC_OPTIMUM_PYTHON")
+pytestmark = pytest.mark.skipif(not PYTHON, reason="BLOCKC_OPTIMUM_PYTHON (a Python with optimum-onnx) is not set")
+
+L = 2   # hf_dirs' layers
+NORMS = {"gpt2": {"add_layernorm": 2 * L + 1}, "llama": {"rmsnorm": 1, "add_rmsnorm": 2 * L, "rotary": 2 * L}}
+TASKS = ("text-generation", "text-generation-with-past")
+
+
+@pytest.fixture(scope="module", params=[(f, t) for f in NORMS for t in TASKS], ids="-".join)
+def optimum_file(request, tmp_path_factory):
+    family, task = request.param
+    folder = tmp_path_factory.mktemp("optimum")
+    save_hf_dir(family, folder / "hf")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run = subprocess.run([PYTHON, "-m", "optimum.exporters.onnx", "--model", str(folder / "hf"), "--task", task,
+                          str(folder / "onnx")], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return family, task, folder / "onnx" / "model.onnx"
+
+
+def test_optimum_export_matches_ort(optimum_file):
+    family, task, path = optimum_file
+    model, graph = check_against_ort(path, dims=lambda seq: {"past_sequence_length": seq + 2})
+    if task.endswith("with-past"):
+        # the mask's length is the keys': one symbol fewer than the file's names
+        mask = next(s for s in model.inputs() if s.name == "attention_mask")
+        assert str(mask.shape[1]) == "past_sequence_length+sequence_length"
+        assert graph.symbols() == ["batch_size", "sequence_length", "past_sequence_length"]
+
+
+def test_optimum_export_fuses(optimum_file):
+    family, _, path = optimum_file
+    ops = optimize(trace(OnnxModel(path))).graph.op_counts()
+    want = {**NORMS[family], "masked_softmax": L}
+    assert {k: ops.get(k) for k in want} == want
+    assert not {"erf", "tanh", "softmax", "layernorm"} & set(ops)
