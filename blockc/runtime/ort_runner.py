@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..codegen.onnx_export import checked_weights, export_onnx
+from ..codegen.onnx_export import checked_weights, export_onnx_decided
 from ..errors import BlockcError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
@@ -72,9 +72,10 @@ class OrtSession:
     provider cannot be used) or ``"auto"`` (CUDA when it works, else CPU).
     ``optimization``: ONNX Runtime's graph optimization level, one of
     ``disabled``, ``basic``, ``extended``, ``all``. ``threads``: intra-op
-    threads (None: ONNX Runtime's default). ``fused_as``, ``opset`` and
-    ``decisions`` go to ``export_onnx``, with the execution provider the
-    session will use as the provider the fused-op encodings are chosen for.
+    threads (None: ONNX Runtime's default). ``fused_as`` and ``opset`` go to
+    ``export_onnx_decided``, with the execution provider the session will use
+    as the provider the fused-op encodings are chosen for; ``decisions`` is
+    what it decided for each fused node.
     ``optimized_model_path``: where ONNX Runtime saves the graph it actually
     runs, after its own optimizations (what ``blockc compare`` counts as
     kernels), its weights beside it in ``<name>.data``.
@@ -90,7 +91,7 @@ class OrtSession:
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
                  optimization: str = "basic", threads: int | None = None, fused_as: str = "auto",
-                 opset: int | None = None, decisions: list | None = None,
+                 opset: int | None = None,
                  optimized_model_path: str | None = None):
         ort = _ort()
         if provider not in ("cpu", "cuda", "auto"):
@@ -104,8 +105,10 @@ class OrtSession:
 
         self.graph = graph
         self._weights = dict(checked_weights(graph, weights))   # the memory ONNX Runtime reads: kept alive
-        model = export_onnx(graph, None, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
-                            opset=opset, decisions=decisions, data_location=_BOUND_AT_LOAD)
+        exported = export_onnx_decided(graph, None, fused_as=fused_as,
+                                       provider="cuda" if _CUDA in providers else "cpu", opset=opset,
+                                       data_location=_BOUND_AT_LOAD)
+        model, self.decisions = exported.model, exported.decisions
         self._bind_weights(ort, options)
         try:
             self._session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
@@ -275,7 +278,7 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
             **kw) -> dict[str, np.ndarray]:
     """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
 
-    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``, ``decisions``).
+    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``).
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:
