@@ -13,7 +13,8 @@ holds more than the session keeps (``Backend.build_copies`` of the weights:
 an ONNX Runtime session is made from a serialized copy of the model). A
 contestant that alone would exceed the budget is not run; its row says why.
 
-Estimates are checked as the run goes: before each session after a
+Estimates are checked as the run goes (``Grouping``, which
+``compare/run.py`` feeds what it measures): before each session after a
 group's first, the process's resident memory (``resident_bytes``) is
 measured, and where its growth since compare started, with that session's
 estimate (plus the most a checked session held beyond its own: an
