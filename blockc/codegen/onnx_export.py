@@ -19,7 +19,7 @@ in later.
 from __future__ import annotations
 
 import os
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, NamedTuple
 
 import numpy as np
 import onnx
@@ -52,12 +52,31 @@ DEFAULT_OPSET = 21
 EXTERNAL_DATA_THRESHOLD = 2_000_000_000
 
 
-def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused_as: str = "auto",
-                provider: str = "cpu", opset: int | None = None, decisions: list | None = None,
-                external_data: bool | None = None,
-                external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                data_location: str | None = None, progress: Progress | None = None) -> onnx.ModelProto:
-    """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked.
+class OnnxExport(NamedTuple):
+    """An ONNX export and what it decided: one dict per fused node, with its
+    original nodes, op, requested and chosen form, and why."""
+
+    model: onnx.ModelProto
+    decisions: list[dict]
+
+
+def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, decisions: list | None = None,
+                **kw) -> onnx.ModelProto:
+    """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked: the
+    model of ``export_onnx_decided`` (``kw`` goes to it), for the callers
+    that want only the model."""
+    exported = export_onnx_decided(graph, weights, **kw)
+    if decisions is not None:   # cli.py's way until its commands are rewired to export_onnx_decided
+        decisions.extend(exported.decisions)
+    return exported.model
+
+
+def export_onnx_decided(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused_as: str = "auto",
+                        provider: str = "cpu", opset: int | None = None, external_data: bool | None = None,
+                        external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                        data_location: str | None = None, progress: Progress | None = None) -> OnnxExport:
+    """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked, and the
+    form each fused node was written in (``OnnxExport``).
 
     ``weights`` maps every parameter name to an array of exactly the
     parameter's shape and dtype; it may compute values lazily, each is read
@@ -65,9 +84,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     ``contrib``, ``onnx23`` or ``auto`` (the fastest measured on
     ``provider``, ``cpu`` or ``cuda``); see ``blockc.codegen.fused_encodings``.
     ``opset`` None picks the lowest the form needs (21, or 23 for
-    ``onnx23``). ``decisions``, when given, is a list that gets one dict per
-    fused node: its original nodes, op, requested and chosen form, and why.
-    ``external_data`` says whether the weights will be stored outside the
+    ``onnx23``). ``external_data`` says whether the weights will be stored outside the
     protobuf (None: when they total more than ``external_threshold`` bytes);
     the returned model always holds its weights in memory, but a model too big
     for one protobuf is checked without them, and ``external_data=False`` on
@@ -140,15 +157,14 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused
     checked = ticker(progress, CHECKING_ONNX, 1)
     check_model(model, weightless=weightless)
     checked(1)
-    if decisions is not None:
-        decisions.extend(fused.decisions)
-    return model
+    return OnnxExport(model, fused.decisions)
 
 
 def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike, *,
-              external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-              progress: Progress | None = None, **kw) -> None:
-    """Export and write to ``path`` atomically.
+              decisions: list | None = None, **kw) -> list[dict]:
+    """Export and write to ``path`` atomically; returns what the export
+    decided for each fused node (``OnnxExport``). ``decisions`` is cli.py's
+    way until its commands are rewired to the value returned.
 
     Weights go to ``<name>.onnx.data`` next to the model when
     ``external_data`` is True, or when it is None and they total more than
@@ -157,8 +173,9 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
     time, so a tensor of any size works. The files are written under
     temporary names in the destination folder and renamed into place together
     (``files.replace_together``), replacing a previous export's: on any error
-    nothing at the destination changes. ``kw`` goes to ``export_onnx`` (``fused_as``,
-    ``provider``, ``opset``, ``decisions``). ``progress`` (``blockc.progress``)
+    nothing at the destination changes. ``kw`` goes to ``export_onnx_decided``
+    (``fused_as``, ``provider``, ``opset``, ``external_data``,
+    ``external_threshold``, ``progress``). ``progress`` (``blockc.progress``)
     hears of each stage of the export and of each weight written.
 
     ``weights=None`` writes only the model, its parameters declared in
@@ -168,35 +185,46 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
     model (its layout is another model's); so is one beside a model whose
     weights are stored inside it.
     """
+    found = _write_onnx(graph, weights, path, **kw)
+    if decisions is not None:
+        decisions.extend(found)
+    return found
+
+
+def _write_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike, *,
+                external_data: bool | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                progress: Progress | None = None, **kw) -> list[dict]:
+    """``save_onnx``'s work."""
     path = output_target(path)   # a symlink's target, whose folder its data file goes beside
     folder, base = os.path.split(path)
     location = base + ".data"
     if weights is None:
-        model = export_onnx(graph, None, external_data=external_data, data_location=location, progress=progress,
-                            **kw)
-        write_model(model, path, external_data=False)
-        return
+        exported = export_onnx_decided(graph, None, external_data=external_data, data_location=location,
+                                       progress=progress, **kw)
+        write_model(exported.model, path, external_data=False)
+        return exported.decisions
     if external_data is None:
         external_data = _param_bytes(graph) > external_threshold
     if not external_data:
-        model = export_onnx(graph, weights, external_data=False, external_threshold=external_threshold,
-                            progress=progress, **kw)
-        write_model(model, path, external_data=False)
-        return
+        exported = export_onnx_decided(graph, weights, external_data=False, external_threshold=external_threshold,
+                                       progress=progress, **kw)
+        write_model(exported.model, path, external_data=False)
+        return exported.decisions
     # External data: the model declares the layout (as a weightless export
     # does) and the weights are written into it one at a time, straight from
     # numpy. They never pass through protobuf, so a tensor of any size works
     # (protobuf refuses a message over 2 GiB) and no second copy is made.
-    model = export_onnx(graph, None, data_location=location, progress=progress, **kw)
+    exported = export_onnx_decided(graph, None, data_location=location, progress=progress, **kw)
     if not os.path.isdir(folder):
         raise BlockcError(f"cannot write {path}: folder {folder} does not exist")
     with replace_together([path, os.path.join(folder, location)]) as (tmp_model, tmp_data):
         with open(tmp_data, "wb") as f:
             write_slots(f, plan_layout(graph), weights, progress)
         try:
-            onnx.save_model(model, tmp_model)
+            onnx.save_model(exported.model, tmp_model)
         except Exception as err:  # protobuf's and onnx's errors share no base class
             raise BlockcError(f"cannot write ONNX model {path}: {err}") from err
+    return exported.decisions
 
 
 def _param_bytes(graph: Graph) -> int:

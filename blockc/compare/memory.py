@@ -13,7 +13,8 @@ holds more than the session keeps (``Backend.build_copies`` of the weights:
 an ONNX Runtime session is made from a serialized copy of the model). A
 contestant that alone would exceed the budget is not run; its row says why.
 
-Estimates are checked as the run goes: before each session after a
+Estimates are checked as the run goes (``Grouping``, which
+``compare/run.py`` feeds what it measures): before each session after a
 group's first, the process's resident memory (``resident_bytes``) is
 measured, and where its growth since compare started, with that session's
 estimate (plus the most a checked session held beyond its own: an
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..files import format_bytes
@@ -197,6 +199,101 @@ def plan_groups(estimates: dict[str, int], budget: int | None,
         else:
             groups.append(Group([key], need))
     return groups, too_big
+
+
+class Grouping:
+    """The contestants of one shape in groups within the budget, block after
+    block; pure bookkeeping, fed the numbers the run measures.
+
+    The first block starts from the groups the estimates plan
+    (``plan_groups``; ``too_big`` holds those that alone exceed the
+    budget), later blocks from the groups the first block timed. Before each
+    session after a group's first, ``cut_here`` says whether the process's
+    growth, with what the session will hold (``holds``) and the largest
+    transient beside it (``transient``), would pass the budget; ``cut`` then
+    defers the rest of the group to the next one. Each session's checked
+    runs teach it what the estimates miss (``learned_build``,
+    ``learned_runs``, ``learned_timing``).
+
+        g = Grouping(estimates, builds, budget, holding, one_run)
+        for keys in g.block(first=True):
+            for i, key in enumerate(keys):
+                if g.cut_here(keys, i, growth):
+                    keys = g.cut(keys, i)
+                    break
+                ...                       # prepare, check: g.learned_runs(...)
+            g.close(keys)                 # the first block's groups are the later blocks'
+    """
+
+    def __init__(self, estimates: dict[str, int], builds: dict[str, int], budget: int | None, holding: int,
+                 one_run: int):
+        self.estimates, self.builds = dict(estimates), dict(builds)
+        self.budget, self.holding = budget, holding
+        self.one_run = one_run       # a run's need: its estimate, or the most a check run took beyond what stayed
+        self.one_build = 0           # the most a preparation was measured to take beyond what it kept
+        self.one_timing = 0          # the most a group's timing took beyond what its sessions held
+        self.one_over = 0            # the most a checked session held beyond its own estimate
+        self.run_need: dict[str, int] = {}   # what each session's check runs took beyond what it kept
+        self._planned, self.too_big = plan_groups(self.estimates, budget, self.builds)
+        self.timed: list[Group] = []         # the first block's groups, as timed
+        self._pending: list[Group] = []
+        self._first = True
+
+    def block(self, first: bool) -> Iterator[list[str]]:
+        """The keys of each group one block prepares, in turn; a ``cut``
+        puts the rest of a group first in line."""
+        self._first = first
+        self._pending = [Group(list(g.keys), g.estimate) for g in (self._planned if first else self.timed)]
+        while self._pending:
+            yield list(self._pending.pop(0).keys)
+
+    def holds(self, key: str) -> int:
+        """What a session will hold: its estimate, and the most a checked session held beyond its own."""
+        return self.estimates[key] + self.one_over
+
+    def transient(self, keys: list[str], i: int) -> int:
+        """The largest need beside the sessions when ``keys[i]`` joins: the
+        group's runs (each runtime's allocator may keep its run's temporaries
+        until the group closes, so their sum), a preparation's, a timing's."""
+        runs = sum(self.run_need.get(k, self.one_run) for k in keys[:i + 1])
+        return max(runs, self.one_build, self.one_timing, self.builds.get(keys[i], 0))
+
+    def planned(self, keys: list[str], i: int, growth: int | None) -> int | None:
+        """What the process may grow to with ``keys[i]`` prepared, from its growth now."""
+        return None if growth is None else growth + self.holds(keys[i]) + self.transient(keys, i)
+
+    def cut_here(self, keys: list[str], i: int, growth: int | None) -> bool:
+        """Whether what is ready (``keys[:i]``) must be timed before ``keys[i]`` is prepared."""
+        planned = self.planned(keys, i, growth)
+        return bool(i) and self.budget is not None and planned is not None and planned > self.budget + self.holding
+
+    def cut(self, keys: list[str], i: int) -> list[str]:
+        """Defer ``keys[i:]`` to the next group; returns the keys kept."""
+        self._pending.insert(0, Group(keys[i:], sum(self.estimates[k] for k in keys[i:])))
+        return keys[:i]
+
+    def close(self, keys: list[str]) -> None:
+        """A group is prepared: in the first block, it is one the later blocks start from."""
+        if self._first:
+            self.timed.append(Group(list(keys), sum(self.estimates[k] for k in keys)))
+
+    def largest(self) -> int:
+        """The largest estimate of the groups the first block timed."""
+        return max((g.estimate for g in self.timed), default=0)
+
+    def learned_build(self, beyond_kept: int) -> None:
+        self.one_build = max(self.one_build, beyond_kept)
+
+    def learned_runs(self, key: str, beyond_kept: int, growth_before: int | None, kept: int | None) -> None:
+        """``key``'s check runs took ``beyond_kept`` beyond what stayed; the
+        process grew from ``growth_before`` (before it was prepared) to ``kept``."""
+        self.run_need[key] = beyond_kept
+        self.one_run = max(self.one_run, beyond_kept)
+        if None not in (growth_before, kept):
+            self.one_over = max(self.one_over, kept - growth_before - self.estimates[key])
+
+    def learned_timing(self, beyond_held: int) -> None:
+        self.one_timing = max(self.one_timing, beyond_held)
 
 
 def over_budget_reason(need: int, left: int, budget: int) -> str:

@@ -40,15 +40,13 @@ from ..ops.limits import graph_limits
 from ..passes.forms import FORMS
 from ..progress import MEASURING, Progress
 from ..report.compare_html import SCHEMA
-from ..report.numerics import max_abs_error
 from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, check_distinct, compare_backends,
                                make_backend, split_options)
-from ..runtime.timing import Interleaved, RatioInterval, measure_interleaved, paired_speedup, ratio_interval
+from ..runtime.timing import Interleaved, measure_interleaved
 from . import memory
 from .pace import BOOKKEEPING, ORACLE, Pace, load_pace, modelled_prepare_s, modelled_run_s, pace_key, record_pace
 from .peers import PEERS, make_peer
-
-AA = " (A/A)"   # the key suffix of a standard form's second session, the A/A control
+from .results import AA, Row, latencies, max_error, ratios, speedups, verdicts
 
 
 # The sequence lengths compare measures where --seq gives none (lowered to a
@@ -103,7 +101,7 @@ class Contestant:
     """One thing timed: a form on a backend and variant, a peer, or an A/A control."""
 
     key: str                             # ``backend/variant/form``; an A/A control's ends in AA
-    row: dict                            # its results row (an A/A control's is not reported)
+    row: Row                             # its results (an A/A control's are not reported)
     backend: Backend
     variant: str
     graph: Graph
@@ -129,6 +127,38 @@ def plan_comparison(o: CompareOptions) -> Plan:
     from ..ir.verify import verify
     from ..passes.manager import optimize
 
+    options = _check_options(o)
+    sets = parse_sets(o.settings)
+    if o.dtype is not None:
+        if sets.get("dtype", o.dtype) != o.dtype:
+            raise BlockcError(f"--set dtype={sets['dtype']} contradicts --dtype {o.dtype}")
+        sets["dtype"] = o.dtype
+    model = build_model(o.model, sets)
+    traced = trace(model)
+    shapes, notes = _shapes(o, traced)
+    graphs = {"standard": traced, "decomposed": to_form(traced, "decomposed"), "fused": optimize(traced).graph}
+    for g in graphs.values():
+        verify(g)
+    # The attention fusion swallows the masked softmax; its kernel is timed from this graph.
+    kernel_graphs = [graphs["fused"], optimize(traced, disable=["fuse_attention"]).graph] if o.kernels else []
+    budget, holding = _budget(o, graphs, shapes)
+    weights = None
+    if o.weights:
+        from ..frontends.weights import check_weights, load_weights
+        weights = dict(load_weights(o.weights))
+        check_weights(model, weights)
+
+    backends = [(b, *b.availability()) for b in (make_backend(n, **options[n]) for n in o.backends)]
+    peers = [(p, *p.availability()) for p in (make_peer(n, model, graphs["fused"]) for n in o.peers)]
+    if not any(ok for _, ok, _ in backends + peers):
+        reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
+        raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")
+    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs, weights,
+                None if budget is None else budget - holding, holding, notes)
+
+
+def _check_options(o: CompareOptions) -> dict[str, dict]:
+    """Refuse what ``o`` gets wrong by itself; returns each backend's options."""
     unknown = [b for b in o.backends if b not in backend_names()]
     if unknown:
         raise BlockcError(f"unknown backend {', '.join(map(repr, unknown))}; backends: {', '.join(backend_names())}")
@@ -156,14 +186,12 @@ def plan_comparison(o: CompareOptions) -> Plan:
     check_seed(o.seed, "--seed")
     if o.peak_gbps is not None and not o.peak_gbps > 0:
         raise BlockcError(f"--peak-gbps must be positive, got {o.peak_gbps}")
+    return options
 
-    sets = parse_sets(o.settings)
-    if o.dtype is not None:
-        if sets.get("dtype", o.dtype) != o.dtype:
-            raise BlockcError(f"--set dtype={sets['dtype']} contradicts --dtype {o.dtype}")
-        sets["dtype"] = o.dtype
-    model = build_model(o.model, sets)
-    traced = trace(model)
+
+def _shapes(o: CompareOptions, traced: Graph) -> tuple[list[dict[str, int]], list[str]]:
+    """Every shape asked for, checked against the model's limits (defaults
+    lowered to fit them); and notes of what was lowered."""
     symbols = traced.symbols()
     limits = graph_limits(traced)
     shapes, notes = [], []
@@ -185,33 +213,21 @@ def plan_comparison(o: CompareOptions) -> Plan:
                                   f"give them with --dim NAME=INT")
             if shape not in shapes:
                 shapes.append(shape)
-    graphs = {"standard": traced, "decomposed": to_form(traced, "decomposed"), "fused": optimize(traced).graph}
-    for g in graphs.values():
-        verify(g)
-    # The attention fusion swallows the masked softmax; its kernel is timed from this graph.
-    kernel_graphs = [graphs["fused"], optimize(traced, disable=["fuse_attention"]).graph] if o.kernels else []
+    return shapes, notes
 
+
+def _budget(o: CompareOptions, graphs: dict[str, Graph], shapes: list[dict[str, int]]) -> tuple[int | None, int]:
+    """The memory budget (None: unknown) and what compare itself holds
+    (``memory.holding_bytes``); refused where that alone passes the budget."""
     budget = o.max_memory if o.max_memory is not None else memory.default_budget()
-    holding = max(memory.holding_bytes(traced, s, max(memory.run_bytes(g, s) for g in graphs.values()))
+    holding = max(memory.holding_bytes(graphs["standard"], s, max(memory.run_bytes(g, s) for g in graphs.values()))
                   for s in shapes)
     if budget is not None and holding > budget:
         raise BlockcError(f"the weights and the float64 reference that checks every run need about "
                           f"{format_bytes(holding)} by themselves, more than the budget of {format_bytes(budget)}"
                           f"{'' if o.max_memory is not None else ' (half the memory available)'}; "
                           f"use smaller shapes or a smaller model, or raise --max-memory")
-    weights = None
-    if o.weights:
-        from ..frontends.weights import check_weights, load_weights
-        weights = dict(load_weights(o.weights))
-        check_weights(model, weights)
-
-    backends = [(b, *b.availability()) for b in (make_backend(n, **options[n]) for n in o.backends)]
-    peers = [(p, *p.availability()) for p in (make_peer(n, model, graphs["fused"]) for n in o.peers)]
-    if not any(ok for _, ok, _ in backends + peers):
-        reasons = "; ".join(f"{b.name}: {why}" for b, _, why in backends + peers) or "none were asked for"
-        raise BlockcError(f"nothing to compare: no backend or peer asked for can run here ({reasons})")
-    return Plan(o, model, graphs, shapes, backends, peers, kernel_graphs, weights,
-                None if budget is None else budget - holding, holding, notes)
+    return budget, holding
 
 
 class _Steps:
@@ -247,17 +263,17 @@ def _contestants(plan: Plan, shape: dict[str, int]) -> list[Contestant]:
             for form in FORMS:
                 if b.supports(form):
                     g = plan.graphs[form]
-                    row = _row(b.name, variant, form, False, shape)
-                    row.update(ir_nodes=len(g.nodes), bytes_modelled=total_bytes(g, shape))
+                    row = Row(b.name, variant, form, False, dict(shape), ir_nodes=len(g.nodes),
+                              bytes_modelled=total_bytes(g, shape))
                     need, build = memory.session_bytes(b, g, shape), memory.build_bytes(b, g, shape)
-                    out.append(Contestant(row_key(row), row, b, variant, g, need, build))
+                    out.append(Contestant(row.key, row, b, variant, g, need, build))
                     if form == "standard":
-                        out.append(Contestant(row_key(row) + AA, dict(row), b, variant, g, need, build))
+                        out.append(Contestant(row.key + AA, row.copy(), b, variant, g, need, build))
     for p, ok, _ in plan.peers:
         for variant in (p.variants if ok else ()):
-            row = _row(p.row_backend, variant, p.name, True, shape)
+            row = Row(p.row_backend, variant, p.name, True, dict(shape))
             g = plan.graphs["standard"]
-            out.append(Contestant(row_key(row), row, p, variant, g, memory.session_bytes(p, g, shape),
+            out.append(Contestant(row.key, row, p, variant, g, memory.session_bytes(p, g, shape),
                                   memory.build_bytes(p, g, shape)))
     return out
 
@@ -268,7 +284,7 @@ def _kernel_contestants(plan: Plan) -> list[tuple[str, object, list[Contestant]]
     out = []
     for label, node in first_fused_nodes(plan.kernel_graphs):
         g = isolate(node, f"{node.op}_alone")
-        out.append((label, node, [Contestant(f"{b.name}/{variant}/{node.op}", _row(b.name, variant, node.op, False, {}),
+        out.append((label, node, [Contestant(f"{b.name}/{variant}/{node.op}", Row(b.name, variant, node.op, False),
                                              b, variant, g, 0, kernel=True) for b, variant in _kernel_backends(plan)]))
     return out
 
@@ -395,16 +411,42 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
     """Measure everything ``plan`` holds; returns the ``blockc.compare`` document.
     ``progress`` (``blockc.progress``) is told each step, with a detail."""
     from ..frontends import init_weights
-    from .machine import describe_machine, gpu_name, versions
     o = plan.options
     steps = _Steps(progress, planned_steps(plan))
     started = time.perf_counter()
     watch = memory.Watch()   # the peak reported is this comparison's, not what the process did before
     # materialised once: every run reads them
     weights = plan.weights if plan.weights is not None else dict(init_weights(plan.model, seed=o.seed))
+    report = _document(plan)
+    observed = []
+    for shape in plan.shapes:
+        found = _measure_shape(plan, shape, weights, steps, watch, report["machine"]["peak_gbps"])
+        for part in ("results", "ratios", "verdicts", "kernels"):
+            report[part].extend(getattr(found, part))
+        report["memory"]["groups"].extend(found.groups)
+        report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], found.largest)
+        observed += found.paces
+    for entry, (p, ok, _) in zip(report["peers"], plan.peers):
+        if ok:
+            entry["detail"] = p.detail(o.threads)   # again: how it ran may be known only once it has
+        if ok and getattr(p, "fused", None):
+            entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
+    steps.end()
+    for paces in observed:   # what the next comparison's estimate goes by (compare/pace.py)
+        record_pace(paces)
+    report["timing"]["elapsed_s"] = time.perf_counter() - started
+    record_pace(_bookkeeping_pace(plan, report["timing"]["elapsed_s"]))
+    report["memory"]["peak_growth_bytes"] = watch.peak_growth()
+    report["memory"]["peak_at"] = watch.peak_at
+    return report
 
+
+def _document(plan: Plan) -> dict:
+    """The ``blockc.compare`` document before anything is measured."""
+    from .machine import describe_machine, gpu_name, versions
+    o = plan.options
     gpu = gpu_name()[0] if any(ok and b.on_gpu for b, ok, _ in plan.backends) else None
-    report = {
+    return {
         "schema": SCHEMA, "model": o.model, "settings": parse_sets(o.settings),
         "dtype": plan.model.dtype.name,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -422,45 +464,45 @@ def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
         "peers": [_listing(p, ok, why, o.threads) for p, ok, why in plan.peers],
         "verdicts": [], "results": [], "ratios": [], "kernels": [],
     }
-    peak = report["machine"]["peak_gbps"]
-    observed = []
-    for shape in plan.shapes:
-        contestants = _contestants(plan, shape)
-        for c in contestants:
-            c.params = weights
-        feeds = oracle = None   # the last shape's go before this one's are made
-        feeds = _feeds(plan, shape)
-        began = time.perf_counter()
-        oracle = _oracle(plan.graphs["standard"], weights, feeds)
-        oracle_s = time.perf_counter() - began
-        one_run = max(memory.run_bytes(g, shape) for g in plan.graphs.values())
-        times, largest = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), watch, one_run,
-                                  report["memory"]["groups"])
-        report["memory"]["largest_group_bytes"] = max(report["memory"]["largest_group_bytes"], largest)
-        rows = [c.row for c in contestants if not c.key.endswith(AA)]
-        _latencies(contestants, times, peak)
-        _speedups(rows)
-        report["results"].extend(rows)
-        report["ratios"].extend(_ratios(rows, times, shape))
-        report["verdicts"].extend(_verdicts(contestants, times, shape))
-        observed += [measured_pace(contestants, times, shape), _oracle_pace(plan.graphs["standard"], shape, oracle_s)]
-        if o.kernels:
-            entries, paces = _measure_kernels(plan, weights, shape, peak, steps, watch)
-            report["kernels"].extend(entries)
-            observed += paces
-    for entry, (p, ok, _) in zip(report["peers"], plan.peers):
-        if ok:
-            entry["detail"] = p.detail(o.threads)   # again: how it ran may be known only once it has
-        if ok and getattr(p, "fused", None):
-            entry["fused_ops"] = dict(p.fused)   # what ONNX Runtime's optimizer fused, by its own count
-    steps.end()
-    for ratios in observed:   # what the next comparison's estimate goes by (compare/pace.py)
-        record_pace(ratios)
-    report["timing"]["elapsed_s"] = time.perf_counter() - started
-    record_pace(_bookkeeping_pace(plan, report["timing"]["elapsed_s"]))
-    report["memory"]["peak_growth_bytes"] = watch.peak_growth()
-    report["memory"]["peak_at"] = watch.peak_at
-    return report
+
+
+@dataclass
+class _AtShape:
+    """What ``_measure_shape`` found at one shape: the document's entries,
+    and the paces measured (``compare/pace.py``)."""
+
+    results: list[dict]
+    ratios: list[dict]
+    verdicts: list[dict]
+    kernels: list[dict]
+    groups: list[dict]      # the memory log: per group timed, what was planned and what it took
+    largest: int            # the largest group's estimate
+    paces: list[dict]
+
+
+def _measure_shape(plan: Plan, shape: dict[str, int], weights, steps: _Steps, watch: memory.Watch,
+                   peak) -> _AtShape:
+    """Every contestant at ``shape`` checked against the float64 oracle and
+    timed, then the fused kernels alone."""
+    contestants = _contestants(plan, shape)
+    for c in contestants:
+        c.params = weights
+    feeds = _feeds(plan, shape)
+    began = time.perf_counter()
+    oracle = _oracle(plan.graphs["standard"], weights, feeds)
+    oracle_s = time.perf_counter() - began
+    one_run = max(memory.run_bytes(g, shape) for g in plan.graphs.values())
+    times, largest, groups = _measure(contestants, feeds, oracle, plan, steps, _shape_text(shape), watch, one_run)
+    rows = [c.row for c in contestants if not c.key.endswith(AA)]
+    latencies(contestants, times, peak)
+    speedups(rows)
+    paces = [measured_pace(contestants, times, shape), _oracle_pace(plan.graphs["standard"], shape, oracle_s)]
+    kernels = []
+    if plan.options.kernels:
+        kernels, more = _measure_kernels(plan, weights, shape, peak, steps, watch)
+        paces += more
+    return _AtShape([r.to_json() for r in rows], ratios(rows, times, shape), verdicts(contestants, times, shape),
+                    kernels, groups, largest, paces)
 
 
 def _listing(b: Backend, ok: bool, why: str, threads: int) -> dict:
@@ -477,124 +519,123 @@ def _oracle(graph: Graph, weights, feeds) -> dict[str, np.ndarray]:
     return run_reference(graph, weights, feeds, float64=True)
 
 
+@dataclass
+class _Measuring:
+    """What one ``_measure`` call works with throughout."""
+
+    by_key: dict[str, Contestant]
+    feeds: dict
+    oracle: dict
+    options: CompareOptions
+    progress: _Steps
+    watch: memory.Watch
+    where: str
+    grouping: memory.Grouping
+
+
 def _measure(contestants: list[Contestant], feeds, oracle, plan: Plan, progress: _Steps,
-             where: str, watch: memory.Watch, one_run: int,
-             log: list | None = None) -> tuple[dict[str, list], int]:
+             where: str, watch: memory.Watch, one_run: int) -> tuple[dict[str, list], int, list[dict]]:
     """Time ``contestants`` in ``blocks`` blocks of fresh sessions, in groups
-    within the memory budget (``compare/memory.py``). The first block also
-    checks each session's outputs against ``oracle`` (its row's error and
-    kernel count), runs it once more (where ONNX Runtime's arena reaches
-    the size it keeps) and measures how much memory those runs took at
-    their peak. Before each session after a group's first it measures the
-    process's growth (``watch``), and cuts the group there where that, with
-    what the session will hold (its estimate, plus the most a checked
-    session was measured to hold beyond its own estimate) and a run's need
-    (``one_run``, a run's activations and outputs by ``memory.run_bytes``,
-    or the most a check was measured to take), would pass the budget. The
-    need counted is the largest of three transients: the group's runs (the
-    sum of what each session's check runs took beyond what it kept -- each
-    runtime's allocator may keep its run's temporaries until the group
-    closes -- ``one_run`` for one not yet checked); a session's preparation
-    (it holds more than it keeps: an ONNX Runtime session is made from a
-    serialized copy of the model), the larger of its estimate
-    (``memory.build_bytes``) and the most one was measured to take beyond
-    what it kept; and a group's timing, the most one was measured to take
-    beyond what its sessions held when it began (freed temporaries stay
-    with glibc until the group closes). Later blocks start from the first
-    block's groups and cut them again where they must.
+    within the memory budget that ``memory.Grouping`` plans, cuts and learns
+    from (``one_run``: a run's need by ``memory.run_bytes``). The first block
+    also checks each session against ``oracle`` (``_check``).
     Returns ``{key: [Interleaved or None per block]}`` (each tagged with
-    ``.group``, unique across blocks) and the largest group's estimate;
-    ``log`` gets, per group timed, what the cut planned the process would
-    grow to at most and how far it grew while the group was timed."""
+    ``.group``, unique across blocks), the largest group's estimate, and per
+    group timed what its cut planned the process would grow to at most and
+    how far it grew while the group was timed."""
     o = plan.options
-    by_key = {c.key: c for c in contestants}
-    queue, too_big = memory.plan_groups({c.key: c.estimate for c in contestants}, plan.budget,
-                                        {c.key: c.build for c in contestants})
-    for key, need in too_big.items():
-        by_key[key].row.update(status="skipped", error=memory.over_budget_reason(need, plan.budget,
-                                                                                  plan.budget + plan.holding))
+    grouping = memory.Grouping({c.key: c.estimate for c in contestants}, {c.key: c.build for c in contestants},
+                               plan.budget, plan.holding, one_run)
+    m = _Measuring({c.key: c for c in contestants}, feeds, oracle, o, progress, watch, where, grouping)
+    for key, need in grouping.too_big.items():
+        m.by_key[key].row.skip(memory.over_budget_reason(need, plan.budget, plan.budget + plan.holding))
     times: dict[str, list] = {c.key: [None] * o.blocks for c in contestants}
     order = np.random.default_rng(o.seed + 1)
-    largest, groups, serial, one_build, one_timing, one_over = 0, [], 0, 0, 0, 0
-    run_need: dict[str, int] = {}   # what each session's check runs took beyond what it kept
+    log = []
     for block in range(o.blocks):
-        pending = list(queue) if block == 0 else [memory.Group(list(g.keys), g.estimate) for g in groups]
-        for key in too_big:
+        for key in grouping.too_big:
             progress.step(f"block {block + 1}/{o.blocks}: {key} skipped (memory) {where}")
-        while pending:
-            group = pending.pop(0)
-            keys = list(group.keys)
+        for keys in grouping.block(first=block == 0):
             order.shuffle(keys)    # no one always gets the first, or the last, memory
-            ready, planned = {}, None
-            for i, key in enumerate(keys):
-                c = by_key[key]
-                # Timing the group runs each session in turn, and each runtime's allocator (an ONNX Runtime
-                # arena, glibc's arena of the thread that ran it) may keep its run's temporaries until the
-                # group closes: what the group's runs take is counted as the sum of their measured needs.
-                timing = sum(run_need.get(k, one_run) for k in keys[:i + 1])
-                transient = max(timing, one_build, one_timing, c.build)
-                # what the session will hold: its estimate, and the most a checked session held beyond its own
-                holds = c.estimate + one_over
-                if i and _would_pass_budget(plan, watch, holds + transient):
-                    # what is ready already holds more than estimated: time it, the rest form the next group
-                    pending.insert(0, memory.Group(keys[i:], sum(by_key[k].estimate for k in keys[i:])))
-                    keys = keys[:i]
-                    break
-                growth = watch.growth()
-                planned = None if growth is None else growth + holds + transient
-                progress.step(f"block {block + 1}/{o.blocks}: preparing {key} {where}")
-                if c.row["status"] != "ok":
-                    continue
-                compiled = None
-                try:
-                    watch.stretch(f"preparing {key} {where}")
-                    began = time.perf_counter()
-                    compiled = c.prepare(o.threads)
-                    c.prepared_s.append(time.perf_counter() - began)
-                    if block == 0:
-                        one_build = max(one_build, _beyond_kept(watch, f"checking {key} {where}"))
-                        c.row["kernels"] = compiled.kernels
-                        c.row["max_abs_error"] = _max_error(compiled.run(feeds), oracle)
-                        # and again: ONNX Runtime allocates on its second run the memory pattern its first
-                        # recorded, beside the first run's blocks, so only then does its arena reach the
-                        # size it keeps while the group is timed (and the next session's cut sees it)
-                        compiled.run(feeds)
-                        # what the runs took beyond what stays (an arena made by the runs stays)
-                        run_need[key] = _beyond_kept(watch, f"holding {key} {where}")
-                        one_run = max(one_run, run_need[key])
-                        kept = watch.growth()
-                        if None not in (growth, kept):
-                            one_over = max(one_over, kept - growth - c.estimate)
-                    ready[key] = compiled
-                except (BlockcError, MemoryError) as e:
-                    c.row.update(status="error", error=(f"block {block + 1}: " if block else "")
-                                 + (str(e) or "out of memory"))
-                    if compiled is not None:
-                        compiled.close()
-                    continue
-            if block == 0:
-                groups.append(memory.Group(keys, sum(by_key[k].estimate for k in keys)))
-                largest = max(largest, groups[-1].estimate)
-            watch.stretch(f"timing {', '.join(ready)} {where}")
-            held = watch.growth()
-            for key, t in _time_group(ready, by_key, feeds, o, progress,
-                                      f"block {block + 1}/{o.blocks} {where}").items():
-                t.group = serial
-                times[key][block] = t
-            serial += 1
-            # what timing took beyond what the ready sessions held: runs after the first grow
-            # ONNX Runtime's arenas, and freed temporaries stay with glibc until the group closes
-            peak = watch.stretch(f"releasing {where}")
-            if None not in (peak, held, watch.start):
-                one_timing = max(one_timing, peak - watch.start - held)
-            if log is not None:
-                # growth, as peak_growth counts it: at least 0 (the process may shrink below where it began)
-                log.append({"at": f"block {block + 1} {where}", "sessions": list(ready),
-                            "planned_bytes": None if planned is None else max(0, planned),
-                            "peak_bytes": None if None in (peak, watch.start) else max(0, peak - watch.start)})
-            ready = None
-            memory.release_freed()
-    return times, largest
+            log.append(_run_group(m, keys, block, len(log), times))
+            memory.release_freed()   # what the group's closed sessions left
+    return times, grouping.largest(), log
+
+
+def _run_group(m: _Measuring, keys: list[str], block: int, serial: int, times: dict) -> dict:
+    """Prepare one group's sessions (cut where the budget says), time them
+    (``serial`` tags their timings) and close them; returns its log entry."""
+    keys, ready, planned = _prepare_group(m, keys, block)
+    m.grouping.close(keys)
+    watch = m.watch
+    watch.stretch(f"timing {', '.join(ready)} {m.where}")
+    held = watch.growth()
+    for key, t in _time_group(ready, m.by_key, m.feeds, m.options, m.progress,
+                              f"block {block + 1}/{m.options.blocks} {m.where}").items():
+        t.group = serial
+        times[key][block] = t
+    # what timing took beyond what the ready sessions held: runs after the first grow
+    # ONNX Runtime's arenas, and freed temporaries stay with glibc until the group closes
+    peak = watch.stretch(f"releasing {m.where}")
+    if None not in (peak, held, watch.start):
+        m.grouping.learned_timing(peak - watch.start - held)
+    # growth, as peak_growth counts it: at least 0 (the process may shrink below where it began)
+    return {"at": f"block {block + 1} {m.where}", "sessions": list(ready),
+            "planned_bytes": None if planned is None else max(0, planned),
+            "peak_bytes": None if None in (peak, watch.start) else max(0, peak - watch.start)}
+
+
+def _prepare_group(m: _Measuring, keys: list[str], block: int) -> tuple[list[str], dict[str, Compiled], int | None]:
+    """Prepare ``keys`` in turn until the budget says to cut (the rest go to
+    the next group); returns the keys kept, the sessions ready, and what the
+    last one's cut planned the process would grow to."""
+    ready, planned = {}, None
+    for i, key in enumerate(keys):
+        growth = m.watch.growth()
+        if m.grouping.cut_here(keys, i, growth):
+            # what is ready already holds more than estimated: time it, the rest form the next group
+            keys = m.grouping.cut(keys, i)
+            break
+        planned = m.grouping.planned(keys, i, growth)
+        m.progress.step(f"block {block + 1}/{m.options.blocks}: preparing {key} {m.where}")
+        compiled = _prepare(m, m.by_key[key], block, growth) if m.by_key[key].row.ok else None
+        if compiled is not None:
+            ready[key] = compiled
+    return keys, ready, planned
+
+
+def _prepare(m: _Measuring, c: Contestant, block: int, growth: int | None) -> Compiled | None:
+    """A fresh session of ``c``, checked in the first block; None where it
+    failed (its row says why)."""
+    compiled = None
+    try:
+        m.watch.stretch(f"preparing {c.key} {m.where}")
+        began = time.perf_counter()
+        compiled = c.prepare(m.options.threads)
+        c.prepared_s.append(time.perf_counter() - began)
+        if block == 0:
+            _check(m, c, compiled, growth)
+        return compiled
+    except (BlockcError, MemoryError) as e:
+        c.row.fail((f"block {block + 1}: " if block else "") + (str(e) or "out of memory"))
+        if compiled is not None:
+            compiled.close()
+        return None
+
+
+def _check(m: _Measuring, c: Contestant, compiled: Compiled, growth: int | None) -> None:
+    """Check a session's outputs against the oracle (its row's error and
+    kernel count) and run it once more, measuring what its preparation and
+    its runs took beyond what stays (``growth``: the process's before it)."""
+    m.grouping.learned_build(_beyond_kept(m.watch, f"checking {c.key} {m.where}"))
+    c.row.kernels = compiled.kernels
+    c.row.max_abs_error = max_error(compiled.run(m.feeds), m.oracle)
+    # and again: ONNX Runtime allocates on its second run the memory pattern its first
+    # recorded, beside the first run's blocks, so only then does its arena reach the
+    # size it keeps while the group is timed (and the next session's cut sees it)
+    compiled.run(m.feeds)
+    # what the runs took beyond what stays (an arena made by the runs stays)
+    m.grouping.learned_runs(c.key, _beyond_kept(m.watch, f"holding {c.key} {m.where}"), growth, m.watch.growth())
 
 
 def _beyond_kept(watch: memory.Watch, next_stretch: str) -> int:
@@ -602,13 +643,6 @@ def _beyond_kept(watch: memory.Watch, next_stretch: str) -> int:
     after it (0 where either is unknown); ``next_stretch`` begins."""
     peak, after = watch.stretch(next_stretch), watch.growth()
     return 0 if None in (peak, after, watch.start) else max(0, peak - watch.start - after)
-
-
-def _would_pass_budget(plan: Plan, watch: memory.Watch, more: int) -> bool:
-    """Whether ``more`` bytes on top of what the process holds now (its
-    growth since compare began, measured) pass the budget."""
-    growth = watch.growth()
-    return plan.budget is not None and growth is not None and growth + more > plan.budget + plan.holding
 
 
 def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptions, progress: _Steps,
@@ -626,7 +660,7 @@ def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptio
                                                                                  f"{where}")))
         except BlockcError as e:  # a runtime that ran once but fails later: every host row says so
             for k in on_host:
-                by_key[k].row.update(status="error", error=f"failed while timing: {e}")
+                by_key[k].row.fail(f"failed while timing: {e}")
         for k, r in ready.items():
             if r.times_itself:  # a device clock, or a child process: the runtime times itself
                 progress.note(f"timing {k}, {where}")
@@ -635,137 +669,15 @@ def _time_group(ready: dict[str, Compiled], by_key: dict, feeds, o: CompareOptio
                                      min_time_s=o.min_time_s).samples
                     measured[k] = Interleaved(samples, [float(np.median(samples))] * o.rounds)
                 except BlockcError as e:
-                    by_key[k].row.update(status="error", error=f"failed while timing: {e}")
-        return {k: t for k, t in measured.items() if by_key[k].row["status"] == "ok"}
+                    by_key[k].row.fail(f"failed while timing: {e}")
+        return {k: t for k, t in measured.items() if by_key[k].row.ok}
     finally:
         for r in ready.values():
             r.close()
 
 
-def _latencies(contestants: list[Contestant], times: dict, peak) -> None:
-    """Each row's latency: every timed run of every block, pooled."""
-    for c in contestants:
-        ran = [t for t in times[c.key] if t is not None]
-        if c.row["status"] != "ok" or not ran:
-            continue
-        pooled = Interleaved([x for t in ran for x in t.samples], [m for t in ran for m in t.round_medians])
-        lat = pooled.timing
-        c.row["latency_ms"] = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
-                               "repeats": lat.repeats, "round_medians": [x * 1e3 for x in pooled.round_medians]}
-        if c.row["bytes_modelled"] is not None and lat.median_s > 0:
-            c.row["bandwidth_gbps"] = c.row["bytes_modelled"] / lat.median_s / 1e9
-            if peak:
-                c.row["fraction_of_peak"] = c.row["bandwidth_gbps"] / peak
-
-
 def _shape_text(shape: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
-
-
-def _row(backend, variant, form, peer, shape) -> dict:
-    return {"backend": backend, "variant": variant, "form": form, "peer": peer, "shape": dict(shape),
-            "status": "ok", "error": "", "latency_ms": None, "speedup_vs_standard": None, "ir_nodes": None,
-            "kernels": None, "bytes_modelled": None, "bandwidth_gbps": None, "fraction_of_peak": None,
-            "max_abs_error": None}
-
-
-def _max_error(outputs, oracle) -> float:
-    missing = [k for k in oracle if k not in outputs]
-    if missing:
-        raise BlockcError(f"the run produced no output {', '.join(missing)}")
-    worst = 0.0
-    for k, ref in oracle.items():
-        got = np.asarray(outputs[k])
-        if got.shape != ref.shape:
-            raise BlockcError(f"output {k} has shape {list(got.shape)}, expected {list(ref.shape)}")
-        err = max_abs_error(got, ref)
-        if err != err:
-            return err
-        worst = max(worst, err)
-    return worst
-
-
-def row_key(row: dict) -> str:
-    return f"{row['backend']}/{row['variant']}/{row['form']}"
-
-
-def _interval(times: dict, base: str, other: str) -> tuple[RatioInterval, bool] | None:
-    """How much faster ``other`` is than ``base``: one ratio per block in
-    which both ran -- paired round by round where they were timed in the
-    same group, else the ratio of their medians -- as a geometric mean with a
-    95% interval over blocks; and whether every block's ratio was paired."""
-    ratios, paired = [], True
-    for a, b in zip(times.get(base, ()), times.get(other, ())):
-        if a is None or b is None:
-            continue
-        if a.group == b.group:
-            ratios.append(paired_speedup(a, b))
-        else:
-            ratios.append(a.timing.median_s / b.timing.median_s)
-            paired = False
-    return (ratio_interval(ratios), paired) if ratios else None
-
-
-def _speedups(rows: list[dict]) -> None:
-    """Each row against the standard form's row of the same backend and
-    variant: the ratio of the two medians the table prints beside it."""
-    medians = {row_key(r): r["latency_ms"]["median"] for r in rows if r["latency_ms"]}
-    for r in rows:
-        base = f"{r['backend']}/{r['variant']}/standard"
-        if row_key(r) in medians and base in medians and not r["peer"]:
-            r["speedup_vs_standard"] = medians[base] / medians[row_key(r)]
-
-
-def _interval_doc(iv: RatioInterval, paired: bool) -> dict:
-    return {"speedup": iv.ratio, "low": iv.low, "high": iv.high, "blocks": iv.n, "verdict": iv.verdict,
-            "paired": paired}
-
-
-def _ratios(rows: list[dict], times: dict, shape) -> list[dict]:
-    """Pair by pair at one shape: fused against standard and decomposed on each
-    backend and variant, and against every peer on the same device."""
-    pairs = []
-    for r in rows:
-        if r["peer"] or r["form"] != "fused":
-            continue
-        for other in ("standard", "decomposed"):
-            pairs.append((row_key(r), f"{r['backend']}/{r['variant']}/{other}"))
-        pairs += [(row_key(r), row_key(p)) for p in rows
-                  if p["peer"] and p["backend"] == r["backend"] and p["variant"] in ("", r["variant"])]
-        if r["backend"] == "ort-cpu":   # torch's rows run on the same CPU
-            pairs += [(row_key(r), row_key(p)) for p in rows if p["peer"] and p["backend"] == "torch"]
-    out = []
-    for a, b in pairs:
-        got = _interval(times, b, a)
-        if got is not None:
-            out.append({"shape": dict(shape), "a": a, "b": b, **_interval_doc(*got)})
-    return out
-
-
-def _verdicts(contestants: list[Contestant], times: dict, shape) -> list[dict]:
-    """Per backend and variant: what fusion bought (fused against standard),
-    the A/A control beside it, what it cost in accuracy, and whether the
-    difference is resolved."""
-    rows = {c.key: c.row for c in contestants}
-    out = []
-    for c in contestants:
-        if not c.key.endswith(AA):
-            continue
-        standard = c.key[:-len(AA)]
-        fused = standard.rsplit("/", 1)[0] + "/fused"
-        fusion, aa = _interval(times, standard, fused), _interval(times, standard, c.key)
-        if fusion is None or aa is None:
-            continue
-        f, a = fusion[0], aa[0]
-        # resolved: fusion's interval is off 1, the control's is not, and the two do not overlap (an
-        # A/A spread as wide as fusion's effect says the machine cannot tell them apart)
-        resolved = (f.verdict in ("faster", "slower") and a.verdict == "no difference resolved"
-                    and (f.low > a.high or f.high < a.low))
-        out.append({"shape": dict(shape), "backend": c.row["backend"], "variant": c.row["variant"],
-                    "fusion": _interval_doc(*fusion), "aa": _interval_doc(*aa), "resolved": resolved,
-                    "max_abs_error": {"fused": rows[fused]["max_abs_error"],
-                                      "standard": rows[standard]["max_abs_error"]}})
-    return out
 
 
 def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: memory.Watch
@@ -784,18 +696,20 @@ def _measure_kernels(plan: Plan, weights, shape, peak, progress: _Steps, watch: 
         nbytes, flops = kernel_cost(g.nodes[0], shape)
         for c in contestants:
             c.params = params
-            c.row.update(shape=dict(shape), bytes_modelled=nbytes)
+            c.row.shape, c.row.bytes_modelled = dict(shape), nbytes
             c.estimate, c.build = memory.session_bytes(c.backend, g, shape), memory.build_bytes(c.backend, g, shape)
-        times, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
-                            f"kernel {_shape_text(shape)}", watch, memory.run_bytes(g, shape))
-        _latencies(contestants, times, peak)
+        times, _, _ = _measure(contestants, feeds, _oracle(g, params, feeds), plan, progress,
+                               f"kernel {_shape_text(shape)}", watch, memory.run_bytes(g, shape))
+        latencies(contestants, times, peak)
         paces.append(measured_pace(contestants, times, shape))
-        for c in contestants:
-            row = c.row
-            entries.append({"backend": row["backend"], "variant": row["variant"], "op": node.op, "shape": dict(shape),
-                            "node": label, "status": row["status"], "error": row["error"],
-                            "median_ms": row["latency_ms"]["median"] if row["latency_ms"] else None,
-                            "bytes_modelled": nbytes, "flops_modelled": flops,
-                            "bandwidth_gbps": row["bandwidth_gbps"], "fraction_of_peak": row["fraction_of_peak"],
-                            "max_abs_error": row["max_abs_error"]})
+        entries += [_kernel_entry(c.row, node.op, label, flops) for c in contestants]
     return entries, paces
+
+
+def _kernel_entry(row: Row, op: str, label: str, flops: float) -> dict:
+    """A fused kernel's entry in the document's ``kernels``."""
+    return {"backend": row.backend, "variant": row.variant, "op": op, "shape": dict(row.shape), "node": label,
+            "status": row.status, "error": row.error,
+            "median_ms": row.latency_ms["median"] if row.latency_ms else None,
+            "bytes_modelled": row.bytes_modelled, "flops_modelled": flops, "bandwidth_gbps": row.bandwidth_gbps,
+            "fraction_of_peak": row.fraction_of_peak, "max_abs_error": row.max_abs_error}

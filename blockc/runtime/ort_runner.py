@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..codegen.onnx_export import checked_weights, export_onnx
+from ..codegen.onnx_export import checked_weights, export_onnx_decided
 from ..errors import BlockcError
 from ..files import cache_key, cached_value
 from ..ir.dtypes import DType
@@ -70,22 +70,24 @@ def session_options(optimization: str = "basic", threads: int | None = None,
 
 
 def weightless_export(graph: Graph, *, fused_as: str, provider: str, opset: int | None,
-                      decisions: list | None = None) -> bytes:
+                      decide: bool = False) -> tuple[bytes, list[dict] | None]:
     """``graph`` exported to ONNX for ONNX Runtime, every parameter declared as
     external data it never opens (bound at load), serialized: from the
     compile cache (``files.cached_value``, under ``$BLOCKC_CACHE/onnx``) when
     this graph was exported with these options by this code and this onnx
     before. The key never holds a weight: they are bound when a session
-    loads. ``decisions`` (the fused-op encodings chosen, and why) are only
-    heard from a fresh export: asking for them skips the cache."""
-    def make() -> bytes:
-        return export_onnx(graph, None, fused_as=fused_as, provider=provider, opset=opset, decisions=decisions,
-                           data_location=_BOUND_AT_LOAD).SerializeToString()
-    if decisions is not None:
+    loads. With ``decide``, the fused-op encodings chosen, and why, come
+    back too; only a fresh export hears them, so asking skips the cache
+    (None where not asked)."""
+    def make() -> tuple[bytes, list[dict]]:
+        exported = export_onnx_decided(graph, None, fused_as=fused_as, provider=provider, opset=opset,
+                                       data_location=_BOUND_AT_LOAD)
+        return exported.model.SerializeToString(), exported.decisions
+    if decide:
         return make()
     import onnx
     key = cache_key(print_graph(graph), json.dumps([fused_as, provider, opset]), code_version(), onnx.__version__)
-    return cached_value("onnx", key, "model.onnx", make, _parsed)
+    return cached_value("onnx", key, "model.onnx", lambda: make()[0], _parsed), None
 
 
 def _parsed(data: bytes) -> bytes:
@@ -103,9 +105,11 @@ class OrtSession:
     provider cannot be used) or ``"auto"`` (CUDA when it works, else CPU).
     ``optimization``: ONNX Runtime's graph optimization level, one of
     ``disabled``, ``basic``, ``extended``, ``all``. ``threads``: intra-op
-    threads (None: ONNX Runtime's default). ``fused_as``, ``opset`` and
-    ``decisions`` go to ``export_onnx``, with the execution provider the
-    session will use as the provider the fused-op encodings are chosen for.
+    threads (None: ONNX Runtime's default). ``fused_as`` and ``opset`` go to
+    ``export_onnx_decided``, with the execution provider the session will use
+    as the provider the fused-op encodings are chosen for; with ``decide``,
+    ``decisions`` is what it decided for each fused node (None without: the
+    export may come from the compile cache, which keeps no decisions).
     ``optimized_model_path``: where ONNX Runtime saves the graph it actually
     runs, after its own optimizations (what ``blockc compare`` counts as
     kernels), its weights beside it in ``<name>.data``.
@@ -121,7 +125,7 @@ class OrtSession:
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
                  optimization: str = "basic", threads: int | None = None, fused_as: str = "auto",
-                 opset: int | None = None, decisions: list | None = None,
+                 opset: int | None = None, decide: bool = False,
                  optimized_model_path: str | None = None):
         ort = _ort()
         if provider not in ("cpu", "cuda", "auto"):
@@ -135,8 +139,8 @@ class OrtSession:
 
         self.graph = graph
         self._weights = dict(checked_weights(graph, weights))   # the memory ONNX Runtime reads: kept alive
-        model = weightless_export(graph, fused_as=fused_as, provider="cuda" if _CUDA in providers else "cpu",
-                                  opset=opset, decisions=decisions)
+        model, self.decisions = weightless_export(graph, fused_as=fused_as, opset=opset, decide=decide,
+                                                  provider="cuda" if _CUDA in providers else "cpu")
         self._bind_weights(ort, options)
         try:
             self._session = ort.InferenceSession(model, options, providers=providers)
@@ -306,7 +310,7 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
             **kw) -> dict[str, np.ndarray]:
     """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
 
-    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``, ``decisions``).
+    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``).
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:

@@ -437,11 +437,10 @@ def test_auto_follows_the_table_and_falls_back_for_an_unmeasured_provider(monkey
 def test_ort_session_passes_the_form_through():
     g = rmsnorm_and_relu()
     weights = {n: np.ones(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()}
-    decisions: list = []
-    with OrtSession(g, weights, fused_as="contrib", decisions=decisions) as s:
+    with OrtSession(g, weights, fused_as="contrib", decide=True) as s:
         feeds = small_feeds(g, {"batch": 2, "seq": 3})
         assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession contrib")
-    assert [d["form"] for d in decisions] == ["contrib", "function", "contrib"]
+    assert [d["form"] for d in s.decisions] == ["contrib", "function", "contrib"]
     with OrtSession(g, weights, fused_as="function") as s:
         assert_close(s.run(feeds), run_reference(g, weights, feeds), "OrtSession function")
 

@@ -18,7 +18,7 @@ import pytest
 
 from blockc.codegen import fused_encodings
 from blockc.codegen.fused_encodings import TABLE_PATH
-from blockc.codegen.onnx_export import export_onnx
+from blockc.codegen.onnx_export import export_onnx_decided
 from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
@@ -125,8 +125,7 @@ def expected_form(form: str, name: str, heads: int, kv_heads: int, square: bool)
 @pytest.mark.parametrize("form", ["function", "onnx23", "contrib"])
 def test_grouped_attention_in_every_form(form, heads, kv_heads, keys):
     g = grouped_graph(heads, kv_heads, keys)
-    decisions: list = []
-    model = export_onnx(g, {}, fused_as=form, decisions=decisions)
+    model, decisions = export_onnx_decided(g, {}, fused_as=form)
     onnx.checker.check_model(model, full_check=True)
     square = keys == "seq"
     want_forms = [expected_form(form, name, heads, kv_heads, square) for name in MASKS]
@@ -170,8 +169,7 @@ def test_auto_writes_the_next_fastest_form_where_the_fastest_declines(monkeypatc
         "attention/grouped": {"form": "contrib", "then": ["onnx23"], "why": "pretend"}}}}}
     monkeypatch.setattr(fused_encodings, "load_table", lambda path=TABLE_PATH: table)
     g = grouped_graph(4, 2, "seq")
-    decisions: list = []
-    model = export_onnx(g, {}, decisions=decisions)
+    model, decisions = export_onnx_decided(g, {})
     assert model.opset_import[0].version == 23   # onnx23 may be written: its opset
     by_mask = {name: d for name, d in zip(MASKS, decisions)}
     assert by_mask["causal"]["form"] == "contrib"

@@ -763,3 +763,22 @@ def test_save_into_missing_folder_is_an_error(tmp_path):
     g, weights = _saved_case()
     with pytest.raises(BlockcError, match="does not exist"):
         save_onnx(g, weights, tmp_path / "nope" / "m.onnx")
+
+
+@pytest.mark.parametrize("how", [{}, {"external_data": True}, {"weights": None}])
+def test_what_the_export_decided_is_returned(tmp_path, how):
+    """The form each fused node was written in comes back as a value, from
+    the export and from every way of saving one; and from an ONNX Runtime
+    session, which exports for the provider it runs on."""
+    from blockc.codegen.onnx_export import export_onnx_decided
+    from blockc.runtime.ort_runner import OrtSession
+    g = fused_block("add_layernorm")
+    weights = make_weights(g, np.random.default_rng(0))
+    model, decisions = export_onnx_decided(g, weights, fused_as="function")
+    assert [d["op"] for d in decisions] == ["add_layernorm"] * 2 and {d["form"] for d in decisions} == {"function"}
+    assert op_types(model) == op_types(export_onnx(g, weights, fused_as="function"))
+    saved = save_onnx(g, how.get("weights", weights), tmp_path / "m.onnx", fused_as="function",
+                      **{k: v for k, v in how.items() if k != "weights"})
+    assert saved == decisions
+    with OrtSession(g, weights, fused_as="function", decide=True) as session:
+        assert session.decisions == decisions

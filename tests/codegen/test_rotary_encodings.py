@@ -12,7 +12,7 @@ import pytest
 
 import blockc
 from blockc.codegen.fused_encodings import FUNCTION_DOMAIN
-from blockc.codegen.onnx_export import export_onnx
+from blockc.codegen.onnx_export import export_onnx_decided
 from blockc.passes.manager import optimize
 from blockc.runtime.backend import make_backend
 
@@ -65,8 +65,7 @@ def test_the_reference_runs_the_fused_graph(case):
 @pytest.mark.parametrize("form", ["function", "contrib", "onnx23"])
 def test_onnx_runtime_runs_each_encoding(case, form):
     _, fused, weights, feeds, want = case
-    decisions: list = []
-    model = export_onnx(fused, weights, fused_as=form, decisions=decisions)
+    model, decisions = export_onnx_decided(fused, weights, fused_as=form)
     onnx.checker.check_model(model, full_check=True)
     rotary = [d for d in decisions if d["op"] == "rotary"]
     assert [d["form"] for d in rotary] == [form, form], rotary
@@ -84,8 +83,7 @@ def test_onnx_runtime_runs_each_encoding(case, form):
 
 def test_auto_says_why_it_picked_an_encoding(case):
     _, fused, weights, _, _ = case
-    decisions: list = []
-    export_onnx(fused, weights, fused_as="auto", decisions=decisions)
+    decisions = export_onnx_decided(fused, weights, fused_as="auto").decisions
     for d in decisions:
         if d["op"] == "rotary":
             assert d["kind"] == "rotary" and d["reason"].startswith("auto: ")

@@ -524,7 +524,7 @@ def test_an_effect_within_the_controls_spread_is_not_resolved():
     effect, so the verdict does not call it."""
     import numpy as np
 
-    from blockc.compare.run import _verdicts
+    from blockc.compare.results import Row, verdicts
     from blockc.compare.table import verdict_words
     from blockc.runtime.timing import Interleaved
 
@@ -533,9 +533,9 @@ def test_an_effect_within_the_controls_spread_is_not_resolved():
     rng = np.random.default_rng(0)
     times = {"x//standard": blocks([1.0] * 8), "x//fused": blocks(1.2 * np.exp(rng.normal(0, 0.01, 8))),
              "x//standard (A/A)": blocks([0.7, 1.45, 0.75, 1.4, 1.0, 0.8, 1.35, 1.1])}
-    contestants = [type("C", (), {"key": k, "row": {"backend": "x", "variant": "", "max_abs_error": 0.0}})()
+    contestants = [type("C", (), {"key": k, "row": Row("x", "", k.split("/")[2], False, max_abs_error=0.0)})()
                    for k in times]
-    (v,) = _verdicts(contestants, times, {"batch": 1})
+    (v,) = verdicts(contestants, times, {"batch": 1})
     assert v["fusion"]["verdict"] == "faster" and v["aa"]["verdict"] == "no difference resolved"
     assert v["aa"]["high"] > v["fusion"]["low"] and not v["resolved"]
     assert verdict_words(v) == "not resolved: within the A/A control's spread"

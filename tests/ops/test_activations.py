@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from blockc.codegen.onnx_export import export_onnx
+from blockc.codegen.onnx_export import export_onnx_decided
 from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
@@ -88,8 +88,7 @@ def test_an_encoding_declines_an_activation_it_has_no_op_for(request, name):
     weights, feeds = data(graph, seed=1)
     want = run_reference(unfused(act), weights, feeds, float64=True)["y"]
     for encoding in ("contrib", "onnx23"):
-        decisions: list = []
-        model = export_onnx(graph, weights, fused_as=encoding, decisions=decisions)
+        model, decisions = export_onnx_decided(graph, weights, fused_as=encoding)
         [decision] = decisions
         assert decision["form"] == "function" and decision["reason"].startswith(f"{encoding} declined"), decision
         assert encoding != "contrib" or f"no bias + {act.title} op" in decision["reason"]
@@ -103,8 +102,7 @@ def test_each_encoding_writes_the_activation_it_names():
     for act in ACTIVATIONS.values():
         graph = fused(act)
         weights, _ = data(graph)
-        decisions: list = []
-        model = export_onnx(graph, weights, fused_as="contrib", decisions=decisions)
+        model, decisions = export_onnx_decided(graph, weights, fused_as="contrib")
         written = [n.op_type for n in model.graph.node if n.domain == "com.microsoft"]
         assert written == ([act.contrib] if act.contrib else []), act.name
         assert decisions[0]["form"] == ("contrib" if act.contrib else "function")

@@ -133,6 +133,6 @@ def test_the_cache_is_listed_and_cleared_with_the_cuda_builds(cache):
 
 def test_asking_for_the_encoding_decisions_exports_afresh():
     model, traced = tiny_graph()
-    decisions: list = []
-    ort_runner.OrtSession(to_form(traced, "fused"), init_weights(model, seed=0), decisions=decisions).close()
-    assert decisions and ("onnx", "hit") not in counts() and ("onnx", "miss") not in counts()
+    session = ort_runner.OrtSession(to_form(traced, "fused"), init_weights(model, seed=0), decide=True)
+    session.close()
+    assert session.decisions and ("onnx", "hit") not in counts() and ("onnx", "miss") not in counts()
