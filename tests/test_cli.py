@@ -624,6 +624,8 @@ def test_check_and_run_check_catch_a_fused_op_that_zeroes_fully_masked_rows(tmp_
     code, error, _ = run_check()
     assert code == 0 and error < 1e-5
     monkeypatch.setattr(fused_onnx, "clamp_bias", lambda e, bias, big: bias)
+    # the patched encoding is new code that the compile cache's key (blockc's source digest) cannot see
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache-after-the-patch"))
     code, out, _ = run(capsys, "check", *args)
     assert code == 1 and re.search(r"fuse_attention .* FAIL", out)
     code, error, err = run_check()   # once exit status 0 all the same
