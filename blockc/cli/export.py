@@ -39,7 +39,7 @@ def run(args) -> int:
         raise BlockcError("--no-weights and --weights contradict each other")
     # --print-after writes the IR to the terminal as the passes run: no bar under it
     with ProgressBar(show=not (args.print_after or args.print_after_all)) as progress:
-        if args.tp:
+        if args.tp is not None:
             from .tensor_parallel import export_ranks
             export_ranks(args, progress)
             return 0

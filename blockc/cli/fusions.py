@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import json
     from ..passes.forms import to_form
-    if args.tp:
+    if args.tp is not None:
         from .tensor_parallel import fusion_ranks
         report = fusion_ranks(args, lambda graph, weights: _report(args, graph, weights))
     else:

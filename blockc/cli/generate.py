@@ -65,7 +65,7 @@ def run(args) -> int:
     model = load_model(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
     cache_length(model, prompts, args.max_new, args.cache, args.cache_len)
-    if args.tp:
+    if args.tp is not None:
         return _generate_on_ranks(args, prompts)
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))

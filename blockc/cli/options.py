@@ -150,12 +150,9 @@ def tp_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_tp(args) -> None:
-    """--tp and --pad-vocab as given, before any work (``shard`` refuses the
-    rest: what does not divide, more ranks than heads)."""
-    tp = getattr(args, "tp", None)
-    if tp is not None and tp < 1:
-        raise BlockcError(f"--tp {tp}: the number of tensor-parallel ranks must be at least 1")
-    if getattr(args, "pad_vocab", False) and tp is None:
+    """--pad-vocab without --tp, refused before any work (``shard`` refuses
+    the rest: a --tp under 1, what does not divide, more ranks than heads)."""
+    if getattr(args, "pad_vocab", False) and getattr(args, "tp", None) is None:
         raise BlockcError("--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N with it")
 
 

@@ -43,7 +43,7 @@ def run(args) -> int:
     from ..report.numerics import max_abs_error, run_check_failure
     from ..runtime.backend import make_backend
     from ..runtime.reference import run_reference
-    if args.tp:
+    if args.tp is not None:
         from .tensor_parallel import run_ranks
         return run_ranks(args)
     backend = make_backend(args.backend, **args.backend_options)   # an option it does not take: refused first

@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    if args.tp:
+    if args.tp is not None:
         from .tensor_parallel import show_ranks
         return show_ranks(args)
     _, graph = make_graph(args)

@@ -16,7 +16,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    if args.tp:
+    if args.tp is not None:
         from .tensor_parallel import summary_ranks
         return summary_ranks(args)
     from ..frontends.summary import summarize
