@@ -19,6 +19,7 @@ TP_BACKENDS = ("torch-eager", "torch-compile")
 def shard_model(args, progress=None):
     """``(model, traced, sharded)``: MODEL traced and split over ``args.tp`` ranks,
     each rank's graph in --form (``shard`` works on the unfused trace)."""
+    from ..ir.verify import verify
     from ..passes.forms import to_form
     from ..passes.shard import shard
     model, traced = trace_model(args, progress)
@@ -26,6 +27,8 @@ def shard_model(args, progress=None):
     form = getattr(args, "form", "standard")
     options = optimize_options(args) if form == "fused" else {}
     graphs = [to_form(g, form, **options) for g in sharded.graphs]
+    for graph in graphs:
+        verify(graph)
     return model, traced, dataclasses.replace(sharded, graphs=graphs)
 
 
@@ -122,5 +125,7 @@ def generate_ranks(args, prompts: list[list[int]]) -> list[list[int]]:
     from ..parallel.launch import generate_tp
     if args.temperature:
         raise BlockcError("--tp generates greedily: leave out --temperature")
+    if args.stop_id is not None:
+        raise BlockcError("--tp generates --max-new tokens per prompt: leave out --stop-id")
     return generate_tp(args.model, args.tp, prompts, args.max_new, overrides=parse_sets(args.set),
                        seed=args.seed, pad_vocab=args.pad_vocab, fused=args.form == "fused")[0]

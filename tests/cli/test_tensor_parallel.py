@@ -96,6 +96,8 @@ def one_line_error(code, err, needle):
     (["show", "gpt2", "--pad-vocab"], "--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N"),
     (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--temperature", "0.7"],
      "--tp generates greedily: leave out --temperature"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--stop-id", "3"],
+     "--tp generates --max-new tokens per prompt: leave out --stop-id"),
 ])
 def test_refusals_are_one_line(argv, needle, capsys):
     code, _, err = run(capsys, *argv)
