@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import BlockcError
 from .common import int_list, load_model, make_weights, write_text
-from .options import form_arg, json_arg, model_args, weights_args
+from .options import form_arg, json_arg, model_args, tp_args, weights_args
 
 NAME = "generate"
 HELP = "generate tokens with a KV cache"
@@ -17,6 +17,7 @@ DESCRIPTION = ("Generate up to --max-new tokens after each --prompt-ids with a d
 def add_arguments(p) -> None:
     from ..runtime.backend import backend_names
     model_args(p)
+    tp_args(p)
     form_arg(p, default="fused")
     p.add_argument("--prompt-ids", action="append", required=True, metavar="IDS",
                    help="one prompt's token ids, comma-separated, e.g. 1,2,3 (repeatable: one prompt each)")
@@ -64,6 +65,8 @@ def run(args) -> int:
     model = load_model(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
     cache_length(model, prompts, args.max_new, args.cache, args.cache_len)
+    if args.tp is not None:
+        return _generate_on_ranks(args, prompts)
     make_backend(args.backend).require()
     lines = TokenLines(len(prompts))
     result = generate(model, make_weights(args, model), prompts, args.max_new, backend=args.backend, pick=pick,
@@ -74,5 +77,19 @@ def run(args) -> int:
     if args.json:
         write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, **result.as_json()},
                                          indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _generate_on_ranks(args, prompts: list[list[int]]) -> int:
+    """``--tp N``: the model split over N ranks (``cli/tensor_parallel.py``); each prompt's new ids."""
+    import json
+    from ..generate.stream import TokenLines
+    from .tensor_parallel import generate_ranks
+    tokens = generate_ranks(args, prompts)
+    TokenLines(len(prompts)).finish(tokens)
+    if args.json:
+        write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, "tp": args.tp,
+                                          "tokens": tokens}, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
