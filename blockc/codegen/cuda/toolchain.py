@@ -43,6 +43,7 @@ from typing import NamedTuple, Sequence
 
 from blockc.errors import BlockcError
 from blockc.files import cache_root, cached_file, partial_prefix
+from blockc.process import run_command
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 EMU_HEADER = EMU_DIR / "cuda_emu.h"
@@ -66,6 +67,9 @@ _TOOLKIT_CUBLAS = ("include", ("lib64", "lib", "targets/x86_64-linux/lib"))
 _WHEEL_CUBLAS = (("cu13/include", ("cu13/lib",)), ("cu12/include", ("cu12/lib",)),
                  ("cublas/include", ("cublas/lib",)))
 _CUBLASLT_SO = re.compile(r"^libcublasLt\.so\.(\d+)$")
+
+
+BUILD_TIMEOUT = 600.0   # seconds a compile may take before it is killed (g++ and nvcc alike)
 
 
 class ToolchainError(BlockcError):
@@ -239,10 +243,12 @@ def _nvcc_says(nvcc: str, *args: str) -> tuple[int, str, str] | Exception:
 @functools.lru_cache(maxsize=None)
 def _asked(nvcc: str, stamp: float, args: tuple[str, ...]) -> tuple[int, str, str] | Exception:
     try:
-        proc = subprocess.run([nvcc, *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        done = run_command([nvcc, *args], timeout=60)
+    except OSError as e:
         return e
-    return proc.returncode, proc.stdout, proc.stderr
+    if done.timed_out:
+        return TimeoutError(f"{nvcc} {' '.join(args)} took longer than 60 s")
+    return done.returncode, done.stdout, done.stderr
 
 
 def gpu_archs(nvcc: str) -> tuple[int, ...]:
@@ -405,7 +411,7 @@ def sanitizer_runtime(kind: str) -> str:
     if gxx is None:
         raise ToolchainError("g++ not found")
     lib = "libasan.so" if kind == "address" else "libtsan.so"
-    path = subprocess.run([gxx, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+    path = run_command([gxx, f"-print-file-name={lib}"], timeout=60).stdout.strip()
     if not os.path.isabs(path) or not os.path.exists(path):
         raise ToolchainError(f"g++ has no {lib}: install its sanitizer runtime (e.g. apt-get install libasan8 libtsan2)")
     return path
@@ -486,12 +492,11 @@ def _prepare_sources(sources: Sequence[str | os.PathLike], build_dir: Path) -> t
 
 
 def _run(cmd: list[str], what: str, timeout: float) -> None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise ToolchainError(f"g++ took longer than {timeout:.0f} s to {what}", cmd) from e
-    if proc.returncode != 0:
-        raise ToolchainError(f"g++ failed to {what}", cmd, proc.stderr + proc.stdout)
+    done = run_command(cmd, timeout=timeout)
+    if done.timed_out:
+        raise ToolchainError(f"g++ took longer than {timeout:.0f} s to {what}", cmd, done.stderr + done.stdout)
+    if done.returncode != 0:
+        raise ToolchainError(f"g++ failed to {what}", cmd, done.stderr + done.stdout)
 
 
 @functools.lru_cache(maxsize=None)
@@ -499,10 +504,12 @@ def compiler_version(compiler: str) -> str:
     """``compiler --version``'s output: part of every cache key, so a new
     compiler never reuses what an old one built."""
     try:
-        proc = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        done = run_command([compiler, "--version"], timeout=60)
+    except OSError as e:
         raise ToolchainError(f"cannot run {compiler} --version: {e}") from None
-    return f"{os.path.realpath(compiler)}\n{proc.stdout}"
+    if done.timed_out:
+        raise ToolchainError(f"cannot run {compiler} --version: it took longer than 60 s")
+    return f"{os.path.realpath(compiler)}\n{done.stdout}"
 
 
 def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
@@ -513,7 +520,7 @@ def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
     key.update(compiler_version(compile_cmd[0]).encode())
     key.update("\0".join(compile_cmd).encode())
     for f in sorted(EMU_DIR.iterdir()):
-        if f.suffix in (".h", ".cpp") and f.name.startswith("cuda_emu"):
+        if f.suffix in (".h", ".cpp"):
             key.update(f.name.encode() + f.read_bytes())
     folder = cache_root() / "emu" / key.hexdigest()[:24]
     objects = []
@@ -526,7 +533,7 @@ def _runtime_objects(compile_cmd: list[str], timeout: float) -> list[str]:
 
 def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.PathLike, *,
                      sanitize: str | None = None, threads: bool | None = None, racecheck: bool | None = None,
-                     opt: str = "-O2", extra_flags: Sequence[str] = (), timeout: float = 600.0) -> Path:
+                     opt: str = "-O2", extra_flags: Sequence[str] = (), timeout: float = BUILD_TIMEOUT) -> Path:
     """Build ``.cu``/``.cpp`` sources into a shared library that runs on the CPU.
 
     ``sanitize`` is None, ``"address"`` or ``"thread"``; a sanitizer build runs each CUDA
@@ -673,7 +680,7 @@ def parse_ptxas_info(log: str) -> list[KernelResources]:
 
 def compile_nvcc(source: str | os.PathLike, arch_list: Sequence[str] = DEFAULT_ARCHS, *,
                  werror: bool = True, out: str | os.PathLike | None = None,
-                 extra_flags: Sequence[str] = (), timeout: float = 600.0) -> NvccResult:
+                 extra_flags: Sequence[str] = (), timeout: float = BUILD_TIMEOUT) -> NvccResult:
     """Compile one ``.cu`` to an object for each ``sm_XX`` in ``arch_list`` with ptxas's
     verbose report; needs no GPU. ``werror`` turns every nvcc, ptxas and host-compiler
     warning into an error. ``cuda_emu.h`` is force-included, where ``BLOCKC_LAUNCH``
@@ -696,11 +703,10 @@ def compile_nvcc(source: str | os.PathLike, arch_list: Sequence[str] = DEFAULT_A
     if werror:
         cmd += ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Werror"]
     cmd += list(extra_flags)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise ToolchainError(f"nvcc took longer than {timeout:.0f} s", cmd) from e
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
+    done = run_command(cmd, timeout=timeout)
+    log = done.stdout + done.stderr
+    if done.timed_out:
+        raise ToolchainError(f"nvcc took longer than {timeout:.0f} s", cmd, log)
+    if done.returncode != 0:
         raise ToolchainError(f"nvcc failed to compile {source.name}", cmd, log)
     return NvccResult(out, parse_ptxas_info(log), log)

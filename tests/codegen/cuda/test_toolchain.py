@@ -330,3 +330,9 @@ def test_an_arch_nvcc_lists_passes(tmp_path, arch):
 def test_the_highest_arch_carries_ptx_beside_its_sass():
     assert toolchain.gencode_flags(["sm_90", "sm_80"]) == ["-gencode", "arch=compute_90,code=[sm_90,compute_90]",
                                                            "-gencode", "arch=compute_80,code=sm_80"]
+
+
+def test_every_source_in_the_emulator_folder_is_part_of_the_runtime():
+    """The emulator's folder holds the runtime and nothing else (a benchmark
+    lives in bench/): every .cpp there is compiled into each emulated build."""
+    assert set(toolchain.EMU_DIR.glob("*.cpp")) == set(toolchain.EMU_SOURCES)
