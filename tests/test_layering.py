@@ -21,7 +21,7 @@ import blockc
 # lower line; packages on one line are peers and may not import each other.
 # "blockc" is the package's facade (blockc/__init__.py): only the CLI is above it.
 LAYERS = [
-    ("errors", "version", "progress"),
+    ("errors", "version", "progress", "process"),
     ("files",),
     ("ir",),
     ("ops",),

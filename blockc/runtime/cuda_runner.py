@@ -49,6 +49,7 @@ from ..codegen.cuda import toolchain
 from ..codegen.cuda.lower import CudaModel
 from ..errors import BlockcError
 from ..files import cached_file
+from ..process import run_command
 from ..ir.dims import evaluate
 from . import timing
 from .bindings import bind_inputs
@@ -177,12 +178,9 @@ def run_child(so_path: str | os.PathLike, spec: dict, folder: str, *, what: str,
     with open(spec_path, "w") as f:
         json.dump({**spec, "so": str(so_path), "result": result_path, "timing_module": timing.__file__}, f)
     cmd = [sys.executable, "-I", str(_CHILD), spec_path]
-    try:
-        proc = subprocess.run(cmd, env=_child_env(sanitize, switches, emulated=emulated), capture_output=True, text=True,
-                              timeout=timeout, errors="replace")
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        raise _timed_out(what, so_path, timeout, err) from None
+    proc = run_command(cmd, env=_child_env(sanitize, switches, emulated=emulated), timeout=timeout)
+    if proc.timed_out:
+        raise _timed_out(what, so_path, timeout, proc.stderr)
     if proc.returncode != 0:
         raise _crashed(what, so_path, emulated, proc.returncode, proc.stderr)
     with open(result_path) as f:
@@ -299,9 +297,12 @@ def gpu_library(model: CudaModel, *, archs=cuda_build.ARCHS) -> Path:
     def make(tmp: Path) -> None:
         cuda_build.write_build(model, str(out), archs=archs, weights=False)   # each run uploads its own
         cmd = cuda_build.nvcc_command(toolkit, archs, gemm=model.gemm, out=str(tmp), origin=str(out))
-        proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise toolchain.ToolchainError("nvcc failed to build the model", cmd, proc.stderr + proc.stdout)
+        done = run_command(cmd, cwd=out, timeout=toolchain.BUILD_TIMEOUT)
+        if done.timed_out:
+            raise toolchain.ToolchainError(f"nvcc took longer than {toolchain.BUILD_TIMEOUT:.0f} s to build the model",
+                                           cmd, done.stderr + done.stdout)
+        if done.returncode != 0:
+            raise toolchain.ToolchainError("nvcc failed to build the model", cmd, done.stderr + done.stdout)
     return cached_file(out / "libblockc_model_gpu.so", make)
 
 

@@ -11,7 +11,6 @@ import statistics
 import time
 from importlib import resources
 
-import jsonschema
 import numpy as np
 import pytest
 
@@ -28,6 +27,11 @@ QUICK = dict(warmup=1, min_repeats=2, min_time_s=0.0, blocks=2)
 
 def _schema() -> dict:
     return json.loads(resources.files("blockc.compare").joinpath("schema.json").read_text())
+
+
+def _validate(doc) -> None:
+    """``doc`` against compare's JSON schema (skips without jsonschema)."""
+    pytest.importorskip("jsonschema").validate(doc, _schema())
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ class Steps(list):
 
 def test_report_follows_the_schema(report):
     doc = {k: v for k, v in report.items() if not k.startswith("_")}
-    jsonschema.validate(json.loads(json.dumps(doc)), _schema())
+    _validate(json.loads(json.dumps(doc)))
 
 
 def test_every_form_backend_level_and_shape_is_measured(report):
@@ -185,7 +189,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "ort-cpu" in text and "fused" in text and "vs standard" in text
     assert "ort-cuda: skipped" in text or "ort-cuda: onnxruntime" in text
     doc = json.loads(out.read_text())
-    jsonschema.validate(doc, _schema())
+    _validate(doc)
     assert doc["command"].startswith("blockc compare tiny")
 
 
@@ -415,7 +419,7 @@ def test_a_process_that_shrinks_below_its_start_reports_no_negative_growth(monke
     report = run_comparison(_plan(max_memory=8 << 30))
     groups = report["memory"]["groups"]
     assert groups and all(g["planned_bytes"] == 0 and g["peak_bytes"] == 0 for g in groups)
-    jsonschema.validate(json.loads(json.dumps({k: v for k, v in report.items() if not k.startswith("_")})), _schema())
+    _validate(json.loads(json.dumps({k: v for k, v in report.items() if not k.startswith("_")})))
 
 
 def test_closed_sessions_caught_in_reference_cycles_are_freed_between_groups():
@@ -652,7 +656,7 @@ def test_ort_original_is_unavailable_for_a_dsl_model(capsys):
     (peer,) = report["peers"]
     assert peer["name"] == "ort-original" and not peer["available"] and "not an ONNX file" in peer["reason"]
     assert not any(r["form"] == "ort-original" for r in report["results"])
-    jsonschema.validate(json.loads(json.dumps(report)), _schema())
+    _validate(json.loads(json.dumps(report)))
     # asked for alone, no backend: a peer is measured against blockc's backends, so that is refused first
     assert main(["compare", "tiny", "--backends", "none", "--peers", "ort-original", "--no-progress"]) == 2
     err = capsys.readouterr().err

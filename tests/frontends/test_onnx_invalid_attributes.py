@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, event, example, given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, event, example, given, settings, strategies as st  # noqa: E402
 
 from blockc.cli import main
 from blockc.errors import BlockcError

@@ -6,10 +6,11 @@ SentencePiece's ``<0xNN>`` byte-fallback tokens, whose decoder also strips
 the first space), with special tokens among them, kept or skipped; and
 nothing is emitted while a character is incomplete."""
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+pytest.importorskip("hypothesis")
 transformers = pytest.importorskip("transformers")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from blockc.generate.detokenize import IncrementalDecoder  # noqa: E402
 from blockc.generate.text import TextTokenizer  # noqa: E402

@@ -5,15 +5,17 @@ import math
 
 import numpy as np
 import pytest
-import torch
-from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor,
-                                                    TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
 
 from blockc.errors import BlockcError
 from blockc.ir.dtypes import DType
 from blockc.generate import Sampler, greedy
 from blockc.generate.processors import RepetitionPenalty, TopK, TopP
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor,  # noqa: E402
+                                                    TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
 
 LOGITS = np.array([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0],
                    [0.0, 4.0, -3.0, 1.5, 2.5, -0.5]])

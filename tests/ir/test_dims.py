@@ -1,8 +1,10 @@
 import pytest
-from hypothesis import given, strategies as st
 
 from blockc.errors import BlockcError
 from blockc.ir.dims import Sym, exact_div, parse_dim
+
+pytest.importorskip("hypothesis")
+from hypothesis import given, strategies as st  # noqa: E402
 
 seq, past, batch = Sym.var("seq"), Sym.var("past"), Sym.var("batch")
 

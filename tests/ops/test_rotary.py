@@ -3,9 +3,6 @@
 the same on every backend, and the shapes its rule refuses."""
 import numpy as np
 import pytest
-import torch
-from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_rope
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
 from blockc.errors import ShapeError
 from blockc.frontends.rotary import rope_table
@@ -37,6 +34,8 @@ def meaning(x, cos, sin, pos, interleaved):
 
 @pytest.mark.parametrize("rd", [D, 8])
 def test_rotate_half_is_hugging_faces_llama_rope(rd):
+    torch = pytest.importorskip("torch")
+    llama_rope = pytest.importorskip("transformers.models.llama.modeling_llama").apply_rotary_pos_emb
     x, cos, sin, pos = case(rd, interleaved=False)
     t = torch.tensor
     turned, _ = llama_rope(t(x[..., :rd]), t(x[..., :rd]), t(cos[pos]), t(sin[pos]), unsqueeze_dim=1)
@@ -46,6 +45,8 @@ def test_rotate_half_is_hugging_faces_llama_rope(rd):
 
 @pytest.mark.parametrize("rd", [D, 8])
 def test_interleaved_is_hugging_faces_gptj_rope(rd):
+    torch = pytest.importorskip("torch")
+    gptj_rope = pytest.importorskip("transformers.models.gptj.modeling_gptj").apply_rotary_pos_emb
     x, cos, sin, pos = case(rd, interleaved=True)
     # GPT-J: heads after the sequence, one angle per pair
     bsnh = torch.tensor(x[..., :rd].transpose(0, 2, 1, 3))

@@ -2,8 +2,7 @@
 DSL, keep their outputs (float64 reference) through the whole pipeline, and
 through the pipeline after decomposition; every result verifies."""
 import numpy as np
-from hypothesis import HealthCheck, given, note, settings
-from hypothesis import strategies as st
+import pytest
 
 from blockc import init_weights, trace, verify
 from blockc.errors import BlockcError
@@ -14,6 +13,10 @@ from blockc.ir.types import TensorType
 from blockc.passes.decompose import decompose
 from blockc.passes.manager import optimize
 from pass_testing import assert_same_numbers, random_feeds, random_weights
+
+pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, note, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 F64 = DType.float64

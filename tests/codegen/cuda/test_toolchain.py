@@ -330,3 +330,35 @@ def test_an_arch_nvcc_lists_passes(tmp_path, arch):
 def test_the_highest_arch_carries_ptx_beside_its_sass():
     assert toolchain.gencode_flags(["sm_90", "sm_80"]) == ["-gencode", "arch=compute_90,code=[sm_90,compute_90]",
                                                            "-gencode", "arch=compute_80,code=sm_80"]
+
+
+def test_every_source_in_the_emulator_folder_is_part_of_the_runtime():
+    """The emulator's folder holds the runtime and nothing else (a benchmark
+    lives in bench/): every .cpp there is compiled into each emulated build."""
+    assert set(toolchain.EMU_DIR.glob("*.cpp")) == set(toolchain.EMU_SOURCES)
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+@pytest.mark.parametrize("sanitize", [None, "address"])
+def test_kernels_compile_against_the_cached_precompiled_emulator_header(tmp_path, monkeypatch, sanitize):
+    """cuda_emu.h is most of each build: it is precompiled once per set of flags, and g++
+    (asked with -H, which marks a used precompiled header with '!') takes it for the kernels."""
+    from blockc.process import run_command
+    if sanitize:
+        try:
+            toolchain.sanitizer_runtime(sanitize)
+        except ToolchainError as e:
+            pytest.skip(str(e))
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void fill(float* x) { x[threadIdx.x] = 1.0f; }\n")
+    commands = []
+    real_run = toolchain._run
+    monkeypatch.setattr(toolchain, "_run", lambda cmd, what, timeout: (commands.append(cmd), real_run(cmd, what, timeout)))
+    toolchain.compile_emulated([src], tmp_path / "k.so", sanitize=sanitize, opt="-O0")
+    kernel, = [c for c in commands if c[-3].endswith("k.cu")]
+    header = Path(kernel[kernel.index("-include") + 1])
+    assert header.with_name("cuda_emu.h.gch").is_file() and header.is_relative_to(tmp_path / "cache")
+    said = run_command([*kernel[:-2], "-H", "-o", str(tmp_path / "again.o")], timeout=600)
+    assert said.returncode == 0, said.stderr
+    assert f"! {header}.gch" in said.stderr.splitlines()

@@ -3,9 +3,9 @@
 // ucontext's swapcontext, and one OS thread per CUDA thread with a barrier.
 // Each block has 256 threads that pass `kBarriers` __syncthreads-like barriers.
 //
-//   g++ -O2 -std=c++20 -pthread bench_context_switch.cpp -o bench && ./bench
+//   g++ -O2 -std=c++20 -pthread bench/emu_context_switch.cpp -o /tmp/emu_switch && /tmp/emu_switch
 //
-// The numbers it printed on the reference machine are in cuda_emu.h.
+// The numbers it printed on the reference machine are in blockc/codegen/cuda/emu/cuda_emu.h.
 #include <barrier>
 #include <chrono>
 #include <cstdio>
