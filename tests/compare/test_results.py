@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-import jsonschema
+import pytest
 
 from blockc.compare.results import Row
+
+jsonschema = pytest.importorskip("jsonschema")
 
 
 def test_a_row_writes_the_documents_entry():

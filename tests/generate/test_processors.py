@@ -8,13 +8,15 @@ import types
 
 import numpy as np
 import pytest
-import torch
-from test_loop import weights_of
-from transformers import GenerationConfig
-from transformers.generation.logits_process import MinPLogitsWarper, NoRepeatNGramLogitsProcessor
-from transformers.generation.utils import GenerationMixin
 
-from blockc.errors import BlockcError
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from test_loop import weights_of  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+from transformers.generation.logits_process import MinPLogitsWarper, NoRepeatNGramLogitsProcessor  # noqa: E402
+from transformers.generation.utils import GenerationMixin  # noqa: E402
+
+from blockc.errors import BlockcError  # noqa: E402
 from blockc.frontends import build_model
 from blockc.generate import generate, greedy
 from blockc.generate.generation_config import GenerationDefaults, make_sampler

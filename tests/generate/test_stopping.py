@@ -14,7 +14,7 @@ from blockc.generate.stopping import (EosIds, MaxNewTokens, MaxTime, StoppingCri
                                       user_criteria)
 
 transformers = pytest.importorskip("transformers")
-import torch  # noqa: E402
+torch = pytest.importorskip("torch")
 from test_loop import PROMPTS, weights_of  # noqa: E402
 from transformers.generation.stopping_criteria import StopStringCriteria  # noqa: E402
 
