@@ -104,7 +104,7 @@ def run(args) -> int:
     cache_length(model, prompts, args.max_new, args.cache, args.cache_len)
     make_backend(args.backend).require()
     t0 = time.perf_counter()
-    weights = make_weights(args, model)
+    weights = _weights(args, model)
     load_s = time.perf_counter() - t0
     lines = (TextLines(tokenizer, len(prompts), skip_special_tokens=args.skip_special_tokens) if tokenizer
              else TokenLines(len(prompts)))
@@ -149,6 +149,12 @@ def _decoder(args):
                           f"{args.model!r} is not an .onnx file")
     from ..frontends.onnx.decoder import OnnxDecoder
     return OnnxDecoder(args.model, pairs=cache_pairs(args.cache_pairs))
+
+
+def _weights(args, model):
+    """The weights: an ONNX decoder's are its file's (--weights replaces them, as on any ONNX model)."""
+    from ..frontends.onnx.decoder import OnnxDecoder
+    return make_weights(args, model.model if isinstance(model, OnnxDecoder) else model)
 
 
 def cache_pairs(text: str) -> list[tuple[str, str]]:

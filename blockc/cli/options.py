@@ -15,7 +15,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
     """MODEL and --set."""
     from ..frontends.catalog import DEFAULT_MODEL
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
-                   help=f"a built-in model (see `blockc models`) or path/to/file.py:name (default: {DEFAULT_MODEL})")
+                   help=f"a built-in model (see `blockc models`), path/to/file.py:name, path/to/model.onnx or a Hugging "
+                        f"Face checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model setting, e.g. --set layers=2 --set d_model=64 (repeatable)")
 

@@ -12,8 +12,7 @@ from .options import dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, 
 NAME = "run"
 HELP = "run the model on your inputs or seeded random ones"
 DESCRIPTION = ("Run MODEL on the arrays of --inputs FILE.npz, on --text tokenized by its directory, or on seeded "
-               "random inputs, print a summary of each "
-               "output, and with --save write the outputs.")
+               "random inputs, print a summary of each output, and with --save write the outputs.")
 
 
 def add_arguments(p) -> None:
