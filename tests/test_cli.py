@@ -624,8 +624,22 @@ def test_check_and_run_check_catch_a_fused_op_that_zeroes_fully_masked_rows(tmp_
     code, error, _ = run_check()
     assert code == 0 and error < 1e-5
     monkeypatch.setattr(fused_onnx, "clamp_bias", lambda e, bias, big: bias)
+    # the patched encoding is new code that the compile cache's key (blockc's source digest) cannot see
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache-after-the-patch"))
     code, out, _ = run(capsys, "check", *args)
     assert code == 1 and re.search(r"fuse_attention .* FAIL", out)
     code, error, err = run_check()   # once exit status 0 all the same
     assert code == 1 and error > 0.1 and err.startswith("blockc: check failed: ONNX Runtime (cpu, fused ops as "
                                                         "onnx23) is further from the float64 reference than")
+
+
+def test_key_value_flags_are_read_by_one_parser():
+    """--set and --dim split KEY=VALUE the same way (frontends/settings.parse_pairs):
+    a missing key is refused by both, where --dim once took '=128' as a dim named ''."""
+    from blockc.cli.common import parse_dims
+    from blockc.errors import BlockcError
+    from blockc.frontends.catalog import parse_sets
+    for parse, item in ((parse_sets, "=2"), (parse_dims, "=128")):
+        with pytest.raises(BlockcError, match="malformed"):
+            parse([item])
+    assert parse_sets([" layers = 2 "]) == {"layers": "2"} and parse_dims(["seq=-1"]) == {"seq": -1}

@@ -15,7 +15,7 @@ import sys
 from ..errors import BlockcError
 from . import cache, check, compare, cuda, export, fusions, generate, models, run, show, summary
 from .common import inside
-from .options import given_backend_options, resolve_forms
+from .options import check_tp, given_backend_options, resolve_forms
 
 # In the order `blockc --help` lists them.
 COMMANDS = (models, show, fusions, check, summary, export, cuda, run, generate, compare, cache)
@@ -96,6 +96,7 @@ def _start(parser, argv: list[str]) -> int:
         parser.print_help()
         return 0
     resolve_forms(args)
+    check_tp(args)
     if hasattr(args, "seed"):   # before any work: numpy would refuse it at the first draw, as a traceback
         from ..frontends.module import check_seed
         check_seed(args.seed, "--seed")

@@ -61,13 +61,9 @@ def make_weights(args, model):
 
 def parse_dims(items: list[str] | None) -> dict[str, int]:
     """``["seq=128"]`` -> ``{"seq": 128}``; sizes are checked by their users."""
-    dims = {}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        if not eq or not value.strip().lstrip("-").isdigit():
-            raise BlockcError(f"malformed --dim {item!r}: expected NAME=INT, e.g. --dim seq=128")
-        dims[key.strip()] = int(value)
-    return dims
+    from ..frontends.settings import parse_pairs
+    pairs = parse_pairs(items, "--dim", "NAME=INT", "seq=128", valid=lambda v: v.lstrip("-").isdigit())
+    return {key: int(value) for key, value in pairs.items()}
 
 
 def asked_dims(args, graph) -> dict[str, int]:

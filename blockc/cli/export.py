@@ -6,7 +6,7 @@ import time
 
 from ..errors import BlockcError
 from .common import make_graph, make_weights
-from .options import fused_as_arg, graph_args, provider_arg, weights_args
+from .options import fused_as_arg, graph_args, provider_arg, tp_args, weights_args
 from .progress_bar import ProgressBar
 
 NAME = "export"
@@ -17,6 +17,7 @@ DESCRIPTION = ("Export MODEL as an ONNX file (standard ops, dynamic batch/seq, w
 
 def add_arguments(p) -> None:
     graph_args(p)
+    tp_args(p)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--opset", type=int, help="ONNX opset (default: 21, or 23 for --fused-as onnx23)")
     fused_as_arg(p)
@@ -38,12 +39,15 @@ def run(args) -> int:
         raise BlockcError("--no-weights and --weights contradict each other")
     # --print-after writes the IR to the terminal as the passes run: no bar under it
     with ProgressBar(show=not (args.print_after or args.print_after_all)) as progress:
+        if args.tp is not None:
+            from .tensor_parallel import export_ranks
+            export_ranks(args, progress)
+            return 0
         model, graph = make_graph(args, progress)
         weights = None if args.no_weights else make_weights(args, model)
         t0 = time.perf_counter()
-        decisions: list = []
-        save_onnx(graph, weights, args.output, opset=args.opset, fused_as=args.fused_as, provider=args.provider,
-                  decisions=decisions, progress=progress)
+        decisions = save_onnx(graph, weights, args.output, opset=args.opset, fused_as=args.fused_as,
+                              provider=args.provider, progress=progress)
     forms = sorted({f"{d['op']}: {d['form']}" for d in decisions})
     print(f"wrote {args.output}: {len(graph.nodes)} IR nodes, {len(graph.params)} parameters, "
           f"{time.perf_counter() - t0:.2f} s" + (f"; fused ops as {', '.join(forms)}" if forms else ""))

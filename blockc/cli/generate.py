@@ -5,7 +5,7 @@ import time
 
 from ..errors import BlockcError
 from .common import hf_dir_of, int_list, load_model, make_weights, write_text
-from .options import form_arg, json_arg, model_args, weights_args
+from .options import form_arg, json_arg, model_args, tp_args, weights_args
 
 NAME = "generate"
 HELP = "generate tokens with a KV cache"
@@ -21,6 +21,7 @@ DESCRIPTION = ("Generate up to --max-new tokens after each --prompt (text, from 
 def add_arguments(p) -> None:
     from ..runtime.backend import backend_names
     model_args(p)
+    tp_args(p)
     form_arg(p, default="fused")
     _prompt_args(p)
     p.add_argument("--max-new", type=int, default=32, help="new tokens per prompt, at most (default 32)")
@@ -102,6 +103,8 @@ def run(args) -> int:
     model = _decoder(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
     cache_length(model, prompts, args.max_new, args.cache, args.cache_len)
+    if args.tp is not None:
+        return _generate_on_ranks(args, prompts)
     make_backend(args.backend).require()
     t0 = time.perf_counter()
     weights = _weights(args, model)
@@ -167,6 +170,20 @@ def cache_pairs(text: str) -> list[tuple[str, str]]:
                               f"e.g. --cache-pairs past_key_values.0.key=present.0.key")
         pairs.append((past, present))
     return pairs
+
+
+def _generate_on_ranks(args, prompts: list[list[int]]) -> int:
+    """``--tp N``: the model split over N ranks (``cli/tensor_parallel.py``); each prompt's new ids."""
+    import json
+    from ..generate.stream import TokenLines
+    from .tensor_parallel import generate_ranks
+    tokens = generate_ranks(args, prompts)
+    TokenLines(len(prompts)).finish(tokens)
+    if args.json:
+        write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, "tp": args.tp,
+                                          "tokens": tokens}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _write_json(args, prompts, result, texts) -> None:

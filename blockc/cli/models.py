@@ -20,4 +20,6 @@ def run(args) -> int:
         fields.update(b.defaults)
         print("    settings: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
     print("\nor your own: path/to/file.py:name (a blockc.Model, a Model subclass, or a function returning one)")
+    print("or a Hugging Face checkpoint directory (config.json + safetensors): gpt2, bert, roberta, llama, mistral, "
+          "qwen2, qwen3")
     return 0

@@ -15,8 +15,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
     """MODEL and --set."""
     from ..frontends.catalog import DEFAULT_MODEL
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
-                   help=f"a built-in model (see `blockc models`), path/to/file.py:name, path/to/model.onnx or a Hugging "
-                        f"Face checkpoint directory (default: {DEFAULT_MODEL})")
+                   help=f"a built-in model (see `blockc models`), path/to/file.py:name, path/to/model.onnx or a "
+                        f"Hugging Face checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model setting, e.g. --set layers=2 --set d_model=64 (repeatable)")
 
@@ -139,6 +139,21 @@ def resolve_forms(args) -> None:
         args.fused_as = args.fused_as_default
     if hasattr(args, "provider") and args.provider is None:
         args.provider = args.provider_default
+
+
+def tp_args(p: argparse.ArgumentParser) -> None:
+    """--tp and --pad-vocab: the model split over tensor-parallel ranks (``passes/shard.py``)."""
+    p.add_argument("--tp", type=int, metavar="N",
+                   help="split the model over N tensor-parallel ranks (Megatron's split)")
+    p.add_argument("--pad-vocab", action="store_true",
+                   help="with --tp: pad a vocabulary that does not divide by N with zero rows")
+
+
+def check_tp(args) -> None:
+    """--pad-vocab without --tp, refused before any work (``shard`` refuses
+    the rest: a --tp under 1, what does not divide, more ranks than heads)."""
+    if getattr(args, "pad_vocab", False) and getattr(args, "tp", None) is None:
+        raise BlockcError("--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N with it")
 
 
 def optimize_args(p: argparse.ArgumentParser) -> None:

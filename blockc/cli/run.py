@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from .common import make_feeds, make_graph, make_weights
-from .options import dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, weights_args
+from .options import dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, tp_args, weights_args
 
 NAME = "run"
 HELP = "run the model on your inputs or seeded random ones"
@@ -18,6 +18,7 @@ DESCRIPTION = ("Run MODEL on the arrays of --inputs FILE.npz, on --text tokenize
 def add_arguments(p) -> None:
     from ..runtime.backend import backend_names
     graph_args(p)
+    tp_args(p)
     p.add_argument("--backend", choices=backend_names(), default="ort",
                    help="reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
                         "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
@@ -45,6 +46,9 @@ def run(args) -> int:
     from ..report.numerics import max_abs_error, run_check_failure
     from ..runtime.backend import make_backend
     from ..runtime.reference import run_reference
+    if args.tp is not None:
+        from .tensor_parallel import run_ranks
+        return run_ranks(args)
     backend = make_backend(args.backend, **args.backend_options)   # an option it does not take: refused first
     model, graph = make_graph(args)
     weights = make_weights(args, model)

@@ -60,15 +60,11 @@ class OnnxExport(NamedTuple):
     decisions: list[dict]
 
 
-def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, decisions: list | None = None,
-                **kw) -> onnx.ModelProto:
+def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, **kw) -> onnx.ModelProto:
     """``graph`` with ``weights`` as an ONNX ``ModelProto``, checked: the
     model of ``export_onnx_decided`` (``kw`` goes to it), for the callers
     that want only the model."""
-    exported = export_onnx_decided(graph, weights, **kw)
-    if decisions is not None:   # cli.py's way until its commands are rewired to export_onnx_decided
-        decisions.extend(exported.decisions)
-    return exported.model
+    return export_onnx_decided(graph, weights, **kw).model
 
 
 def export_onnx_decided(graph: Graph, weights: Mapping[str, np.ndarray] | None, *, fused_as: str = "auto",
@@ -160,11 +156,10 @@ def export_onnx_decided(graph: Graph, weights: Mapping[str, np.ndarray] | None, 
     return OnnxExport(model, fused.decisions)
 
 
-def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike, *,
-              decisions: list | None = None, **kw) -> list[dict]:
+def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike,
+              **kw) -> list[dict]:
     """Export and write to ``path`` atomically; returns what the export
-    decided for each fused node (``OnnxExport``). ``decisions`` is cli.py's
-    way until its commands are rewired to the value returned.
+    decided for each fused node (``OnnxExport``).
 
     Weights go to ``<name>.onnx.data`` next to the model when
     ``external_data`` is True, or when it is None and they total more than
@@ -185,10 +180,7 @@ def save_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str 
     model (its layout is another model's); so is one beside a model whose
     weights are stored inside it.
     """
-    found = _write_onnx(graph, weights, path, **kw)
-    if decisions is not None:
-        decisions.extend(found)
-    return found
+    return _write_onnx(graph, weights, path, **kw)
 
 
 def _write_onnx(graph: Graph, weights: Mapping[str, np.ndarray] | None, path: str | os.PathLike, *,

@@ -6,4 +6,15 @@ eager, torch.compile), with one timing protocol and the float64 reference as
 the judge of every number. See ``run.py``; the JSON is documented in
 docs/compare-report.md.
 """
-from .run import CompareOptions, plan_comparison, planned_steps, run_comparison  # noqa: F401
+
+# Imported on first use (PEP 562), not with the package: ``run`` draws its
+# charts with matplotlib, and the CLI reads ``compare.peers`` to build its
+# parser on every command, where matplotlib would cost seconds.
+_LAZY = ("CompareOptions", "plan_comparison", "planned_steps", "run_comparison")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import run
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

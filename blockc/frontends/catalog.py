@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..errors import BlockcError, ModelError
 from .models import BlockConfig, BlockModel, DecoderConfig, DecoderLM, Encoder, EncoderConfig
 from .module import Model
-from .settings import convert_setting
+from .settings import convert_setting, parse_pairs
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,7 @@ def config_fields(cls) -> dict[str, Any]:
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
     """``["layers=2", "d_model=64"]`` -> ``{"layers": "2", "d_model": "64"}``."""
-    out = {}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise BlockcError(f"malformed --set {item!r}: expected KEY=VALUE, e.g. --set layers=2")
-        out[key.strip()] = value.strip()
-    return out
+    return parse_pairs(items, "--set", "KEY=VALUE", "layers=2")
 
 
 def build_model(spec: str, overrides: dict[str, str] | None = None) -> Model:

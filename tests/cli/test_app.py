@@ -50,3 +50,15 @@ def test_a_command_checks_its_outputs_before_any_work(tmp_path, capsys):
     assert main(["hello", "tiny"], commands=COMMANDS + (hello,)) == 2
     assert capsys.readouterr().err == "blockc: error: nowhere/x: No such file or directory\n"
     assert not seen   # never run
+
+
+def test_building_the_parser_imports_no_matplotlib():
+    """Every command builds the whole parser: blockc.compare (whose charts
+    need matplotlib, seconds to import) is imported only when compare runs."""
+    import subprocess
+    import sys
+    code = ("import sys; from blockc.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -19,7 +19,7 @@ import pytest
 import blockc
 from blockc.codegen import fused_encodings
 from blockc.codegen.fused_encodings import FUNCTION_DOMAIN, TABLE_PATH, load_table, table_key
-from blockc.codegen.onnx_export import OPSET_IR_VERSION, export_onnx
+from blockc.codegen.onnx_export import OPSET_IR_VERSION, export_onnx, export_onnx_decided
 from blockc.errors import BlockcError
 from blockc.frontends.catalog import BUILTINS
 from blockc.ir.dims import parse_dim
@@ -104,8 +104,7 @@ def model_case(request):
 @pytest.mark.parametrize("form", FORMS)
 def test_builtin_model_in_every_form(model_case, form):
     name, fused, weights, feeds = model_case
-    decisions: list = []
-    model = export_onnx(fused, weights, fused_as=form, decisions=decisions)
+    model, decisions = export_onnx_decided(fused, weights, fused_as=form)
     onnx.checker.check_model(model, full_check=True)
     check_decisions(decisions, fused)
     for f, want in feeds:
@@ -226,8 +225,7 @@ def small_feeds(g: Graph, bindings: dict, seed: int = 0) -> dict:
 def run_small(g: Graph, form: str, bindings_list=({"batch": 2, "seq": 3, "past": 4}, {"batch": 1, "seq": 5, "past": 0})):
     rng = np.random.default_rng(1)
     weights = {n: rng.uniform(-1, 1, v.type.concrete_shape({})).astype(np.float32) for n, v in g.params.items()}
-    decisions: list = []
-    model = export_onnx(g, weights, fused_as=form, decisions=decisions)
+    model, decisions = export_onnx_decided(g, weights, fused_as=form)
     onnx.checker.check_model(model, full_check=True)
     check_decisions(decisions, g)
     for i, b in enumerate(bindings_list):
@@ -382,8 +380,8 @@ def test_float32_lowest_in_an_additive_mask_averages_fully_masked_rows(form):
     rng = np.random.default_rng(1)
     weights = {n: rng.uniform(-1, 1, v.type.concrete_shape({})).astype(np.float32) for n, v in g.params.items()}
     feeds = hf_padding_feeds(g)
-    decisions: list = []
-    got = ort_run(export_onnx(g, weights, fused_as=form, decisions=decisions), feeds)
+    model, decisions = export_onnx_decided(g, weights, fused_as=form)
+    got = ort_run(model, feeds)
     if form != "function":   # the runtime ops are what is checked: only GroupQueryAttention falls back
         gqa = [d for d in decisions if d["requested"] == "contrib" and d["kind"] == "attention/grouped"]
         assert all("GroupQueryAttention masks causally apart from its bias" in d["reason"] for d in gqa)
@@ -423,14 +421,12 @@ def test_auto_follows_the_table_and_falls_back_for_an_unmeasured_provider(monkey
     assert "contrib declined" in decisions[1]["reason"] and "auto picked contrib" in decisions[1]["reason"]
 
     weights = {n: np.zeros(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()}
-    decisions = []
-    model = export_onnx(g, weights, provider="cuda", decisions=decisions)
+    model, decisions = export_onnx_decided(g, weights, provider="cuda")
     assert model.opset_import[0].version == 21
     assert {d["form"] for d in decisions} == {"function"}
     assert all("cuda was not measured" in d["reason"] for d in decisions)
     # A form asked for with an opset too old for it: auto falls back, it does not fail.
-    decisions = []
-    export_onnx(g, weights, opset=21, decisions=decisions)
+    decisions = export_onnx_decided(g, weights, opset=21).decisions
     assert "needs opset 23" in decisions[0]["reason"]
 
 

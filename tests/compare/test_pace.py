@@ -21,7 +21,7 @@ class Slow(ReferenceBackend):
     """The reference interpreter, with a preparation and runs of known, long times:
     what the FLOP model cannot guess (a build, a per-run overhead)."""
 
-    def compile(self, graph, weights, *, variant=None, threads=None):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         time.sleep(PREPARE_S)
         return SlowCompiled(graph, weights, float64=self.float64)
 

@@ -1,0 +1,104 @@
+"""``--tp N`` on the commands (``blockc/cli/tensor_parallel.py``): the model
+split over N ranks agrees with the unsplit model, per-rank views and files,
+and the refusals. The ranks are processes on this machine talking through
+gloo on 127.0.0.1; each launch is bounded by its timeout."""
+import numpy as np
+import onnx
+import pytest
+
+from blockc.cli import main
+
+SMALL = ["--set", "layers=2", "--set", "vocab=64"]
+# GPT-3 175B (Brown et al. 2020, table 2.1): 96 layers of d=12288, 96 heads, 2048 positions.
+GPT3 = ["gpt2", "--set", "d_model=12288", "--set", "heads=96", "--set", "layers=96", "--set", "max_positions=2048"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_tp2_gives_the_unsplit_outputs(tmp_path, capsys):
+    one, two = str(tmp_path / "tp1.npz"), str(tmp_path / "tp2.npz")
+    code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "1", "--backend", "torch-eager", "--save", one)
+    assert code == 0, err
+    code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "2", "--backend", "torch-eager", "--check",
+                         "--save", two)
+    assert code == 0, err
+    assert "on 2 ranks of torch-eager" in out and "max |err| vs f64" in out
+    a, b = np.load(one), np.load(two)
+    assert set(a.files) == set(b.files) == {"logits", "probs"}
+    for name in a.files:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-5)
+
+
+def test_generate_tp2_gives_the_tokens_of_tp1(capsys):
+    argv = ["generate", "llama-tiny", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new", "5"]
+    code, single, err = run(capsys, *argv, "--tp", "1")
+    assert code == 0, err
+    code, split, err = run(capsys, *argv, "--tp", "2")
+    assert code == 0, err
+    assert split == single and split.startswith("[0] ") and len(split.splitlines()) == 2
+
+
+@pytest.mark.parametrize("command", ["show", "fusions"])
+def test_show_and_fusions_print_each_rank(command, capsys):
+    extra = ["--no-onnx-forms"] if command == "fusions" else []
+    code, out, err = run(capsys, command, "gpt2", *SMALL, "--tp", "2", *extra)
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line.startswith("# rank")] == ["# rank 0 of 2", "# rank 1 of 2"]
+    if command == "show":   # each rank's graph holds its collectives
+        assert out.count("all_reduce") >= 2 * 2 * 2
+
+
+def test_summary_tp8_of_gpt3_is_an_eighth_per_rank(capsys):
+    code, out, err = run(capsys, "summary", *GPT3, "--tp", "8", "--pad-vocab")
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert len(rows) == 8
+    for row in rows:
+        params = int(row.split(":")[1].split()[0].replace(",", "")) / 4   # float32
+        assert abs(params - 175e9 / 8) / (175e9 / 8) < 0.01, row
+        assert "all_reduce" in row
+
+
+def test_export_tp2_writes_a_checker_clean_file_per_rank(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    code, out, err = run(capsys, "export", "gpt2", *SMALL, "--tp", "2", "-o", str(path))
+    assert code == 0, err
+    for r in range(2):
+        model = onnx.load(str(tmp_path / f"m.rank{r}.onnx"))
+        onnx.checker.check_model(model, full_check=True)
+        assert any(n.op_type == "AllReduce" for n in model.graph.node)
+    assert not path.exists() and "AllReduce" in out
+
+
+def test_export_tp8_of_gpt3_without_weights(tmp_path, capsys):
+    code, out, err = run(capsys, "export", *GPT3, "--tp", "8", "--pad-vocab", "--no-weights",
+                         "-o", str(tmp_path / "g.onnx"))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"g.rank{r}.onnx" for r in range(8)]
+
+
+def one_line_error(code, err, needle):
+    assert code == 2 and err.startswith("blockc: error: ") and len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["show", "gpt2", "--tp", "0"], "--tp must be a positive number of ranks, got 0"),
+    (["summary", "gpt2", "--tp", "-2"], "--tp must be a positive number of ranks, got -2"),
+    (["show", "llama-tiny", "--tp", "8"], "do not split across 8 ranks (more ranks than heads)"),
+    (["run", "gpt2", "--set", "layers=1", "--tp", "2"], "--tp runs each rank on PyTorch: give --backend "
+                                                        "torch-eager or torch-compile (not ort)"),
+    (["run", "gpt2", "--tp", "2", "--backend", "reference"], "(not reference)"),
+    (["show", "gpt2", "--pad-vocab"], "--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--temperature", "0.7"],
+     "--tp generates greedily: leave out --temperature"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--stop-id", "3"],
+     "--tp generates --max-new tokens per prompt: leave out --stop-id"),
+])
+def test_refusals_are_one_line(argv, needle, capsys):
+    code, _, err = run(capsys, *argv)
+    one_line_error(code, err, needle)
