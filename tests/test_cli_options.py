@@ -147,8 +147,10 @@ def test_fused_as_leaves_check_and_fusions_form_alone(capsys):
 def required_args(command: str, tmp_path) -> list[str]:
     """What ``command`` cannot run without besides MODEL (its required options)."""
     values = {"--output": str(tmp_path / "out"), "--prompt-ids": "1"}
-    return [arg for action in subcommands()[command]._actions if action.required and action.option_strings
-            for arg in (action.option_strings[-1], values[action.option_strings[-1]])]
+    parser = subcommands()[command]
+    required = [a for a in parser._actions if a.required and a.option_strings]
+    required += [g._group_actions[0] for g in parser._mutually_exclusive_groups if g.required]   # one of them
+    return [arg for action in required for arg in (action.option_strings[-1], values[action.option_strings[-1]])]
 
 
 @pytest.mark.parametrize("command", sorted(c for c, _ in options_by_flag()["--seed"]))

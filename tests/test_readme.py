@@ -8,6 +8,7 @@ command the test names and paste its output, eliding with ``...``.
 """
 import re
 import shlex
+import sys
 import textwrap
 from pathlib import Path
 
@@ -182,15 +183,29 @@ def test_compare_verdict_excerpt_is_the_80_column_table():
     check_excerpt(readme_block("fusion's verdict"), [line.rstrip() for line in out.getvalue().splitlines()])
 
 
-def test_generate_excerpt_is_what_blockc_generates(capsys):
+# The README's placeholder for a Hugging Face directory, run on a random one (``hf_dirs.save_hf_dir``)
+HF_DIR = "path/to/hf-dir"
+
+
+def test_generate_excerpt_is_what_blockc_generates(tmp_path, capsys):
     # README "## Generating": the ids of its first example (the timings after them vary, so are
-    # elided); the sampling example after it runs too.
-    first, *others = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
+    # elided); the sampling example after it runs too, and each first line of a block that
+    # generates text, on a random llama directory in place of path/to/hf-dir.
+    commands = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
+    first, *others = [c for c in commands if HF_DIR not in c]
     assert main(shlex.split(first)[1:]) == 0
     check_excerpt(readme_block("[0] "), capsys.readouterr().out.splitlines())
     assert others, "the README's sampling example"
     for command in others:
         assert main(shlex.split(command)[1:]) == 0, command
+    texts = [c for c in commands if HF_DIR in c]
+    assert texts, "the README's text examples"
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "frontends"))
+    pytest.importorskip("transformers")
+    from hf_dirs import save_hf_dir
+    path = str(save_hf_dir("llama", tmp_path / "llama", seed=0))
+    for command in texts:
+        assert main([w.replace(HF_DIR, path) for w in shlex.split(command, comments=True)[1:]]) == 0, command
 
 
 def test_onnx_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):

@@ -19,6 +19,13 @@ def load_model(args):
     return build_model(args.model, parse_sets(args.set))
 
 
+def hf_dir_of(args) -> str | None:
+    """The Hugging Face directory MODEL names (its tokenizer, chat template and
+    generation config live there), else None."""
+    from ..frontends.hf_dir import is_hf_dir
+    return args.model if is_hf_dir(args.model) else None
+
+
 def trace_model(args, progress=None):
     """The model and its trace (refused first if its graph cannot fit: ``trace``)."""
     from ..frontends import trace
@@ -108,12 +115,28 @@ def make_feeds(args, model, graph) -> tuple[dict[str, np.ndarray], dict[str, int
     from ..runtime.feeds import check_feeds, load_npz
     if getattr(args, "save", None):
         check_writable(args.save)  # now, not after the run
+    if getattr(args, "text", None):
+        return text_feeds(args, graph)
     if not getattr(args, "inputs", None):
         bindings = dim_bindings(args, graph)
         rng = np.random.default_rng(args.seed)
         return {s.name: s.sample(bindings, rng) for s in model.inputs()}, bindings
     return check_feeds(graph, load_npz(args.inputs), dims=asked_dims(args, graph),
                        source=f"the arrays of {args.inputs}")
+
+
+def text_feeds(args, graph) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """``(feeds, bindings)`` of --text: tokenized by MODEL's directory, padded as ``tokenizer(texts, padding=True)``."""
+    from ..generate.text import TextTokenizer, text_feeds
+    from ..runtime.feeds import check_feeds
+    if args.inputs:
+        raise BlockcError("--text and --inputs both give the inputs: give one of them")
+    directory = hf_dir_of(args)
+    if directory is None:
+        raise BlockcError(f"--text needs a Hugging Face directory as MODEL, for its tokenizer.json "
+                          f"(not {args.model!r}): give the arrays with --inputs")
+    arrays = text_feeds(TextTokenizer.from_dir(directory), args.text, [v.name for v in graph.inputs])
+    return check_feeds(graph, arrays, dims=asked_dims(args, graph), source="--text")
 
 
 def int_list(flag: str, text: str) -> tuple[int, ...]:

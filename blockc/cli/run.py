@@ -11,8 +11,8 @@ from .options import dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, 
 
 NAME = "run"
 HELP = "run the model on your inputs or seeded random ones"
-DESCRIPTION = ("Run MODEL on the arrays of --inputs FILE.npz, or on seeded random inputs, print a summary of each "
-               "output, and with --save write the outputs.")
+DESCRIPTION = ("Run MODEL on the arrays of --inputs FILE.npz, on --text tokenized by its directory, or on seeded "
+               "random inputs, print a summary of each output, and with --save write the outputs.")
 
 
 def add_arguments(p) -> None:
@@ -29,6 +29,9 @@ def add_arguments(p) -> None:
     p.add_argument("--inputs", metavar="FILE.npz",
                    help="run on these arrays, named after the model's inputs (numpy.savez); their shapes bind "
                         "the dims, and every mismatch with the model's inputs is listed")
+    p.add_argument("--text", action="append", metavar="TEXT",
+                   help="an encoder's input as text: input_ids, attention_mask and token_type_ids from the model "
+                        "directory's tokenizer.json, padded as tokenizer(texts, padding=True) (repeatable: one row each)")
     p.add_argument("--save", metavar="FILE.npz", help="write the outputs, by name, to this .npz file")
     dim_arg(p, defaults={"batch": 2, "seq": 16})
     weights_args(p, seeds="the weights, and of the inputs where --inputs gives none")
@@ -53,7 +56,7 @@ def run(args) -> int:
     backend.require()
     seconds, weights, outputs = build_and_run(backend, graph, weights, feeds)
     dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
-    source = f"inputs {args.inputs}" if args.inputs else f"seed {args.seed}"
+    source = f"inputs {args.inputs}" if args.inputs else "--text" if args.text else f"seed {args.seed}"
     if args.weights:   # read from the file before any of this: nothing was made
         del seconds["weights made"]
     print(f"{printable(graph.name)} [{args.form}] on {backend.title}, {dims}, {source}: "

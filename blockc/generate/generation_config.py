@@ -84,7 +84,8 @@ def make_sampler(defaults: GenerationDefaults, *, greedy: bool = False, temperat
                  extra: Sequence[LogitsProcessor] = (), seed: int = 0) -> Sampler:
     """The ``pick`` for ``generate``: the user's choices over the directory's
     defaults (see the module); ``extra``: the user's own processors."""
-    sample = defaults.do_sample if temperature is None else temperature > 0
+    # temperature 0 means greedy; a negative or NaN one goes on to Sampler, which refuses it
+    sample = defaults.do_sample if temperature is None else temperature != 0
     sample = sample and not greedy
     if not sample and (top_k is not None or top_p is not None or min_p is not None):
         raise BlockcError("--top-k, --top-p and --min-p filter what is sampled: give --temperature T (> 0) with them")

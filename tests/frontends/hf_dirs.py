@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from hf_testing import randomise
 
 TEXT = [
@@ -144,3 +146,19 @@ def save_hf_dir(family: str, path, *, seed: int = 0, dtype: str = "float32", sha
 
 def read_config(path) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """``hf_dir(family, tokenizer="bytelevel")``: a random Hugging Face
+    directory of ``family`` (``save_hf_dir``, seed 0), made once per session.
+    A conftest shares it with ``from hf_dirs import hf_dir``."""
+    pytest.importorskip("transformers")
+    made = {}
+
+    def make(family: str, tokenizer: str = "bytelevel"):
+        if (family, tokenizer) not in made:
+            made[family, tokenizer] = save_hf_dir(family, tmp_path_factory.mktemp(family) / family, seed=0,
+                                                  tokenizer=tokenizer)
+        return made[family, tokenizer]
+    return make

@@ -175,3 +175,27 @@ def test_genai_config_names_the_cache(genai_model):
     assert decoder.one_length and decoder.position_ids is None
     assert np.all(next(s for s in decoder.inputs() if s.name == "attention_mask").sample(
         {"batch_size": 2, "past_sequence_length": 1, "sequence_length": 3}, np.random.default_rng(0)) == 1)
+
+
+def test_cache_pairs_from_the_command_line(own_step, tmp_path, capsys):
+    """A file whose cache names say nothing (``kv_in_N.key`` / ``kv_out_N.key``)
+    generates from ``blockc generate --cache-pairs`` what blockc's own loop does."""
+    model, weights, path = own_step
+    proto = onnx.load(str(path))
+    renamed = {}
+    for v in [*proto.graph.input, *proto.graph.output]:
+        if v.name.startswith(("past.", "present.")):
+            renamed[v.name] = v.name.replace("past.", "kv_in_").replace("present.", "kv_out_")
+            v.name = renamed[v.name]
+    for node in proto.graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+    file = tmp_path / "renamed.onnx"
+    onnx.save(proto, str(file))
+    pairs = ",".join(f"{renamed[p]}={renamed[p.replace('past.', 'present.')]}"
+                     for p in renamed if p.startswith("past."))
+    argv = ["generate", str(file), "--prompt-ids", "5,17,33,2", "--max-new", str(NEW), "--cache", "concat"]
+    assert main(argv) == 2 and "no cache inputs and outputs found" in capsys.readouterr().err
+    assert main([*argv, "--cache-pairs", pairs, "--json", str(tmp_path / "g.json")]) == 0
+    got = json.loads((tmp_path / "g.json").read_text())["tokens"]
+    assert got == generate(model, weights, [[5, 17, 33, 2]], NEW).tokens
