@@ -41,7 +41,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import blockc  # noqa: E402  (the checkout's blockc, installed or not)
-from blockc.codegen.cuda.lower import family, kernel_steps  # noqa: E402
+from blockc.codegen.cuda.kernels import family_of  # noqa: E402
+from blockc.codegen.cuda.kernels.gemm import GEMM  # noqa: E402
+from blockc.codegen.cuda.lower import kernel_steps  # noqa: E402
 from blockc.compare.kernels import isolate_nodes, sample_feeds  # noqa: E402
 from blockc.compare.machine import gpu_name, gpu_peak_gbps  # noqa: E402
 from blockc.errors import BlockcError  # noqa: E402
@@ -141,7 +143,7 @@ def block_roofline(backend, name, sets, dims, peak, blocks, timing) -> dict:
     launches, roofline = [], 0.0
     for k, nodes in enumerate(steps):
         traffic = step_traffic(graph, nodes, dims)
-        if family(nodes[0].op) == "gemm":
+        if family_of(nodes[0].op) is GEMM:
             alone = isolate_nodes(nodes, f"{name}_gemm{k}", tuple(v for _, v in graph.outputs))
             own = {p: params[p] for p in alone.params}
             t = time_blocks(backend, alone, own, dims, blocks=blocks, timing=timing)["median_s"]
