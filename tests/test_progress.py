@@ -115,7 +115,9 @@ def export_with(bar: ProgressBar, tmp_path) -> None:
         save_onnx(graph, blockc.init_weights(model), tmp_path / "m.onnx", progress=bar)
 
 
-def test_the_bar_draws_every_stage_on_a_terminal(tmp_path):
+def test_the_bar_draws_every_stage_on_a_terminal(tmp_path, monkeypatch):
+    # a cache of its own: with the optimized graph already in the compile cache, there is no optimizing to draw
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
     screen = Terminal()
     export_with(ProgressBar(stream=screen, delay=0), tmp_path)
     for stage in (stages.TRACING, stages.OPTIMIZING, stages.BUILDING_ONNX, stages.CHECKING_ONNX,
