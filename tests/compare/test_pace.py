@@ -14,7 +14,7 @@ from blockc.runtime.backend import register, unregister
 from blockc.runtime.backends.reference import ReferenceBackend, ReferenceCompiled
 
 SMALL = ["d_model=32", "heads=2", "layers=1", "vocab=61", "max_positions=64"]
-PREPARE_S, RUN_S = 0.15, 0.01
+PREPARE_S, RUN_S = 0.3, 0.01   # long enough that the model, which cannot know it, is off by 2x on any machine
 
 
 class Slow(ReferenceBackend):
@@ -47,8 +47,8 @@ def _plan(backend):
 
 
 def test_a_second_comparison_is_estimated_from_the_first_ones_pace(slow):
-    """The first estimate is the model's (it cannot know the sleeps: 6
-    sessions x 2 blocks x 0.15 s of preparation, and 10 ms a run); the
+    """The first estimate is the model's (it cannot know the sleeps: 0.3 s
+    for each session's preparation, and 10 ms a run); the
     second is within 1.5x of what the first took, and the record says why.
     Run after many other tests, compare's own work around each session
     took a second more than its steps did: it is recorded too."""
@@ -56,12 +56,12 @@ def test_a_second_comparison_is_estimated_from_the_first_ones_pace(slow):
     started = time.perf_counter()
     report = run_comparison(_plan(slow))
     took = time.perf_counter() - started
-    assert took > 6 * 2 * PREPARE_S and first < took / 1.5        # the model alone was far off
+    assert first < took / 1.5, (first, took)        # the model alone was far off
     second = planned_seconds(_plan(slow))
     assert took / 1.5 <= second <= took * 1.5, (first, second, took)
     assert report["timing"]["planned_s"] == pytest.approx(first, rel=0.5)
     recorded = load_pace().ratios
-    # no preparation shorter than the sleep: a ratio of at least 0.15 s over the model's 0.2 s and the weights
+    # no preparation shorter than the sleep: a ratio of at least 0.3 s over the model's 0.2 s and the weights
     assert any(k.startswith("slow/ | ") and v["prepare"] >= PREPARE_S / 0.21 for k, v in recorded.items())
 
 
