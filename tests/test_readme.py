@@ -1,6 +1,8 @@
-"""The README's excerpts of blockc's output are checked against blockc, so a
-change to the printer, the value numbering, the models or the error messages
-cannot leave them stale.
+"""The excerpts of blockc's output in the README and the docs/ pages are
+checked against blockc, so a change to the printer, the value numbering, the
+models or the error messages cannot leave them stale; every ``blockc ...``
+command in their code blocks is parsed by the CLI, and the ones whose output
+is shown are run.
 
 An excerpt is compared line by line; a line ``...`` stands for any number of
 lines of the real output (see ``check_excerpt``). To refresh one, run the
@@ -16,7 +18,10 @@ import pytest
 
 from blockc.cli import build_parser, main
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# The README first: the pages are read in this order (the first generate command is the README's).
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
 GAP = "..."
 
 
@@ -35,10 +40,15 @@ def fenced_blocks(markdown: str) -> list[list[str]]:
     return blocks
 
 
+def page_blocks() -> list[list[str]]:
+    """Every ``` block of the README and the docs/ pages, in ``PAGES``' order."""
+    return [b for page in PAGES for b in fenced_blocks(page.read_text())]
+
+
 def readme_block(first_line_starts: str) -> list[str]:
-    """The one README code block whose first line starts with ``first_line_starts``."""
-    found = [b for b in fenced_blocks(README.read_text()) if b and b[0].startswith(first_line_starts)]
-    assert len(found) == 1, f"README.md has {len(found)} ``` blocks starting {first_line_starts!r}, expected 1"
+    """The one code block of the README or a docs/ page whose first line starts with ``first_line_starts``."""
+    found = [b for b in page_blocks() if b and b[0].startswith(first_line_starts)]
+    assert len(found) == 1, f"the README and docs/ have {len(found)} ``` blocks starting {first_line_starts!r}, expected 1"
     return found[0]
 
 
@@ -99,7 +109,7 @@ def test_check_excerpt_catches_stale_excerpts():
 
 
 def test_ir_excerpt_is_blockc_show_tiny(capsys):
-    # README "## The IR": the start and the end of `blockc show tiny`.
+    # docs/DSL.md "## The IR": the start and the end of `blockc show tiny`.
     excerpt = readme_block("graph tiny(")
     assert main(["show", "tiny"]) == 0
     check_excerpt(excerpt, capsys.readouterr().out.splitlines())
@@ -137,8 +147,9 @@ def test_error_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
 
 
 def test_gpt2_parameter_count_is_blockc_summary_gpt2(capsys):
-    # "blockc summary gpt2 ... 124,439,808 in all", in the command list and in "## Weights".
-    counts = re.findall(r"(\d{1,3}(?:,\d{3})+) in all", README.read_text())
+    # The README's "blockc summary gpt2 ... 124,439,808 in all", and its count of GPT-2's parameters.
+    text = README.read_text()
+    counts = re.findall(r"(\d{1,3}(?:,\d{3})+) in all", text) + re.findall(r"GPT-2's (\d{1,3}(?:,\d{3})+)", text)
     assert len(counts) >= 2
     assert main(["summary", "gpt2"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
@@ -146,14 +157,27 @@ def test_gpt2_parameter_count_is_blockc_summary_gpt2(capsys):
         assert first.startswith(f"gpt2 (DecoderLM): {count} parameters"), f"README says {count}; blockc: {first}"
 
 
-def readme_command_lines() -> list[str]:
-    """Every ``blockc ...`` line of the README's code blocks, as words, without its comment."""
+# A command with a placeholder for what the reader fills in (``--prompt-ids <128 ids>``) is not a
+# command as typed: docs/PERFORMANCE.md records such runs.
+PLACEHOLDER = re.compile(r"<[^>]+>")
+
+
+def readme_command_lines() -> list[list[str]]:
+    """Every ``blockc ...`` line of the code blocks of the README and the docs/
+    pages, as words, without its comment."""
     lines = []
-    for block in fenced_blocks(README.read_text()):
+    for block in page_blocks():
         for line in block:
-            if line.startswith("blockc "):
+            if line.startswith("blockc ") and not PLACEHOLDER.search(line):
                 lines.append(shlex.split(line, comments=True))
     return lines
+
+
+def test_the_commands_of_the_docs_pages_are_read_too():
+    # The docs/ pages' commands are parsed as the README's are: at least the CUDA and export ones moved there.
+    commands = [" ".join(words) for words in readme_command_lines()]
+    assert any(c.startswith("blockc export gpt2 --set layers=2000") for c in commands)
+    assert any(c.startswith("blockc summary gpt2 --set d_model=12288") for c in commands)
 
 
 @pytest.mark.parametrize("words", readme_command_lines(), ids=" ".join)
@@ -188,10 +212,11 @@ HF_DIR = "path/to/hf-dir"
 
 
 def test_generate_excerpt_is_what_blockc_generates(tmp_path, capsys):
-    # README "## Generating": the ids of its first example (the timings after them vary, so are
+    # README "## Generate": the ids of its first example (the timings after them vary, so are
     # elided); the sampling example after it runs too, and each first line of a block that
-    # generates text, on a random llama directory in place of path/to/hf-dir.
-    commands = [b[0] for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc generate")]
+    # generates text (the README's and docs/GENERATION.md's), on a random llama directory in
+    # place of path/to/hf-dir.
+    commands = [b[0] for b in page_blocks() if b and b[0].startswith("blockc generate")]
     first, *others = [c for c in commands if HF_DIR not in c]
     assert main(shlex.split(first)[1:]) == 0
     check_excerpt(readme_block("[0] "), capsys.readouterr().out.splitlines())
@@ -209,8 +234,8 @@ def test_generate_excerpt_is_what_blockc_generates(tmp_path, capsys):
 
 
 def test_onnx_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
-    # README "## Bringing an ONNX file": its commands run in order, the last one's output is the excerpt.
-    (block,) = [b for b in fenced_blocks(README.read_text()) if b and b[0].startswith("blockc export gpt2-block")]
+    # README "### Importing ONNX": its commands run in order, the last one's output is the excerpt.
+    block = readme_block("blockc export gpt2-block")
     monkeypatch.chdir(tmp_path)
     for line in block:
         capsys.readouterr()

@@ -1,6 +1,6 @@
 """The DSL's layer library: Linear, embeddings, norms, attention, FFN, blocks.
 
-Conventions (documented in the README): ``Linear.weight`` is ``[in, out]``
+Conventions (documented in docs/DSL.md): ``Linear.weight`` is ``[in, out]``
 and computes ``x @ W + b``, the form the transformer equations are written
 in; boolean masks are ``True`` where attention is allowed (PyTorch's
 ``scaled_dot_product_attention`` convention); additive masks are added to the
