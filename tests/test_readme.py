@@ -147,8 +147,8 @@ def test_error_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
 
 
 def test_gpt2_parameter_count_is_blockc_summary_gpt2(capsys):
-    # The README's "blockc summary gpt2 ... 124,439,808 in all", and its count of GPT-2's parameters.
-    text = README.read_text()
+    # The README's "blockc summary gpt2 ... 124,439,808 in all", and docs/DSL.md's count of GPT-2's parameters.
+    text = "\n".join(page.read_text() for page in PAGES)
     counts = re.findall(r"(\d{1,3}(?:,\d{3})+) in all", text) + re.findall(r"GPT-2's (\d{1,3}(?:,\d{3})+)", text)
     assert len(counts) >= 2
     assert main(["summary", "gpt2"]) == 0
