@@ -109,3 +109,29 @@ def test_every_test_architecture_names_exists():
     missing = [f"{path}::{name}" if name else path for path, name in named
                if not (ROOT / path).exists() or (name and name not in functions_in(path))]
     assert missing == []
+
+
+def layering_order() -> list[tuple[str, ...]]:
+    """tests/test_layering.py's ``LAYERS``, read from its source (the one place the order is written)."""
+    tree = ast.parse((ROOT / "tests" / "test_layering.py").read_text())
+    (value,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "LAYERS" for t in node.targets)]
+    return [tuple(names) for names in ast.literal_eval(value)]
+
+
+def order_lines(page: Path) -> list[list[tuple[str, ...]]]:
+    """Each ``a, b  <  c  <  ...`` line of ``page``, as layers of package names (a parenthesis dropped)."""
+    lines = [line for line in page.read_text().splitlines() if line.startswith("errors, ")]
+    return [[tuple(re.sub(r"\s*\(.*?\)", "", name).strip() for name in layer.split(","))
+             for layer in line.split("<")] for line in lines]
+
+
+@pytest.mark.parametrize("page", [README, ROOT / "docs" / "ARCHITECTURE.md"], ids=lambda p: p.name)
+def test_the_layer_order_shown_is_the_one_the_layering_test_holds(page):
+    assert order_lines(page) == [layering_order()]
+
+
+def test_the_readme_layout_lists_every_package():
+    packages = sorted(p.parent.name for p in (ROOT / "blockc").glob("*/__init__.py"))
+    layout = README.read_text()
+    assert [name for name in packages if f"blockc/{name}/" not in layout] == []
