@@ -64,6 +64,7 @@ class OnnxModel(Model):
         object.__setattr__(self, "name", os.path.basename(os.fspath(path)))
         g = loaded.model.graph
         self.nodes = inline_functions(loaded)
+        _refuse_branches(loaded, self.nodes)
         _refuse_unsupported(loaded, self.nodes)
         self._attr_arrays: dict[int, np.ndarray] = {}
         self.constants: dict[str, np.ndarray] = {}
@@ -200,6 +201,20 @@ def missing_operators(nodes: list[GraphNode]) -> list[str]:
             domain = n.domain or "ai.onnx"
             missing.add(f"{label(domain)[1:-1]}::{label(n.op_type)[1:-1]} (opset {n.opsets.get(n.domain, '?')})")
     return sorted(missing)
+
+
+def _refuse_branches(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
+    """An ``If`` chooses its subgraph when it runs, and a blockc graph is one
+    graph: refused by name, with the files to import instead, before the
+    list of missing operators (Optimum's merged decoder is the one users meet)."""
+    for n in nodes:
+        if n.op_type == "If" and n.domain in DEFAULT_DOMAINS:
+            cond = label(n.input[0]) if n.input else "its condition"
+            raise OnnxFileError(
+                f"{loaded.path}: node {node_label(n)} (If): chooses between two subgraphs by {cond} when it runs, "
+                f"which blockc's ONNX import cannot (it traces one graph). Optimum's merged decoder "
+                f"(decoder_model_merged.onnx) branches so on use_cache_branch: import its decoder_model.onnx and "
+                f"decoder_with_past_model.onnx apart (python -m optimum.exporters.onnx --no-post-process writes them)")
 
 
 def _refuse_unsupported(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
