@@ -115,16 +115,24 @@ def read_config(path: str) -> dict:
     if not os.path.isfile(file):
         raise ModelError(f"{path} is a directory without {CONFIG}: a Hugging Face checkpoint directory holds "
                          f"{CONFIG} and {SAFETENSORS} (or shards and {INDEX})")
+    return read_json(file, "settings")
+
+
+def read_json(file: str | os.PathLike, what: str) -> dict:
+    """A JSON object file of a model directory (``config.json``,
+    ``tokenizer_config.json``, ``generation_config.json``) as a dict, or a
+    ``ModelError`` naming the file and what is wrong: the one reader of them
+    all (``what`` says what the object holds: "settings")."""
     try:
         with open(file, encoding="utf-8") as f:
-            config = json.load(f)
+            value = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelError(f"{file} is not valid JSON: {e}") from None
     except OSError as e:
         raise ModelError(f"cannot read {file}: {e.strerror or e}") from None
-    if not isinstance(config, dict):
-        raise ModelError(f"{file} holds a JSON {type(config).__name__}, not an object of settings")
-    return config
+    if not isinstance(value, dict):
+        raise ModelError(f"{file} holds a JSON {type(value).__name__}, not an object of {what}")
+    return value
 
 
 def weight_files(path: str) -> list[str]:

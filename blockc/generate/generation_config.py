@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BlockcError
+from ..frontends.hf_dir import read_json
 from .processors import LogitsProcessor
 from .sampling import Sampler
-from .text import read_json
 
 GENERATION_FILE = "generation_config.json"
 MODEL_CONFIG_FILE = "config.json"
@@ -66,7 +66,7 @@ def read_generation_config(path) -> GenerationDefaults:
         file = path / MODEL_CONFIG_FILE
         if not file.is_file():
             return GenerationDefaults()
-    fields = read_json(file, "the generation config")
+    fields = read_json(file, "generation settings")
     given = {name: fields[name] for name in _KINDS if fields.get(name) is not None}
     for name, value in given.items():
         if not isinstance(value, _KINDS[name]) or (name != "do_sample" and isinstance(value, bool)):

@@ -20,7 +20,6 @@ padding=True)`` pads them.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -28,24 +27,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import BlockcError
+from ..frontends.hf_dir import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 # the named special tokens a chat template sees (transformers' SPECIAL_TOKENS_ATTRIBUTES)
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-
-
-def read_json(path: Path, what: str) -> dict:
-    """A JSON object file of a model directory, or a ``BlockcError`` naming it."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BlockcError(f"cannot read {path}: {e.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BlockcError(f"cannot read {path}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise BlockcError(f"cannot read {path}: {what} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def token_text(value: Any) -> str | None:
@@ -82,7 +69,7 @@ class TextTokenizer:
             raise BlockcError(f"cannot read {file}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
                 from None
         config_file = path / CONFIG_FILE
-        config = read_json(config_file, "the tokenizer config") if config_file.is_file() else {}
+        config = read_json(config_file, "tokenizer settings") if config_file.is_file() else {}
         backend.no_padding()
         backend.no_truncation()
         return cls(backend, config, path)

@@ -47,9 +47,9 @@ for _name, _rules in _REDUCE.items():
 # the positions (``(diff(position_ids) != 1).cumsum(-1)``), which every export
 # without an attention mask carries. The decomposed form writes it as the sum
 # of each position's prefix (O(n^2), over the mask's short int rows); the CUDA
-# backend has no kernel for that reduce_sum yet, and says so.
+# backend runs it as a scan instead (``codegen/cuda/kernels/scan.py``).
 cumsum = define("cumsum", ("x",), attrs={"axis": (INT, REQUIRED), "exclusive": (BOOL, False),
-                                         "reverse": (BOOL, False)},
+                                         "reverse": (BOOL, False)}, cuda="scan",
                 doc="running sum along `axis`: out[i] = sum of x[j] for j <= i (j < i where exclusive; "
                     "j >= i, j > i where reverse): ONNX CumSum")
 

@@ -26,12 +26,32 @@ scaled_dot_product_attention writes for rows whose every score is -inf. It
 is dropped when the masks are finite (constant fills, an additive mask made
 by ``where`` of finite constants, as Hugging Face builds it): softmax then
 gives no NaN the guard could catch, only what NaN inputs would already give.
+
+A boolean mask written as an additive one, ``where(allowed, 0, -inf)`` (what
+torch's SDPA is given by Hugging Face, and so what TorchScript and Optimum
+export), keeps its guard's meaning another way: a fully masked row is all
+-inf, its softmax NaN, the guard's zeros. The fused op takes ``allowed`` as
+its boolean mask and a guard on its output keeps such a row at zero::
+
+    %20:bool[b,1,s,s] = ...
+    %42:f32[b,1,s,s] = where %20, %zero, %neg_inf
+    %43:f32[b,h,s,s] = masked_softmax %39, %42 {mask="additive", ...}
+    %46:f32[b,h,s,s] = where %45, %zero, %43             # %45: isnan(%43)
+    %47:f32[b,h,s,e] = matmul %46, %32
+
+becomes::
+
+    %47a:f32[b,h,s,e] = attention %q, %k, %32, %20 {mask="bool", ...}
+    %47b:bool[b,1,s,1] = cast (reduce_max (cast %20 to f32) over keys) to bool
+    %47:f32[b,h,s,e] = where %47b, %47a, %zero
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..ir.dtypes import DType
 from ..ir.graph import Graph, Value
+from ..ops.masking import DEFAULT_FILL
 from .base import PassResult
 from .fuse_masked_softmax import check_masks, mask_attrs, masked_scores
 from .rewrite import Const, Op, Or, Rule, Var, apply_rules, optional
@@ -63,7 +83,7 @@ def _check(m):
         reason = check_masks(m, m["qk"].outputs[0])
         if reason:
             return reason
-    if "nan_guard" in m:
+    if "nan_guard" in m and _disguised_boolean(*_attrs_and_masks(m)) is None:
         return _nan_possible(*_attrs_and_masks(m))
     return None
 
@@ -88,6 +108,34 @@ def _nan_possible(attrs, masks) -> str | None:
     if not all(np.isfinite(v).all() for v in values):
         return f"the additive mask holds -inf: {guard}"
     return None
+
+
+def _disguised_boolean(attrs, masks) -> tuple[Value, bool] | None:
+    """Where the additive mask is a boolean one, ``where(c, finite, -inf)``
+    (or ``where(c, -inf, finite)``), its condition and whether True allows;
+    None otherwise. A finite scalar on the allowed keys shifts a whole row's
+    scores alike, which softmax does not see."""
+    if attrs["mask"] != "additive" or not np.isfinite(attrs.get("fill", DEFAULT_FILL)):
+        return None
+    node = masks[0].producer
+    if node is None or node.op != "where":
+        return None
+    values = [_scalar_constant(x) for x in node.inputs[1:]]
+    if None in values:
+        return None
+    picks = [bool(np.isneginf(v)) for v in values]
+    if picks == [False, True] and np.isfinite(values[0]):
+        return node.inputs[0], True
+    if picks == [True, False] and np.isfinite(values[1]):
+        return node.inputs[0], False
+    return None
+
+
+def _scalar_constant(v: Value) -> float | None:
+    node = v.producer
+    if node is None or node.op != "constant" or node.attrs["value"].size != 1:
+        return None
+    return float(node.attrs["value"].reshape(-1)[0])
 
 
 def _constant_leaves(v: Value) -> list | None:
@@ -119,7 +167,24 @@ def _rewrite(b, m):
     for name in ("q_scale", "k_scale", "kt_scale"):
         if name in m:
             attrs["scale"] *= float(m[name].reshape(-1)[0])
-    return {"root": b.op("attention", m["q"], _key(b, m), m["v"], *masks, **attrs)}
+    boolean = _disguised_boolean(attrs, masks) if "nan_guard" in m and _nan_possible(attrs, masks) else None
+    if boolean is None:
+        return {"root": b.op("attention", m["q"], _key(b, m), m["v"], *masks, **attrs)}
+    cond, allows = boolean
+    allowed = cond if allows else b.op("logical_not", cond)
+    out = b.op("attention", m["q"], _key(b, m), m["v"], allowed, **{**attrs, "mask": "bool"})
+    zero = b.op("constant", value=np.zeros((), out.type.dtype.numpy))
+    return {"root": b.op("where", _rows_seeing_keys(b, allowed, attrs, m["qk"].outputs[0]), out, zero)}
+
+
+def _rows_seeing_keys(b, allowed: Value, attrs, scores: Value) -> Value:
+    """``bool[..., rows, 1]``: which queries have a key left to attend (the
+    NaN guard's rows are the others)."""
+    if attrs["causal"]:
+        rows, cols = scores.type.shape[-2:]
+        allowed = b.op("logical_and", allowed, b.op("causal_mask", rows=rows, cols=cols))
+    seen = b.op("reduce_max", b.op("cast", allowed, to=DType.float32.name), axes=[-1], keepdims=True)
+    return b.op("cast", seen, to=DType.bool.name)
 
 
 RULES = [Rule("attention core", PATTERN, _rewrite, _check, "attention")]

@@ -93,8 +93,8 @@ L = 2
 # with Erf) with Hugging Face's default SDPA attention: a NaN guard after
 # softmax, the scale split as √s on q and on k. Every dynamo export reads the
 # padding mask with GatherND. Its GPT-2 is the LM (GPT2Model inside).
-# TorchScript's SDPA masks with -inf, so its NaN guard must stay and attention
-# does not fuse (fuse_attention says so): it is not among these.
+# TorchScript's SDPA (Optimum's exporter) masks with where(mask, 0, -inf) and a
+# NaN guard: tests/frontends/test_onnx_sdpa_mask.py and test_onnx_optimum.py.
 # Llama (GQA, RoPE, RMSNorm, SwiGLU) computes its rotary rows from the
 # positions: "llama" from arange(seq) inside the graph, "llama-pos" from a
 # position_ids input.

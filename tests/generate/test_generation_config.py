@@ -64,7 +64,7 @@ def test_malformed_generation_configs_are_refused(tmp_path):
         read_generation_config(write(tmp_path / "b", "generation_config.json", temperature="hot"))
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "generation_config.json").write_text("[1, 2]")
-    with pytest.raises(BlockcError, match="the generation config must be a JSON object, got list"):
+    with pytest.raises(BlockcError, match="generation_config.json holds a JSON list, not an object of generation settings"):
         read_generation_config(tmp_path / "c")
 
 

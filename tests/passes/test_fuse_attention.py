@@ -4,7 +4,7 @@ merged with the head split, and as a value; sites that must not fuse."""
 import numpy as np
 import pytest
 
-from blockc import init_weights, parse_graph, trace
+from blockc import init_weights, parse_graph, run_reference, trace
 from blockc.frontends import BlockConfig, BlockModel
 from blockc.passes.fuse_attention import fuse_attention
 from blockc.passes.manager import label_origins, optimize
@@ -204,12 +204,68 @@ def test_golden_nan_guard_after_softmax_with_a_finite_mask():
     """)
 
 
-def test_nan_guard_stays_where_the_mask_holds_minus_inf():
-    # where(c, 0, -inf): a fully masked row is NaN, and the guard makes it 0.
-    g, r, sites = _sites(GUARDED.replace("FILL", "-inf"))
+def _with_a_row_masked_whole(g):
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal([int(d) for d in v.shape]) for v in g.inputs if v.name != "c"}
+    return {**feeds, "c": np.array([[[True, False, True, True, False]], [[False] * 5]])}
+
+
+# The fused op takes c as its boolean mask, and a guard on its output zeroes
+# the rows with no key to see; written where(c, -inf, 0), the mask is not(c).
+GUARD_AFTER = """
+    graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4], %c: bool[2,1,5]) {
+      %0:f64[] = constant {value=dense<f64[]: [0.0]>}
+      %1:f64[] = constant {value=dense<f64[]: [-inf]>}
+      %2:f64[2,1,5] = where %c, %0, %1
+      %3:f64[2,5,4] = attention %q, %k, %v, %c {scale=1.0, mask="bool", causal=false, fill=-3.4028234663852886e+38}
+      %4:f64[] = constant {value=dense<f64[]: [0.0]>}
+      %5:f32[2,1,5] = cast %c {to="float32"}
+      %6:f32[2,1,1] = reduce_max %5 {axes=[-1], keepdims=true}
+      %7:bool[2,1,1] = cast %6 {to="bool"}
+      %8:f64[2,5,4] = where %7, %3, %4
+      return y=%8
+    }
+"""
+GUARD_AFTER_NOT = """
+    graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4], %c: bool[2,1,5]) {
+      %0:f64[] = constant {value=dense<f64[]: [0.0]>}
+      %1:f64[] = constant {value=dense<f64[]: [-inf]>}
+      %2:f64[2,1,5] = where %c, %1, %0
+      %3:bool[2,1,5] = logical_not %c
+      %4:f64[2,5,4] = attention %q, %k, %v, %3 {scale=1.0, mask="bool", causal=false, fill=-3.4028234663852886e+38}
+      %5:f64[] = constant {value=dense<f64[]: [0.0]>}
+      %6:f32[2,1,5] = cast %3 {to="float32"}
+      %7:f32[2,1,1] = reduce_max %6 {axes=[-1], keepdims=true}
+      %8:bool[2,1,1] = cast %7 {to="bool"}
+      %9:f64[2,5,4] = where %8, %4, %5
+      return y=%9
+    }
+"""
+
+
+@pytest.mark.parametrize("allows", [True, False], ids=["where-c-0-inf", "where-c-inf-0"])
+def test_golden_nan_guard_with_a_boolean_mask_written_as_minus_inf(allows):
+    # torch's SDPA given HF's boolean mask as where(c, 0, -inf) (TorchScript's
+    # and Optimum's exports): a fully masked row is NaN, the guard makes it 0.
+    before = GUARDED.replace("FILL", "-inf")
+    if not allows:
+        before = before.replace("where %c, %2, %3", "where %c, %3, %2")
+    r = check_golden(fuse_attention, before, GUARD_AFTER if allows else GUARD_AFTER_NOT, numbers=False)
+    g = parse_graph(ir(before))
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((2, 5, 4)) for n in "qkv"}
+    feeds["c"] = np.array([[[True, False, True, True, False]], [[False] * 5]]) == allows   # batch 1 masked whole
+    assert_same_numbers(g, r.graph, feeds=feeds)
+    assert not np.isnan(run_reference(g, {}, feeds)["y"]).any() and not run_reference(g, {}, feeds)["y"][1].any()
+
+
+def test_nan_guard_stays_where_the_additive_mask_is_computed_at_run_time():
+    g, r, sites = _sites(GUARDED.replace("FILL", "-inf").replace("where %c, %2, %3", "mul %m, %3").replace(
+        "%c: bool[2,1,5]", "%c: bool[2,1,5], %m: f64[2,1,5]"))
     assert not r.changed
     (site,) = [s for s in sites if s.anchor == "%10"]
-    assert site.reason == "the additive mask holds -inf: the NaN guard after softmax must stay"
+    assert site.reason == "the additive mask is computed at run time and may hold -inf: the NaN guard after " \
+                          "softmax must stay"
 
 
 def test_probabilities_used_elsewhere_block_the_fusion():

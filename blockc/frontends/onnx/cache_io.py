@@ -21,6 +21,12 @@ file states no relation between them; ``CacheIO.dims`` gives the one a
 step means, for ``OnnxModel(path, dims=...)``: ``total = past + seq`` (the
 present is the past with the step appended), or a past of a fixed number of
 rows, a buffer the step writes its rows into (the in-place cache).
+
+A file may also say a length is a sum in its name: Optimum names a cache
+step's mask and presents ``past_sequence_length + sequence_length``, blockc's
+``for_cache`` the present's ``past+seq``. ``summed_dim`` reads such a name,
+the one rule for both (``OnnxModel`` imports such a dim as the sum of its
+terms' symbols, beside the step's dims).
 """
 from __future__ import annotations
 
@@ -30,8 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...errors import BlockcError, OnnxFileError
-from ...ir.dims import Dim, Sym, parse_dim
+from ...errors import OnnxFileError
+from ...ir.dims import Dim, Sym
 from .safe_load import label
 
 _BY_NAME = re.compile(r"^(?:past_key_values|past)\.(\d+)\.(key|value)$")
@@ -133,10 +139,14 @@ def find_cache(path: str | os.PathLike, graph, pairs: Sequence[tuple[str, str]] 
 
 def _is_sum(total, past, seq) -> bool:
     """Whether ``total`` is written as the sum of ``past`` and ``seq`` ('past+seq')."""
-    try:
-        return isinstance(total, str) and parse_dim(total) == Sym.var(past) + Sym.var(seq)
-    except (BlockcError, TypeError, ValueError):
-        return False
+    return isinstance(total, str) and sorted(summed_dim(total, {past, seq}) or []) == sorted([past, seq])
+
+
+def summed_dim(text: str, named) -> list[str] | None:
+    """The dims a dim_param names the sum of, ``a + b`` (spaces or none), where
+    each of its terms is one of the ``named`` dims; else None."""
+    parts = [p.strip() for p in text.split("+")]
+    return parts if len(parts) > 1 and all(p in named for p in parts) else None
 
 
 def _pair_lengths(path: str, inputs: dict, outputs: dict, past: str, present: str) -> tuple:

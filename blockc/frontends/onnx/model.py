@@ -30,7 +30,7 @@ from ...ir.dims import Sym
 from ...ir.dtypes import DType
 from ..module import InputSpec, Model, Parameter, _param_tensor
 from ..tensor import Tensor
-from .cache_io import step_dims
+from .cache_io import step_dims, summed_dim
 from .convert import Rule, as_value, is_tensor, tensor
 from .functions import DEFAULT_DOMAINS, GraphNode, inline_functions
 from .rules import DOMAINS
@@ -64,6 +64,7 @@ class OnnxModel(Model):
         object.__setattr__(self, "name", os.path.basename(os.fspath(path)))
         g = loaded.model.graph
         self.nodes = inline_functions(loaded)
+        _refuse_branches(loaded, self.nodes)
         _refuse_unsupported(loaded, self.nodes)
         self._attr_arrays: dict[int, np.ndarray] = {}
         self.constants: dict[str, np.ndarray] = {}
@@ -202,6 +203,20 @@ def missing_operators(nodes: list[GraphNode]) -> list[str]:
     return sorted(missing)
 
 
+def _refuse_branches(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
+    """An ``If`` chooses its subgraph when it runs, and a blockc graph is one
+    graph: refused by name, with the files to import instead, before the
+    list of missing operators (Optimum's merged decoder is the one users meet)."""
+    for n in nodes:
+        if n.op_type == "If" and n.domain in DEFAULT_DOMAINS:
+            cond = label(n.input[0]) if n.input else "its condition"
+            raise OnnxFileError(
+                f"{loaded.path}: node {node_label(n)} (If): chooses between two subgraphs by {cond} when it runs, "
+                f"which blockc's ONNX import cannot (it traces one graph). Optimum's merged decoder "
+                f"(decoder_model_merged.onnx) branches so on use_cache_branch: import its decoder_model.onnx and "
+                f"decoder_with_past_model.onnx apart (python -m optimum.exporters.onnx --no-post-process writes them)")
+
+
 def _refuse_unsupported(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
     """One error listing every operator the importer lacks, with its domain and opset."""
     missing = missing_operators(nodes)
@@ -211,17 +226,16 @@ def _refuse_unsupported(loaded: OnnxFile, nodes: list[GraphNode]) -> None:
 
 
 def _input_specs(loaded: OnnxFile, nodes: list[GraphNode], dims: dict) -> list[InputSpec]:
+    """Each graph input as blockc feeds it: its dtype, its shape and the kind
+    of values a check samples for it. A dim_param that ``dims`` gives is that
+    dim; one that names a sum of the others (``cache_io.summed_dim``) is their
+    sum; both are written in the symbols the plain names get."""
     g = loaded.model.graph
-    taken: set[str] = set()
-    symbols: dict[str, str] = {}
+    names = [d.dim_param for v in g.input if v.name not in loaded.initializers
+             for d in v.type.tensor_type.shape.dim if d.dim_param]
+    dims, symbols = _named_dims(names, dims)
     rows = _id_tables(loaded, nodes)
     counted = _counted_masks(nodes)
-    params = [d.dim_param for v in g.input if v.name not in loaded.initializers
-              for d in v.type.tensor_type.shape.dim if d.dim_param]
-    named = set(params)
-    for key in params:   # the plain names first: a sum of them is their symbols' sum, the keys' length
-        if key not in symbols and _summands(key, named) is None:
-            symbols[key] = symbol_name(key, taken)
     specs = []
     for v in g.input:
         if v.name in loaded.initializers:
@@ -235,36 +249,79 @@ def _input_specs(loaded: OnnxFile, nodes: list[GraphNode], dims: dict) -> list[I
             raise OnnxFileError(f"{loaded.path}: input {label(v.name)} has element type "
                                 f"{element_type_name(t.elem_type)}, "
                                 f"which blockc does not support") from None
-        shape = []
-        for i, d in enumerate(t.shape.dim):
-            if d.HasField("dim_value") and d.dim_value > 0:
-                shape.append(int(d.dim_value))
-                continue
-            key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
-            if key in dims:
-                shape.append(dims[key])
-                continue
-            summands = _summands(key, named)
-            if summands is not None:
-                shape.append(sum((Sym.var(symbols[p]) for p in summands[1:]), Sym.var(symbols[summands[0]])))
-                continue
-            if key not in symbols:
-                symbols[key] = symbol_name(key, taken)
-            shape.append(Sym.var(symbols[key]))
-        name_l = v.name.lower()
-        if v.name in counted:
-            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="ones"))
-        elif dtype == DType.bool or (not dtype.is_float and "mask" in name_l):
-            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="mask"))
-        elif not dtype.is_float and "position" in name_l and v.name not in rows:
-            # positions computed with (Hugging Face's position_ids feeding rotary angles), not
-            # looked up in a table: sampled as 0..seq-1, as a prompt's are
-            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="positions"))
-        elif not dtype.is_float:
-            specs.append(InputSpec(v.name, dtype, tuple(shape), kind="ids", high=rows.get(v.name, 1)))
-        else:
-            specs.append(InputSpec(v.name, dtype, tuple(shape)))
+        shape = tuple(_input_shape(v, dims, symbols))
+        specs.append(InputSpec(v.name, dtype, shape, **_input_kind(v.name, dtype, counted, rows)))
     return specs
+
+
+def _named_dims(names: list[str], dims: dict) -> tuple[dict, dict[str, str]]:
+    """The dim of each dim_param in ``names`` that is not a plain symbol (one
+    ``dims`` gives, one that names a sum of the others), and a symbol for each
+    plain one: the former written in the latter."""
+    sums = {key: parts for key in names if (parts := summed_dim(key, set(names))) is not None}
+    symbols = _symbols(names, {**sums, **dims})
+    out = {key: _in_symbols(d, symbols) for key, d in dims.items()}
+    for key, parts in sums.items():
+        if key not in out:
+            terms = [out[p] if p in out else Sym.var(symbols[p]) for p in parts]
+            out[key] = sum(terms[1:], terms[0])
+    return out, symbols
+
+
+def _symbols(names: list[str], dims: dict) -> dict[str, str]:
+    """A valid, distinct symbol for each dim_param that ``dims`` does not give, in the file's order."""
+    taken: set[str] = set()
+    symbols: dict[str, str] = {}
+    for key in names:
+        if key not in symbols and key not in dims:
+            symbols[key] = symbol_name(key, taken)
+    return symbols
+
+
+def _in_symbols(d, symbols: dict[str, str]):
+    """``d``, a dim in the file's dim_params, in their symbols (``seq len`` is ``seq_len``)."""
+    if not isinstance(d, Sym):
+        return d
+    out = 0
+    for mono, coeff in d.terms.items():
+        term = coeff
+        for name in mono:
+            term = Sym.var(symbols.get(name, name)) * term
+        out = term + out
+    return out
+
+
+def _input_shape(v, dims: dict, symbols: dict[str, str]) -> list:
+    """``v``'s dims: sizes, the dims ``dims`` gives, symbols; a dim with neither name nor size is named for it."""
+    shape = []
+    for i, d in enumerate(v.type.tensor_type.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            shape.append(int(d.dim_value))
+            continue
+        key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}_dim{i}"
+        if key in dims:
+            shape.append(dims[key])
+            continue
+        if key not in symbols:
+            symbols[key] = symbol_name(key, set(symbols.values()))
+        shape.append(Sym.var(symbols[key]))
+    return shape
+
+
+def _input_kind(name: str, dtype: DType, counted: set[str], rows: dict[str, int]) -> dict:
+    """What a check samples for the input ``name`` (``InputSpec``'s kind and high)."""
+    name_l = name.lower()
+    if name in counted:
+        return {"kind": "ones"}
+    if dtype == DType.bool or (not dtype.is_float and "mask" in name_l):
+        return {"kind": "mask"}
+    if not dtype.is_float and "position" in name_l and name not in rows:
+        # positions computed with (Hugging Face's position_ids feeding rotary angles), not
+        # looked up in a table: sampled as 0..seq-1, as a prompt's are
+        return {"kind": "positions"}
+    if not dtype.is_float:
+        return {"kind": "ids", "high": rows.get(name, 1)}
+    return {}
 
 
 def _counted_masks(nodes: list[GraphNode]) -> set[str]:
@@ -280,14 +337,6 @@ def _counted_masks(nodes: list[GraphNode]) -> set[str]:
             seen.add(name)
             todo += made[name].input if name in made else []
     return seen
-
-
-def _summands(text: str, named: set[str]) -> list[str] | None:
-    """The dim names a ``dim_param`` such as ``past_sequence_length +
-    sequence_length`` adds (Optimum's name for a cache step's mask and
-    presents), where each names a dim of the inputs; else None."""
-    parts = [p.strip() for p in text.split("+")]
-    return parts if len(parts) > 1 and all(p in named for p in parts) else None
 
 
 # Ops an index passes through unchanged on its way to a Gather (an exporter
