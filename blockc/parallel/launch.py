@@ -9,7 +9,9 @@ grows no transport of its own: the ranks talk through
 
 * a rank that exits with an error, or dies, stops the others at once, and
   the error names the rank and says what it printed;
-* a run past ``timeout`` seconds is stopped;
+* a run past ``timeout`` seconds is stopped; a rank waits at most
+  ``$BLOCKC_TP_TIMEOUT`` seconds in one collective (``worker.collective_timeout``),
+  so a peer that hangs ends the run then;
 * a ``MASTER_PORT`` already in use is refused before any rank starts;
 * whatever ends the wait (an error, Ctrl-C), every rank started is killed
   with its process group (torch.compile's workers too) and reaped, so no
@@ -116,6 +118,8 @@ def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, overrides: 
 
 
 def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
+    from .worker import collective_timeout
+    collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
     for case in cases:
         _check_shards(case, tp)
     port = free_port() if port is None else port

@@ -4,17 +4,21 @@ It reads who it is from torchrun's environment variables (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so
 ``parallel/launch.py`` or ``torchrun --nproc-per-node N -m
 blockc.parallel.worker JOB`` start the same ranks. It joins the process
-group (gloo on the CPU; NCCL is for GPUs, which the PyTorch backend does not
-run on yet), makes its own graph with ``shard`` (every rank shards alike, so
+group, makes its own graph with ``shard`` (every rank shards alike, so
 no graph is sent), its slice of each weight, lowers the graph with the
 PyTorch backend (``runtime/torch_runner.py``: the collectives are
 ``torch.distributed`` calls) and writes its outputs to
 ``{out}/rank{R}.npz``. A peer that dies makes its collectives fail, and the
-group's timeout bounds one that hangs: the rank then exits with a
+collective timeout bounds one that hangs: the rank then exits with a
 ``blockc: error:`` line, never waiting for ever.
 
+A collective waits at most ``$BLOCKC_TP_TIMEOUT`` seconds (60 unless set)
+for its peers. The process group is gloo on the CPU, NCCL where the ranks
+run on CUDA devices (``group_backend``; the PyTorch backend runs on the CPU
+today, so every rank is on gloo).
+
 ``JOB`` is a JSON file: ``out`` (a folder), ``timeout`` (seconds, the
-process group's), and ``cases``, each run in turn in the one process group:
+whole run's), and ``cases``, each run in turn in the one process group:
 ``model`` (a built-in name, a ``.py`` or ``.onnx`` spec), ``overrides``,
 ``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
@@ -43,6 +47,38 @@ def rank_env() -> tuple[int, int]:
     if not 0 <= rank < world:
         raise BlockcError(f"RANK={rank} is not a rank of WORLD_SIZE={world}")
     return rank, world
+
+
+# Where a rank's graph runs: the PyTorch backend runs on the CPU (``runtime/backends/pytorch.py``).
+RANK_DEVICE = "cpu"
+TIMEOUT_VARIABLE = "BLOCKC_TP_TIMEOUT"
+# How long a rank waits in one collective (or for its peers to join) before it gives up: a peer that
+# hangs, or was stopped, ends the run in this time, not in torch.distributed's default of 30 minutes.
+# Long enough for ranks that compile at different speeds (torch.compile on shared cores).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
+
+
+def group_backend(device: str) -> str:
+    """The ``torch.distributed`` backend for ranks on ``device``: NCCL for
+    CUDA devices, gloo on the CPU (PyTorch's own advice)."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def collective_timeout() -> float:
+    """Seconds a rank waits for its peers in one collective:
+    ``$BLOCKC_TP_TIMEOUT`` where set (by the user, for blockc's launcher or
+    torchrun alike), else ``DEFAULT_COLLECTIVE_TIMEOUT_S``."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if text is None or not text.strip():
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise BlockcError(f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (> 0): it bounds how long a "
+                          f"rank waits for its peers")
+    return seconds
 
 
 def rank_graph_and_weights(job: dict, rank: int, world: int):
@@ -91,8 +127,8 @@ def read_rank_weights(path: str, sharded, rank: int) -> dict:
 def run_rank(job: dict) -> None:
     import torch.distributed as dist
     rank, world = rank_env()
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 60))))
+    dist.init_process_group(group_backend(RANK_DEVICE), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=collective_timeout()))
     try:
         for i, case in enumerate(job["cases"]):
             run_case(case, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
