@@ -92,9 +92,7 @@ def run_ranks(args) -> int:
     from ..parallel.launch import run_tp
     from ..report.numerics import max_abs_error, run_check_failure
     from ..runtime.reference import run_reference
-    if args.backend not in TP_BACKENDS:
-        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(TP_BACKENDS)} "
-                          f"(not {args.backend})")
+    check_tp_backend(args.backend)
     model, traced = trace_model(args)
     feeds, bindings = make_feeds(args, model, traced)
     outputs = run_tp(args.model, args.tp, feeds, overrides=parse_sets(args.set), seed=args.seed,
@@ -117,15 +115,30 @@ def run_ranks(args) -> int:
     return 1 if failure else 0
 
 
-def generate_ranks(args, prompts: list[list[int]]) -> list[list[int]]:
-    """``blockc generate --tp N``: greedy generation on N ranks
-    (``generate_tp``; the ranks gather the logits, so all agree): rank 0's
-    new tokens per prompt."""
+def check_tp_backend(backend: str) -> None:
+    """A rank runs on PyTorch: another --backend would be ignored, so it is refused."""
+    if backend not in TP_BACKENDS:
+        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(TP_BACKENDS)} "
+                          f"(not {backend})")
+
+
+def check_generate_ranks(args) -> None:
+    """What ``generate --tp`` cannot honour, refused before any work: a
+    backend a rank does not run, and an ONNX decoder file's cache pairs
+    (the ranks split blockc's own decoder graphs)."""
+    check_tp_backend(args.backend)
+    if args.cache_pairs is not None:
+        raise BlockcError("--tp splits blockc's own decoder graphs, which name their caches: --cache-pairs (an ONNX "
+                          "decoder file's cache names) is not taken with --tp")
+
+
+def generate_ranks(args, prompts: list[list[int]], choices: dict):
+    """``blockc generate --tp N``: the generation on N ranks (``generate_tp``),
+    rank 0 picking with ``choices`` (``generate``'s ``pick``, ``stop_id``,
+    ``stopping``) for all; rank 0's ``Generation``."""
     from ..frontends.catalog import parse_sets
     from ..parallel.launch import generate_tp
-    if args.temperature:
-        raise BlockcError("--tp generates greedily: leave out --temperature")
-    if args.stop_id is not None:
-        raise BlockcError("--tp generates --max-new tokens per prompt: leave out --stop-id")
-    return generate_tp(args.model, args.tp, prompts, args.max_new, overrides=parse_sets(args.set),
-                       seed=args.seed, pad_vocab=args.pad_vocab, fused=args.form == "fused")[0]
+    return generate_tp(args.model, args.tp, prompts, args.max_new, **choices, form=args.form, cache=args.cache,
+                       cache_len=args.cache_len, compile=args.backend == "torch-compile",
+                       overrides=parse_sets(args.set), seed=args.seed, weights=args.weights,
+                       pad_vocab=args.pad_vocab)[0]

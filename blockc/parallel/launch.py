@@ -107,14 +107,35 @@ def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int 
     return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
 
 
-def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, overrides: Mapping[str, str] | None = None,
-                seed: int = 0, fused: bool = True, pad_vocab: bool = False, timeout: float = 300.0,
-                port: int | None = None) -> list[list[list[int]]]:
-    """Greedy generation with the model split over ``tp`` ranks: each rank's
-    new tokens per prompt (the ranks gather the logits, so all agree)."""
-    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, fused=fused, pad_vocab=pad_vocab,
-                generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new)})
-    return _launch([case], tp, timeout, port, None, lambda path: json.load(open(path + ".tokens.json")))[0]
+def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, stop_id=None, stopping=(),
+                form: str = "fused", cache: str = "inplace", cache_len: int | None = None, compile: bool = False,
+                overrides: Mapping[str, str] | None = None, seed: int = 0, weights: str | None = None,
+                pad_vocab: bool = False, timeout: float = 300.0, port: int | None = None) -> list:
+    """``generate`` (``generate/loop.py``) with the model split over ``tp``
+    ranks: each rank's ``Generation``. Rank 0 runs ``pick`` (greedy unless
+    given), ``stop_id`` and ``stopping``, sent to it by pickle, and the
+    others take its picks (``generate/agreement.py``), so all ranks hold the
+    same tokens. ``form``, ``cache``, ``cache_len``: as ``generate``'s; the
+    ranks run on torch eager, or under torch.compile (``compile``)."""
+    from ..generate.loop import Generation
+    choices = {"stop_id": stop_id, "stopping": list(stopping), **({"pick": pick} if pick is not None else {})}
+    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, weights=weights, compile=compile,
+                pad_vocab=pad_vocab,
+                generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new), "form": form,
+                          "cache": str(getattr(cache, "value", cache)), "cache_len": cache_len,
+                          "choices": _pickled(choices)})
+    return [Generation.from_json(g) for g in _launch([case], tp, timeout, port, None,
+                                                     lambda path: json.load(open(path + ".generation.json")))[0]]
+
+
+def _pickled(choices: dict) -> bytes:
+    """The pick and stopping criteria as rank 0 will read them, refused here if they cannot travel."""
+    import pickle
+    try:
+        return pickle.dumps(choices)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        raise LaunchError(f"the pick and stopping criteria go to rank 0 as a pickle, and one of them cannot be "
+                          f"pickled ({e}): define it at a module's top level") from None
 
 
 def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
@@ -146,6 +167,10 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
         spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)
         save_npz(spec["feeds"], case.feeds)
+        if case.generate is not None:   # the pick and criteria (``generate_tp``) beside the job, by pickle
+            spec["generate"] = {**case.generate, "choices": os.path.join(job["out"], f"choices{i}.pkl")}
+            with open(spec["generate"]["choices"], "wb") as f:
+                f.write(case.generate["choices"])
         job["cases"].append(spec)
     path = os.path.join(folder, "job.json")
     with open(path, "w") as f:

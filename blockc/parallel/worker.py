@@ -24,8 +24,10 @@ whole run's), and ``cases``, each run in turn in the one process group:
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
 ``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
 kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
-collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n}``:
-greedy generation instead of one forward pass, ``{out}.tokens.json``).
+collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
+"cache_len", "choices"}``, ``choices`` a pickle of ``generate``'s ``pick``,
+``stop_id`` and ``stopping``: generation instead of one forward pass,
+``{out}.generation.json``).
 """
 from __future__ import annotations
 
@@ -158,18 +160,38 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
 
 
 def generate_case(case: dict, out: str, rank: int, world: int) -> None:
-    """Greedy generation on this rank (``generate(..., rank_of=)``): its new
-    tokens to ``{out}.tokens.json``."""
-    from ..frontends import build_model, init_weights
+    """Generation on this rank (``generate(..., rank_of=)``): rank 0 picks
+    and stops rows with the request's ``choices`` (``launch.write_job``'s
+    pickle), the others follow; its ``Generation`` to ``{out}.generation.json``."""
+    import pickle
+    import time
+    from ..frontends import build_model
     from ..generate.loop import generate
     model = build_model(case["model"], case.get("overrides") or {})
     request = case["generate"]
-    result = generate(model, init_weights(model, seed=case.get("seed", 0)), request["prompts"], request["max_new"],
-                      backend="torch-compile" if case.get("compile") else "torch-eager",
-                      form="fused" if case.get("fused") else "standard", rank_of=(rank, world),
-                      pad_vocab=bool(case.get("pad_vocab")))
-    with open(out + ".tokens.json", "w") as f:
-        json.dump(result.tokens, f)
+    with open(request["choices"], "rb") as f:
+        choices = pickle.load(f)
+    t0 = time.perf_counter()
+    weights = case_weights(case, model)
+    result = generate(model, weights, request["prompts"], request["max_new"],
+                      backend="torch-compile" if case.get("compile") else "torch-eager", form=request["form"],
+                      cache=request["cache"], cache_len=request["cache_len"], rank_of=(rank, world),
+                      pad_vocab=bool(case.get("pad_vocab")), load_s=time.perf_counter() - t0, **choices)
+    with open(out + ".generation.json", "w") as f:
+        json.dump(result.as_json(), f)
+
+
+def case_weights(case: dict, model):
+    """The whole weights of a case that shards them itself (generation):
+    its ``.safetensors`` file's, checked against the model, or made from its seed
+    (a Hugging Face directory's own, read from its checkpoint)."""
+    from ..frontends import init_weights
+    if case.get("weights"):
+        from ..frontends.weights import check_weights, load_weights
+        weights = load_weights(case["weights"])
+        check_weights(model, weights)
+        return weights
+    return init_weights(model, seed=case.get("seed", 0))
 
 
 def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:

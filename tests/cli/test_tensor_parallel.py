@@ -2,6 +2,8 @@
 split over N ranks agrees with the unsplit model, per-rank views and files,
 and the refusals. The ranks are processes on this machine talking through
 gloo on 127.0.0.1; each launch is bounded by its timeout."""
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -39,7 +41,33 @@ def test_generate_tp2_gives_the_tokens_of_tp1(capsys):
     assert code == 0, err
     code, split, err = run(capsys, *argv, "--tp", "2")
     assert code == 0, err
+    single, split = (out.split("whole run")[0] for out in (single, split))
     assert split == single and split.startswith("[0] ") and len(split.splitlines()) == 2
+
+
+SAMPLED = ["--temperature", "0.9", "--top-k", "50", "--top-p", "0.9", "--repetition-penalty", "1.2", "--seed", "7"]
+
+
+@pytest.mark.parametrize("sampling", [[], SAMPLED], ids=["greedy", "sampled"])
+def test_generate_tp2_prints_the_text_of_one_process(hf_dir, tmp_path, capsys, sampling):
+    """Text in and out, the directory's generation config, sampling and a
+    stop id: the same command on 2 ranks prints and writes what one process
+    does (rank 0 samples and stops rows for both)."""
+    path = hf_dir("llama")
+    argv = ["generate", str(path), "--prompt", "The quick brown fox", "--prompt", "Café", "--max-new", "10",
+            *sampling]
+
+    def generated(*extra):
+        code, out, err = run(capsys, *argv, *extra, "--json", str(tmp_path / "g.json"))
+        assert code == 0, err
+        return out.split("whole run")[0], json.loads((tmp_path / "g.json").read_text())
+
+    _, free = generated("--backend", "torch-eager")
+    stop = ["--stop-id", str(free["tokens"][0][3])]   # row 0 stops after its 4th token, or before
+    text, single = generated("--backend", "torch-eager", *stop)
+    split_text, split = generated("--tp", "2", *stop)
+    assert split_text == text and split["text"] == single["text"] and split["tokens"] == single["tokens"]
+    assert len(split["tokens"][0]) <= 4 < len(split["tokens"][1]) and split["tp"] == 2
 
 
 @pytest.mark.parametrize("command", ["show", "fusions"])
@@ -94,10 +122,10 @@ def one_line_error(code, err, needle):
                                                         "torch-eager or torch-compile (not ort)"),
     (["run", "gpt2", "--tp", "2", "--backend", "reference"], "(not reference)"),
     (["show", "gpt2", "--pad-vocab"], "--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N"),
-    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--temperature", "0.7"],
-     "--tp generates greedily: leave out --temperature"),
-    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--stop-id", "3"],
-     "--tp generates --max-new tokens per prompt: leave out --stop-id"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--backend", "ort-cpu"],
+     "--tp runs each rank on PyTorch: give --backend torch-eager or torch-compile (not ort-cpu)"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--cache-pairs", "a=b"],
+     "--cache-pairs (an ONNX decoder file's cache names) is not taken with --tp"),
 ])
 def test_refusals_are_one_line(argv, needle, capsys):
     code, _, err = run(capsys, *argv)

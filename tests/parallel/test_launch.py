@@ -196,10 +196,19 @@ def test_torchrun_starts_the_same_ranks(tmp_path):
 
 
 def test_generate_on_two_ranks_gives_the_tokens_of_one():
+    """Sampling (rank 0 draws for both) and the concat cache, as in one process."""
+    from blockc.generate import Sampler
     from blockc.generate.loop import generate
     from blockc.parallel.launch import generate_tp
     model = build_model("llama-tiny", {})
     prompts = [[5, 17, 42, 9], [100, 3]]
-    want = generate(model, init_weights(model, seed=0), prompts, 6, backend="torch-eager").tokens
-    ranks = generate_tp("llama-tiny", 2, prompts, 6)
-    assert ranks == [want, want]
+    want = generate(model, init_weights(model, seed=0), prompts, 6, backend="torch-eager", cache="concat",
+                    pick=Sampler(temperature=0.8, seed=1)).tokens
+    ranks = generate_tp("llama-tiny", 2, prompts, 6, pick=Sampler(temperature=0.8, seed=1), cache="concat")
+    assert [g.tokens for g in ranks] == [want, want] and ranks[0].backend == "torch-eager"
+
+
+def test_a_pick_that_cannot_travel_to_rank_0_is_refused_before_any_rank_starts():
+    from blockc.parallel.launch import generate_tp
+    with pytest.raises(LaunchError, match="the pick and stopping criteria go to rank 0 as a pickle"):
+        generate_tp("llama-tiny", 2, [[1, 2]], 2, pick=lambda logits, history: logits.argmax(1))
