@@ -195,16 +195,20 @@ def test_torchrun_starts_the_same_ranks(tmp_path):
             np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
 
 
-def test_generate_on_two_ranks_gives_the_tokens_of_one():
-    """Sampling (rank 0 draws for both) and the concat cache, as in one process."""
+def test_generate_on_two_ranks_gives_the_tokens_of_one(tmp_path):
+    """Sampling (rank 0 draws for both), the concat cache and a weights file, as in one process."""
+    from safetensors.numpy import save_file
     from blockc.generate import Sampler
     from blockc.generate.loop import generate
     from blockc.parallel.launch import generate_tp
     model = build_model("llama-tiny", {})
+    weights = dict(init_weights(model, seed=5))
+    save_file(weights, str(tmp_path / "w.safetensors"))
     prompts = [[5, 17, 42, 9], [100, 3]]
-    want = generate(model, init_weights(model, seed=0), prompts, 6, backend="torch-eager", cache="concat",
+    want = generate(model, weights, prompts, 6, backend="torch-eager", cache="concat",
                     pick=Sampler(temperature=0.8, seed=1)).tokens
-    ranks = generate_tp("llama-tiny", 2, prompts, 6, pick=Sampler(temperature=0.8, seed=1), cache="concat")
+    ranks = generate_tp("llama-tiny", 2, prompts, 6, pick=Sampler(temperature=0.8, seed=1), cache="concat",
+                        weights=str(tmp_path / "w.safetensors"))
     assert [g.tokens for g in ranks] == [want, want] and ranks[0].backend == "torch-eager"
 
 
