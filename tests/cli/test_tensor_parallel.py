@@ -71,13 +71,20 @@ def test_generate_tp2_prints_the_text_of_one_process(hf_dir, tmp_path, capsys, s
 
 
 @pytest.mark.parametrize("command", ["show", "fusions"])
-def test_show_and_fusions_print_each_rank(command, capsys):
-    extra = ["--no-onnx-forms"] if command == "fusions" else []
+def test_show_and_fusions_print_each_rank(command, capsys, tmp_path):
+    extra = ["--no-onnx-forms", "--json", str(tmp_path / "f.json")] if command == "fusions" else []
     code, out, err = run(capsys, command, "gpt2", *SMALL, "--tp", "2", *extra)
     assert code == 0, err
     assert [line for line in out.splitlines() if line.startswith("# rank")] == ["# rank 0 of 2", "# rank 1 of 2"]
     if command == "show":   # each rank's graph holds its collectives
         assert out.count("all_reduce") >= 2 * 2 * 2
+    else:   # docs/fusion-report.md: one object, each rank's report in it
+        report = json.loads((tmp_path / "f.json").read_text())
+        assert {k: report[k] for k in ("schema", "model", "tp", "pad_vocab")} == {
+            "schema": "blockc.fusion-report-ranks/1", "model": "gpt2", "tp": 2, "pad_vocab": False}
+        assert [r["rank"] for r in report["ranks"]] == [0, 1]
+        for rank in report["ranks"]:
+            assert rank["schema"] == "blockc.fusion-report/1" and rank["counts"]["add_layernorm"]["fused"] > 0
 
 
 def test_summary_tp8_of_gpt3_is_an_eighth_per_rank(capsys):
