@@ -45,14 +45,18 @@ def show_ranks(args) -> int:
 
 
 def summary_ranks(args) -> int:
-    """``blockc summary --tp N``: each rank's parameter bytes and collectives."""
+    """``blockc summary --tp N``: each rank's parameter bytes, peak
+    activations and collectives, beside the unsplit model's activations."""
     from ..frontends import trace
     from ..passes.shard import shard
     from ..report.communication import rank_summaries
-    sharded = shard(trace(load_model(args)), args.tp, pad_vocab=args.pad_vocab)
+    from ..report.footprint import footprint
+    traced = trace(load_model(args))
+    sharded = shard(traced, args.tp, pad_vocab=args.pad_vocab)
     bindings = {"batch": 1, "seq": 128}
-    print(f"{args.model} over {args.tp} tensor-parallel ranks (collectives at "
-          + ", ".join(f"{k}={v}" for k, v in bindings.items()) + "):")
+    print(f"{args.model} over {args.tp} tensor-parallel ranks (activations and collectives of the standard-form "
+          f"graphs at " + ", ".join(f"{k}={v}" for k, v in bindings.items())
+          + f"; unsplit, {footprint(traced, bindings).activations:,} activation bytes at peak):")
     for row in rank_summaries(sharded, bindings):
         print(row.format())
     return 0

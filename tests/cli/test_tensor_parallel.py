@@ -3,6 +3,7 @@ split over N ranks agrees with the unsplit model, per-rank views and files,
 and the refusals. The ranks are processes on this machine talking through
 gloo on 127.0.0.1; each launch is bounded by its timeout."""
 import json
+import time
 
 import numpy as np
 import onnx
@@ -88,14 +89,26 @@ def test_show_and_fusions_print_each_rank(command, capsys, tmp_path):
 
 
 def test_summary_tp8_of_gpt3_is_an_eighth_per_rank(capsys):
-    code, out, err = run(capsys, "summary", *GPT3, "--tp", "8", "--pad-vocab")
+    """Parameters 1/8 of 175B per rank; peak activations split too. A
+    vocabulary of 8192 (0.3% of the parameters) keeps the peak inside the
+    blocks: with GPT-2's 50257 it is the logits and probabilities, which
+    every rank holds whole once gathered. The unsplit model's peak is the
+    feed-forward's: 9 [b, s, d] values, the input and the 4d-wide hidden
+    before and after GELU. A rank holds an eighth of that hidden (one [b, s,
+    d] value in all), so its peak moves to an all-reduce: the residual, the
+    partial sum and the reduced sum, 3 values every rank holds whole."""
+    t0 = time.monotonic()
+    code, out, err = run(capsys, "summary", *GPT3, "--set", "vocab=8192", "--tp", "8")
     assert code == 0, err
+    assert time.monotonic() - t0 < 60
+    d_bytes = 128 * 12288 * 4   # one [b=1, s=128, d] float32 value
+    assert f"unsplit, {9 * d_bytes:,} activation bytes at peak" in out
     rows = [line for line in out.splitlines() if line.startswith("rank ")]
     assert len(rows) == 8
     for row in rows:
         params = int(row.split(":")[1].split()[0].replace(",", "")) / 4   # float32
         assert abs(params - 175e9 / 8) / (175e9 / 8) < 0.01, row
-        assert "all_reduce" in row
+        assert f", {3 * d_bytes:,} activation bytes at peak" in row and "all_reduce" in row
 
 
 def test_export_tp2_writes_a_checker_clean_file_per_rank(tmp_path, capsys):
