@@ -12,8 +12,6 @@ from ..errors import BlockcError
 from .common import load_model, make_feeds, make_weights, trace_model
 from .options import optimize_options
 
-# The backends a rank runs on: each rank is a PyTorch process (``parallel/worker.py``).
-TP_BACKENDS = ("torch-eager", "torch-compile")
 
 
 def shard_model(args, progress=None):
@@ -121,8 +119,9 @@ def run_ranks(args) -> int:
 
 def check_tp_backend(backend: str) -> None:
     """A rank runs on PyTorch: another --backend would be ignored, so it is refused."""
-    if backend not in TP_BACKENDS:
-        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(TP_BACKENDS)} "
+    from ..parallel.launch import RANK_BACKENDS
+    if backend not in RANK_BACKENDS:
+        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(RANK_BACKENDS)} "
                           f"(not {backend})")
 
 

@@ -36,6 +36,8 @@ import numpy as np
 from ..errors import LaunchError
 
 MASTER_ADDR = "127.0.0.1"
+# The backends a rank runs its graph on: each rank is a PyTorch process (``worker.py``).
+RANK_BACKENDS = ("torch-eager", "torch-compile")
 
 
 def free_port() -> int:
@@ -78,7 +80,7 @@ class Case:
     fused: bool = False
     compile: bool = False
     repeat: int = 1
-    time: bool = False
+    time: bool | dict = False
     generate: dict | None = None
 
 
@@ -99,11 +101,12 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
                    lambda path: load_npz(path + ".npz"))
 
 
-def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None
-               ) -> list[list[dict[str, float]]]:
+def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None,
+               warmup: int = 3, repeats: int = 20) -> list[list[dict[str, float]]]:
     """Each rank's step time and the time of its collectives alone, per case
-    (``worker.time_rank``): ``result[case][rank]``."""
-    cases = [dataclasses.replace(c, time=True) for c in cases]
+    (``worker.time_rank``: ``warmup`` untimed runs, the median of ``repeats``
+    timed ones, the same count on every rank): ``result[case][rank]``."""
+    cases = [dataclasses.replace(c, time={"warmup": warmup, "repeats": repeats}) for c in cases]
     return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
 
 

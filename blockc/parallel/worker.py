@@ -23,8 +23,8 @@ whole run's), and ``cases``, each run in turn in the one process group:
 ``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
 ``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
-kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
-collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
+kept), ``time`` (true, or ``{"warmup": w, "repeats": r}``:
+``{out}.timing.json``, ``time_rank``'s step and collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
 "cache_len", "choices"}``, ``choices`` a pickle of ``generate``'s ``pick``,
 ``stop_id`` and ``stopping``: generation instead of one forward pass,
 ``{out}.generation.json``).
@@ -154,9 +154,10 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
     for _ in range(max(1, int(case.get("repeat", 1)))):
         outputs = session.run(feeds)
     save_npz(out + ".npz", {k: np.asarray(v) for k, v in outputs.items()})
-    if case.get("time"):
+    if case.get("time"):   # True, or {"warmup": w, "repeats": r}
+        timing = case["time"] if isinstance(case["time"], dict) else {}
         with open(out + ".timing.json", "w") as f:
-            json.dump(time_rank(session, graph, feeds), f)
+            json.dump(time_rank(session, graph, feeds, **timing), f)
 
 
 def generate_case(case: dict, out: str, rank: int, world: int) -> None:
@@ -194,7 +195,7 @@ def case_weights(case: dict, model):
     return init_weights(model, seed=case.get("seed", 0))
 
 
-def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
+def time_rank(session, graph, feeds, repeats: int = 20, warmup: int = 3) -> dict[str, float]:
     """The median step, and the median of the step's collectives alone (the
     same ops on tensors of the same shapes, in the same order): their ratio
     is the collectives' share of a step. Every rank runs the same fixed
@@ -211,10 +212,10 @@ def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
             x = torch.zeros(n.inputs[0].type.concrete_shape(bindings), dtype=torch.float32)
             calls.append((lambda x=x: torch_all_reduce(x)) if n.op == "all_reduce"
                          else (lambda x=x, a=n.attrs: torch_all_gather(x, a["axis"], a["world"])))
-    fixed = {"warmup": 3, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
+    fixed = {"warmup": warmup, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
     step = measure(lambda: session.run_unchecked(feeds), **fixed)
-    comm = measure(lambda: [call() for call in calls], **fixed)
-    return {"step_s": step.median_s, "collectives_s": comm.median_s, "collectives": len(calls)}
+    comm = measure(lambda: [call() for call in calls], **fixed).median_s if calls else 0.0   # one rank: none
+    return {"step_s": step.median_s, "collectives_s": comm, "collectives": len(calls)}
 
 
 def main(argv=None) -> int:

@@ -129,6 +129,24 @@ def test_export_tp8_of_gpt3_without_weights(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"g.rank{r}.onnx" for r in range(8)]
 
 
+def test_compare_tp2_times_fused_and_unfused_beside_one_rank(tmp_path, capsys):
+    """Each contestant on 1 and on 2 ranks (two launches), its collectives'
+    share, and the bytes the communication model says a rank all-reduces."""
+    path = tmp_path / "c.json"
+    code, out, err = run(capsys, "compare", "gpt2", "--set", "layers=1", "--set", "vocab=256", "--tp", "2",
+                         "--warmup", "0", "--repeats", "2", "--json", str(path))
+    assert code == 0, err
+    report = json.loads(path.read_text())
+    assert report["schema"] == "blockc.compare-tp/1" and report["tp"] == 2
+    assert report["all_reduce_bytes_per_rank"] == (2 * 1 + 1) * 128 * 768 * 4   # 2·b·s·d a block, and the embedding
+    rows = {(r["backend"], r["form"], r["tp"]): r for r in report["results"]}
+    assert set(rows) == {("torch-eager", form, tp) for form in ("standard", "fused") for tp in (1, 2)}
+    for (_, _, tp), r in rows.items():
+        assert r["step_ms"] > 0 and (r["collectives"] == 0 if tp == 1 else r["collectives"] == 4)
+        assert r["share"] == r["collectives_ms"] / r["step_ms"] and (r["share"] == 0) == (tp == 1)
+    assert "vs 1 rank" in out and "vs standard" in out
+
+
 def one_line_error(code, err, needle):
     assert code == 2 and err.startswith("blockc: error: ") and len(err.strip().splitlines()) == 1, err
     assert needle in err, err
@@ -141,6 +159,12 @@ def one_line_error(code, err, needle):
     (["run", "gpt2", "--set", "layers=1", "--tp", "2"], "--tp runs each rank on PyTorch: give --backend "
                                                         "torch-eager or torch-compile (not ort)"),
     (["run", "gpt2", "--tp", "2", "--backend", "reference"], "(not reference)"),
+    (["compare", "gpt2", "--tp", "2", "--blocks", "3"], "--blocks is not taken with --tp"),
+    (["compare", "gpt2", "--tp", "2", "--fused-as", "contrib"], "--fused-as is not taken with --tp"),
+    (["compare", "gpt2", "--tp", "2", "--backends", "ort-cpu"],
+     "compare --tp times the backends a rank runs, torch-eager and torch-compile: give --backends from those "
+     "(not ort-cpu)"),
+    (["compare", "gpt2", "--tp", "2", "--batch", "1,8"], "compare --tp measures one shape: give one --batch and one"),
     (["show", "gpt2", "--pad-vocab"], "--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N"),
     (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--backend", "ort-cpu"],
      "--tp runs each rank on PyTorch: give --backend torch-eager or torch-compile (not ort-cpu)"),
