@@ -36,16 +36,6 @@ def test_run_tp2_gives_the_unsplit_outputs(tmp_path, capsys):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-5)
 
 
-def test_generate_tp2_gives_the_tokens_of_tp1(capsys):
-    argv = ["generate", "llama-tiny", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new", "5"]
-    code, single, err = run(capsys, *argv, "--tp", "1")
-    assert code == 0, err
-    code, split, err = run(capsys, *argv, "--tp", "2")
-    assert code == 0, err
-    single, split = (out.split("whole run")[0] for out in (single, split))
-    assert split == single and split.startswith("[0] ") and len(split.splitlines()) == 2
-
-
 SAMPLED = ["--temperature", "0.9", "--top-k", "50", "--top-p", "0.9", "--repetition-penalty", "1.2", "--seed", "7"]
 
 
