@@ -92,10 +92,10 @@ def run(args) -> int:
     from ..generate.stopping import user_criteria
     from ..generate.stream import TextLines, TokenLines, format_timings
     from ..runtime.backend import make_backend
-    args.backend = args.backend or ("torch-eager" if args.tp is not None else "ort-cpu")
     if args.tp is not None:
         from .tensor_parallel import check_generate_ranks
         check_generate_ranks(args)
+    args.backend = args.backend or "ort-cpu"
     directory = hf_dir_of(args)
     tokenizer = _tokenizer(args, directory)
     prompts = _prompts(args, tokenizer)

@@ -85,7 +85,7 @@ def fusion_ranks(args, report_one) -> list[dict]:
 
 
 def run_ranks(args) -> int:
-    """``blockc run --tp N --backend torch-eager|torch-compile``: the ranks
+    """``blockc run --tp N [--backend torch-eager|torch-compile]``: the ranks
     started on this machine (``run_tp``); rank 0's outputs (every rank
     holds the gathered outputs), checked against the unsplit float64
     reference with --check."""
@@ -94,7 +94,10 @@ def run_ranks(args) -> int:
     from ..parallel.launch import run_tp
     from ..report.numerics import max_abs_error, run_check_failure
     from ..runtime.reference import run_reference
-    check_tp_backend(args.backend)
+    args.backend = rank_backend(args)
+    if args.disable or args.print_after or args.print_after_all:
+        raise BlockcError("--tp runs every pass on each rank's graph: --disable and --print-after are not taken "
+                          "with --tp")
     model, traced = trace_model(args)
     feeds, bindings = make_feeds(args, model, traced)
     outputs = run_tp(args.model, args.tp, feeds, overrides=parse_sets(args.set), seed=args.seed,
@@ -117,19 +120,26 @@ def run_ranks(args) -> int:
     return 1 if failure else 0
 
 
-def check_tp_backend(backend: str) -> None:
-    """A rank runs on PyTorch: another --backend would be ignored, so it is refused."""
+def rank_backend(args) -> str:
+    """The backend each rank runs: --backend, torch-eager where none is
+    given. One a rank does not run, or a backend option (--fused-as,
+    --provider, ...) it does not take, is refused as ``make_backend``
+    refuses it, rather than ignored."""
     from ..parallel.launch import RANK_BACKENDS
+    from ..runtime.backend import make_backend
+    backend = args.backend or RANK_BACKENDS[0]
     if backend not in RANK_BACKENDS:
         raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(RANK_BACKENDS)} "
                           f"(not {backend})")
+    make_backend(backend, **getattr(args, "backend_options", {}))
+    return backend
 
 
 def check_generate_ranks(args) -> None:
     """What ``generate --tp`` cannot honour, refused before any work: a
     backend a rank does not run, and an ONNX decoder file's cache pairs
     (the ranks split blockc's own decoder graphs)."""
-    check_tp_backend(args.backend)
+    args.backend = rank_backend(args)
     if args.cache_pairs is not None:
         raise BlockcError("--tp splits blockc's own decoder graphs, which name their caches: --cache-pairs (an ONNX "
                           "decoder file's cache names) is not taken with --tp")

@@ -26,8 +26,7 @@ def test_run_tp2_gives_the_unsplit_outputs(tmp_path, capsys):
     one, two = str(tmp_path / "tp1.npz"), str(tmp_path / "tp2.npz")
     code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "1", "--backend", "torch-eager", "--save", one)
     assert code == 0, err
-    code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "2", "--backend", "torch-eager", "--check",
-                         "--save", two)
+    code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "2", "--check", "--save", two)   # torch-eager
     assert code == 0, err
     assert "on 2 ranks of torch-eager" in out and "max |err| vs f64" in out
     a, b = np.load(one), np.load(two)
@@ -146,8 +145,12 @@ def one_line_error(code, err, needle):
     (["show", "gpt2", "--tp", "0"], "--tp must be a positive number of ranks, got 0"),
     (["summary", "gpt2", "--tp", "-2"], "--tp must be a positive number of ranks, got -2"),
     (["show", "llama-tiny", "--tp", "8"], "do not split across 8 ranks (more ranks than heads)"),
-    (["run", "gpt2", "--set", "layers=1", "--tp", "2"], "--tp runs each rank on PyTorch: give --backend "
-                                                        "torch-eager or torch-compile (not ort)"),
+    (["run", "gpt2", "--set", "layers=1", "--tp", "2", "--backend", "ort"],
+     "--tp runs each rank on PyTorch: give --backend torch-eager or torch-compile (not ort)"),
+    (["run", "gpt2", "--tp", "2", "--fused-as", "contrib"], "backend 'torch-eager' does not take the option "
+                                                            "'fused_as' (ort, ort-cpu, ort-cuda take it)"),
+    (["run", "gpt2", "--tp", "2", "--form", "fused", "--disable", "fuse_attention"],
+     "--tp runs every pass on each rank's graph: --disable and --print-after are not taken with --tp"),
     (["run", "gpt2", "--tp", "2", "--backend", "reference"], "(not reference)"),
     (["compare", "gpt2", "--tp", "2", "--blocks", "3"], "--blocks is not taken with --tp"),
     (["compare", "gpt2", "--tp", "2", "--fused-as", "contrib"], "--fused-as is not taken with --tp"),
