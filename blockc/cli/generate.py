@@ -121,11 +121,11 @@ def run(args) -> int:
 
 
 def _generate(args, model, prompts, choices: dict, lines):
-    """The ``Generation``: on one process, the lines drawn as tokens come;
-    or with --tp on its ranks (``cli/tensor_parallel.py``), drawn at the end."""
+    """The ``Generation``, its lines drawn as tokens come: on one process,
+    or with --tp on its ranks (``cli/tensor_parallel.py``)."""
     if args.tp is not None:
         from .tensor_parallel import generate_ranks
-        return generate_ranks(args, prompts, choices)
+        return generate_ranks(args, prompts, choices, on_token=lines)
     from ..generate.loop import generate
     t0 = time.perf_counter()
     weights = _weights(args, model)

@@ -145,13 +145,14 @@ def check_generate_ranks(args) -> None:
                           "decoder file's cache names) is not taken with --tp")
 
 
-def generate_ranks(args, prompts: list[list[int]], choices: dict):
+def generate_ranks(args, prompts: list[list[int]], choices: dict, on_token=None):
     """``blockc generate --tp N``: the generation on N ranks (``generate_tp``),
     rank 0 picking with ``choices`` (``generate``'s ``pick``, ``stop_id``,
-    ``stopping``) for all; rank 0's ``Generation``."""
+    ``stopping``) for all, its tokens handed to ``on_token`` as they come;
+    rank 0's ``Generation``."""
     from ..frontends.catalog import parse_sets
     from ..parallel.launch import generate_tp
-    return generate_tp(args.model, args.tp, prompts, args.max_new, **choices, form=args.form, cache=args.cache,
-                       cache_len=args.cache_len, compile=args.backend == "torch-compile",
+    return generate_tp(args.model, args.tp, prompts, args.max_new, **choices, on_token=on_token, form=args.form,
+                       cache=args.cache, cache_len=args.cache_len, compile=args.backend == "torch-compile",
                        overrides=parse_sets(args.set), seed=args.seed, weights=args.weights,
                        pad_vocab=args.pad_vocab)[0]

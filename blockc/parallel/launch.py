@@ -111,15 +111,19 @@ def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int 
 
 
 def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, stop_id=None, stopping=(),
-                form: str = "fused", cache: str = "inplace", cache_len: int | None = None, compile: bool = False,
-                overrides: Mapping[str, str] | None = None, seed: int = 0, weights: str | None = None,
-                pad_vocab: bool = False, timeout: float = 300.0, port: int | None = None) -> list:
+                on_token=None, form: str = "fused", cache: str = "inplace", cache_len: int | None = None,
+                compile: bool = False, overrides: Mapping[str, str] | None = None, seed: int = 0,
+                weights: str | None = None, pad_vocab: bool = False, timeout: float = 300.0,
+                port: int | None = None) -> list:
     """``generate`` (``generate/loop.py``) with the model split over ``tp``
     ranks: each rank's ``Generation``. Rank 0 runs ``pick`` (greedy unless
     given), ``stop_id`` and ``stopping``, sent to it by pickle, and the
     others take its picks (``generate/agreement.py``), so all ranks hold the
-    same tokens. ``form``, ``cache``, ``cache_len``: as ``generate``'s; the
-    ranks run on torch eager, or under torch.compile (``compile``)."""
+    same tokens. ``on_token(tokens)`` is called here with each prompt's new
+    ids so far, as rank 0 writes them after its steps (read every 50 ms, so
+    steps may come together), and with the last. ``form``, ``cache``,
+    ``cache_len``: as ``generate``'s; the ranks run on torch eager, or under
+    torch.compile (``compile``)."""
     from ..generate.loop import Generation
     choices = {"stop_id": stop_id, "stopping": list(stopping), **({"pick": pick} if pick is not None else {})}
     case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, weights=weights, compile=compile,
@@ -127,8 +131,25 @@ def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, 
                 generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new), "form": form,
                           "cache": str(getattr(cache, "value", cache)), "cache_len": cache_len,
                           "choices": _pickled(choices)})
-    return [Generation.from_json(g) for g in _launch([case], tp, timeout, port, None,
-                                                     lambda path: json.load(open(path + ".generation.json")))[0]]
+    read = lambda path: json.load(open(path + ".generation.json"))   # noqa: E731
+    watch = _token_watch(on_token) if on_token is not None else None
+    return [Generation.from_json(g) for g in _launch([case], tp, timeout, port, None, read, watch)[0]]
+
+
+def _token_watch(on_token):
+    """A ``_wait`` watch that hands ``on_token`` rank 0's tokens each time they change."""
+    seen = []
+
+    def watch(folder: str) -> None:
+        try:
+            with open(os.path.join(folder, "case0.rank0.tokens.json")) as f:
+                tokens = json.load(f)
+        except (OSError, ValueError):   # not written yet
+            return
+        if tokens != seen:
+            seen[:] = tokens
+            on_token(tokens)
+    return watch
 
 
 def _pickled(choices: dict) -> bytes:
@@ -141,7 +162,7 @@ def _pickled(choices: dict) -> bytes:
                           f"pickled ({e}): define it at a module's top level") from None
 
 
-def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
+def _launch(cases, tp, timeout, port, on_start, read, watch=None) -> list[list]:
     from .worker import collective_timeout
     collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
     for case in cases:
@@ -154,7 +175,7 @@ def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
         try:
             if on_start is not None:
                 on_start(procs, folder)
-            _wait(procs, folder, timeout)
+            _wait(procs, folder, timeout, watch)
         finally:
             stop(procs)
         return [[read(os.path.join(folder, f"case{i}.rank{r}")) for r in range(tp)] for i in range(len(cases))]
@@ -217,10 +238,14 @@ def _this_blockc_first() -> str:
     return os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def _wait(procs: list, folder: str, timeout: float) -> None:
-    """Until every rank has ended well; the first that fails, or the clock, ends the run."""
+def _wait(procs: list, folder: str, timeout: float, watch: Callable[[str], None] | None = None) -> None:
+    """Until every rank has ended well; the first that fails, or the clock,
+    ends the run. ``watch(folder)`` is called at every look, and once after
+    the last (a caller following what the ranks write as they go)."""
     deadline = time.monotonic() + timeout
     while True:
+        if watch is not None:
+            watch(folder)
         codes = [p.poll() for p in procs]
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
@@ -228,6 +253,8 @@ def _wait(procs: list, folder: str, timeout: float) -> None:
             raise LaunchError(f"rank {rank} of {len(procs)} {_how(codes[rank])}: {_said(folder, rank)}; "
                               f"the other ranks were stopped")
         if all(c == 0 for c in codes):
+            if watch is not None:
+                watch(folder)
             return
         if time.monotonic() > deadline:
             raise LaunchError(f"the {len(procs)} ranks did not finish within {timeout:g} s; they were stopped")

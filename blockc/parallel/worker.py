@@ -27,7 +27,7 @@ kept), ``time`` (true, or ``{"warmup": w, "repeats": r}``:
 ``{out}.timing.json``, ``time_rank``'s step and collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
 "cache_len", "choices"}``, ``choices`` a pickle of ``generate``'s ``pick``,
 ``stop_id`` and ``stopping``: generation instead of one forward pass,
-``{out}.generation.json``).
+``{out}.generation.json``; rank 0's tokens so far in ``{out}.tokens.json``).
 """
 from __future__ import annotations
 
@@ -163,7 +163,8 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
 def generate_case(case: dict, out: str, rank: int, world: int) -> None:
     """Generation on this rank (``generate(..., rank_of=)``): rank 0 picks
     and stops rows with the request's ``choices`` (``launch.write_job``'s
-    pickle), the others follow; its ``Generation`` to ``{out}.generation.json``."""
+    pickle), the others follow; its ``Generation`` to ``{out}.generation.json``,
+    and rank 0's tokens so far to ``{out}.tokens.json`` after each step."""
     import pickle
     import time
     from ..frontends import build_model
@@ -177,9 +178,20 @@ def generate_case(case: dict, out: str, rank: int, world: int) -> None:
     result = generate(model, weights, request["prompts"], request["max_new"],
                       backend="torch-compile" if case.get("compile") else "torch-eager", form=request["form"],
                       cache=request["cache"], cache_len=request["cache_len"], rank_of=(rank, world),
-                      pad_vocab=bool(case.get("pad_vocab")), load_s=time.perf_counter() - t0, **choices)
+                      pad_vocab=bool(case.get("pad_vocab")), load_s=time.perf_counter() - t0,
+                      on_token=_tokens_writer(out + ".tokens.json") if rank == 0 else None, **choices)
     with open(out + ".generation.json", "w") as f:
         json.dump(result.as_json(), f)
+
+
+def _tokens_writer(path: str):
+    """An ``on_token`` that keeps each prompt's new ids so far in ``path``,
+    replaced whole each step, so a reader never sees half a file."""
+    def write(tokens) -> None:
+        with open(path + ".part", "w") as f:
+            json.dump(tokens, f)
+        os.replace(path + ".part", path)
+    return write
 
 
 def case_weights(case: dict, model):

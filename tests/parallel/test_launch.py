@@ -207,9 +207,12 @@ def test_generate_on_two_ranks_gives_the_tokens_of_one(tmp_path):
     prompts = [[5, 17, 42, 9], [100, 3]]
     want = generate(model, weights, prompts, 6, backend="torch-eager", cache="concat",
                     pick=Sampler(temperature=0.8, seed=1)).tokens
+    seen: list = []
     ranks = generate_tp("llama-tiny", 2, prompts, 6, pick=Sampler(temperature=0.8, seed=1), cache="concat",
-                        weights=str(tmp_path / "w.safetensors"))
+                        weights=str(tmp_path / "w.safetensors"), on_token=lambda t: seen.append([list(r) for r in t]))
     assert [g.tokens for g in ranks] == [want, want] and ranks[0].backend == "torch-eager"
+    assert seen and seen[-1] == want   # streamed from rank 0, each step's tokens growing to the last
+    assert all(len(a[0]) <= len(b[0]) and b[0][:len(a[0])] == a[0] for a, b in zip(seen, seen[1:]))
 
 
 def test_a_pick_that_cannot_travel_to_rank_0_is_refused_before_any_rank_starts():
