@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
+from ..errors import BlockcError
 from .common import int_list, parse_dims, write_text
-from .options import dim_arg, dtype_arg, fused_as_arg, json_arg, model_args, weights_args
+from .options import dim_arg, dtype_arg, fused_as_arg, json_arg, model_args, tp_args, weights_args
 from .progress_bar import PROGRESS_LINE_S, ProgressBar
 
 NAME = "compare"
@@ -15,16 +16,24 @@ DESCRIPTION = ("Measure MODEL in every form (decomposed, standard, fused) on eve
                "repeats: latency, speedup against the standard form, node and kernel counts, modelled bytes and "
                "achieved bandwidth, max error against the float64 reference. ONNX Runtime runs at its basic "
                "optimization level (so the fusions are blockc's) and at its full level. Backends and peers that are "
-               "not here are listed as skipped with the reason.")
+               "not here are listed as skipped with the reason. With --tp N: the torch backends' step, unfused and "
+               "fused, split over N ranks beside one rank, each through the tensor-parallel launcher, with the "
+               "collectives' share of a step.")
+
+# What ``compare --tp`` takes (``compare/tensor_parallel.py``); any other option given is refused.
+TP_TAKES = ("model", "set", "tp", "pad_vocab", "backends", "batch", "seq", "seed", "weights", "json", "warmup",
+            "repeats", "no_progress")
 
 
 def add_arguments(p) -> None:
     from ..compare.peers import PEERS
     from ..runtime.backend import backend_names, compare_backends
     model_args(p)
+    tp_args(p)
     p.add_argument("--backends", default=",".join(compare_backends()), metavar="LIST",
                    help=f"comma-separated, from {', '.join(backend_names())} (default: "
-                        f"{', '.join(compare_backends())}; those not here are skipped)")
+                        f"{', '.join(compare_backends())}; those not here are skipped; with --tp torch-eager, "
+                        f"or torch-compile)")
     p.add_argument("--peers", default=",".join(PEERS), metavar="LIST",
                    help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed and "
                         f"apply: ort-original needs an ONNX file)")
@@ -89,10 +98,51 @@ def compare_options(args):
         weights=args.weights, kernels=not args.no_kernels, command="blockc " + shlex.join(args.argv))
 
 
+def run_tp(args) -> int:
+    """``compare --tp N``: what ``compare/tensor_parallel.py`` measures, printed and written."""
+    import json
+
+    from ..compare.tensor_parallel import compare_tp, format_tp
+    from ..frontends.catalog import parse_sets
+    _refuse_outside_tp(args)
+    batches, seqs = int_list("--batch", args.batch), int_list("--seq", args.seq or "128")
+    if len(batches) != 1 or len(seqs) != 1:
+        raise BlockcError("compare --tp measures one shape: give one --batch and one --seq")
+    backends = ("torch-eager",) if args.backends == _defaults()["backends"] else _name_list(args.backends)
+    report = compare_tp(args.model, args.tp, overrides=parse_sets(args.set), backends=backends, batch=batches[0],
+                        seq=seqs[0], seed=args.seed, weights=args.weights, pad_vocab=args.pad_vocab,
+                        warmup=args.warmup, repeats=args.repeats)
+    print(format_tp(report))
+    if args.json:
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _defaults() -> dict:
+    """compare's options as they are when not given."""
+    import argparse
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return vars(p.parse_args([]))
+
+
+def _refuse_outside_tp(args) -> None:
+    """An option ``compare --tp`` does not take, given, is refused rather than ignored."""
+    given = [k for k, v in _defaults().items() if k not in TP_TAKES + ("fused_as",) and getattr(args, k) != v]
+    given += ["fused_as"] if "fused_as" in args.backend_options else []
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise BlockcError(f"compare --tp times each contestant once through the tensor-parallel launcher: {flag} "
+                          f"is not taken with --tp (it takes {', '.join('--' + k.replace('_', '-') for k in TP_TAKES[2:])})")
+
+
 def run(args) -> int:
     import json
 
     from ..compare import plan_comparison, run_comparison
+    if args.tp is not None:
+        return run_tp(args)
     from ..compare.run import describe_plan
     from ..compare.table import make_console, print_report
     options = compare_options(args)

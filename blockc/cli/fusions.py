@@ -27,8 +27,10 @@ def run(args) -> int:
     import json
     from ..passes.forms import to_form
     if args.tp is not None:
+        from ..report.fusions import ranks_report
         from .tensor_parallel import fusion_ranks
-        report = fusion_ranks(args, lambda graph, weights: _report(args, graph, weights))
+        report = ranks_report(args.model, fusion_ranks(args, lambda graph, weights: _report(args, graph, weights)),
+                              pad_vocab=args.pad_vocab)
     else:
         model, traced = trace_model(args)
         report = _report(args, to_form(traced, args.form),

@@ -35,8 +35,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cache-pairs", metavar="PAST=PRESENT,...",
                    help="an ONNX decoder file's cache inputs and outputs in pairs, where neither genai_config.json "
                         "nor their names give them")
-    p.add_argument("--backend", choices=backend_names(), default="ort-cpu",
-                   help="where the graphs run (default ort-cpu): reference, ort-cpu, cuda-emu, ...")
+    p.add_argument("--backend", choices=backend_names(),
+                   help="where the graphs run (default ort-cpu; with --tp torch-eager, the only kind a rank runs "
+                        "besides torch-compile): reference, ort-cpu, cuda-emu, ...")
     weights_args(p, seeds="the weights (where made, not read from --weights) and of sampling")
     json_arg(p, what="the ids (and texts) and timings")
 
@@ -87,10 +88,14 @@ def _stopping_args(p) -> None:
 
 def run(args) -> int:
     from ..generate.generation_config import GenerationDefaults, make_sampler, read_generation_config
-    from ..generate.loop import cache_length, check_request, generate
+    from ..generate.loop import cache_length, check_request
     from ..generate.stopping import user_criteria
     from ..generate.stream import TextLines, TokenLines, format_timings
     from ..runtime.backend import make_backend
+    if args.tp is not None:
+        from .tensor_parallel import check_generate_ranks
+        check_generate_ranks(args)
+    args.backend = args.backend or "ort-cpu"
     directory = hf_dir_of(args)
     tokenizer = _tokenizer(args, directory)
     prompts = _prompts(args, tokenizer)
@@ -103,22 +108,30 @@ def run(args) -> int:
     model = _decoder(args)
     check_request(model, prompts, args.max_new)   # before any weights are made
     cache_length(model, prompts, args.max_new, args.cache, args.cache_len)
-    if args.tp is not None:
-        return _generate_on_ranks(args, prompts)
     make_backend(args.backend).require()
-    t0 = time.perf_counter()
-    weights = _weights(args, model)
-    load_s = time.perf_counter() - t0
     lines = (TextLines(tokenizer, len(prompts), skip_special_tokens=args.skip_special_tokens) if tokenizer
              else TokenLines(len(prompts)))
-    result = generate(model, weights, prompts, args.max_new, backend=args.backend, pick=pick,
-                      stop_id=args.stop_id or defaults.eos_ids, stopping=stopping, on_token=lines, form=args.form,
-                      cache=args.cache, cache_len=args.cache_len, load_s=load_s)
+    choices = dict(pick=pick, stop_id=args.stop_id or defaults.eos_ids, stopping=stopping)
+    result = _generate(args, model, prompts, choices, lines)
     texts = lines.finish(result.tokens)
     print(format_timings(result))
     if args.json:
         _write_json(args, prompts, result, texts)
     return 0
+
+
+def _generate(args, model, prompts, choices: dict, lines):
+    """The ``Generation``, its lines drawn as tokens come: on one process,
+    or with --tp on its ranks (``cli/tensor_parallel.py``)."""
+    if args.tp is not None:
+        from .tensor_parallel import generate_ranks
+        return generate_ranks(args, prompts, choices, on_token=lines)
+    from ..generate.loop import generate
+    t0 = time.perf_counter()
+    weights = _weights(args, model)
+    load_s = time.perf_counter() - t0
+    return generate(model, weights, prompts, args.max_new, backend=args.backend, on_token=lines, form=args.form,
+                    cache=args.cache, cache_len=args.cache_len, load_s=load_s, **choices)
 
 
 def _tokenizer(args, directory):
@@ -172,23 +185,10 @@ def cache_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _generate_on_ranks(args, prompts: list[list[int]]) -> int:
-    """``--tp N``: the model split over N ranks (``cli/tensor_parallel.py``); each prompt's new ids."""
-    import json
-    from ..generate.stream import TokenLines
-    from .tensor_parallel import generate_ranks
-    tokens = generate_ranks(args, prompts)
-    TokenLines(len(prompts)).finish(tokens)
-    if args.json:
-        write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, "tp": args.tp,
-                                          "tokens": tokens}, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
-
-
 def _write_json(args, prompts, result, texts) -> None:
     import json
     text = {"prompt_text": args.prompt, "text": texts} if texts is not None else {}
-    write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, **result.as_json(), **text},
+    ranks = {"tp": args.tp} if args.tp is not None else {}
+    write_text(args.json, json.dumps({"model": args.model, "prompts": prompts, **ranks, **result.as_json(), **text},
                                      indent=2) + "\n")
     print(f"wrote {args.json}")

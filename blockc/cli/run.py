@@ -19,8 +19,9 @@ def add_arguments(p) -> None:
     from ..runtime.backend import backend_names
     graph_args(p)
     tp_args(p)
-    p.add_argument("--backend", choices=backend_names(), default="ort",
-                   help="reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
+    p.add_argument("--backend", choices=backend_names(),
+                   help="reference: the numpy interpreter; ort: ONNX Runtime (default, and torch-eager with --tp; "
+                        "ort-cpu, ort-cuda: with that "
                         "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
                         "CPU; torch-eager, torch-compile: the graph as a PyTorch module")
     gemm_arg(p)
@@ -49,6 +50,7 @@ def run(args) -> int:
     if args.tp is not None:
         from .tensor_parallel import run_ranks
         return run_ranks(args)
+    args.backend = args.backend or "ort"
     backend = make_backend(args.backend, **args.backend_options)   # an option it does not take: refused first
     model, graph = make_graph(args)
     weights = make_weights(args, model)

@@ -12,8 +12,6 @@ from ..errors import BlockcError
 from .common import load_model, make_feeds, make_weights, trace_model
 from .options import optimize_options
 
-# The backends a rank runs on: each rank is a PyTorch process (``parallel/worker.py``).
-TP_BACKENDS = ("torch-eager", "torch-compile")
 
 
 def shard_model(args, progress=None):
@@ -45,14 +43,18 @@ def show_ranks(args) -> int:
 
 
 def summary_ranks(args) -> int:
-    """``blockc summary --tp N``: each rank's parameter bytes and collectives."""
+    """``blockc summary --tp N``: each rank's parameter bytes, peak
+    activations and collectives, beside the unsplit model's activations."""
     from ..frontends import trace
     from ..passes.shard import shard
     from ..report.communication import rank_summaries
-    sharded = shard(trace(load_model(args)), args.tp, pad_vocab=args.pad_vocab)
+    from ..report.footprint import footprint
+    traced = trace(load_model(args))
+    sharded = shard(traced, args.tp, pad_vocab=args.pad_vocab)
     bindings = {"batch": 1, "seq": 128}
-    print(f"{args.model} over {args.tp} tensor-parallel ranks (collectives at "
-          + ", ".join(f"{k}={v}" for k, v in bindings.items()) + "):")
+    print(f"{args.model} over {args.tp} tensor-parallel ranks (activations and collectives of the standard-form "
+          f"graphs at " + ", ".join(f"{k}={v}" for k, v in bindings.items())
+          + f"; unsplit, {footprint(traced, bindings).activations:,} activation bytes at peak):")
     for row in rank_summaries(sharded, bindings):
         print(row.format())
     return 0
@@ -83,7 +85,7 @@ def fusion_ranks(args, report_one) -> list[dict]:
 
 
 def run_ranks(args) -> int:
-    """``blockc run --tp N --backend torch-eager|torch-compile``: the ranks
+    """``blockc run --tp N [--backend torch-eager|torch-compile]``: the ranks
     started on this machine (``run_tp``); rank 0's outputs (every rank
     holds the gathered outputs), checked against the unsplit float64
     reference with --check."""
@@ -92,9 +94,10 @@ def run_ranks(args) -> int:
     from ..parallel.launch import run_tp
     from ..report.numerics import max_abs_error, run_check_failure
     from ..runtime.reference import run_reference
-    if args.backend not in TP_BACKENDS:
-        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(TP_BACKENDS)} "
-                          f"(not {args.backend})")
+    args.backend = rank_backend(args)
+    if args.disable or args.print_after or args.print_after_all:
+        raise BlockcError("--tp runs every pass on each rank's graph: --disable and --print-after are not taken "
+                          "with --tp")
     model, traced = trace_model(args)
     feeds, bindings = make_feeds(args, model, traced)
     outputs = run_tp(args.model, args.tp, feeds, overrides=parse_sets(args.set), seed=args.seed,
@@ -117,15 +120,39 @@ def run_ranks(args) -> int:
     return 1 if failure else 0
 
 
-def generate_ranks(args, prompts: list[list[int]]) -> list[list[int]]:
-    """``blockc generate --tp N``: greedy generation on N ranks
-    (``generate_tp``; the ranks gather the logits, so all agree): rank 0's
-    new tokens per prompt."""
+def rank_backend(args) -> str:
+    """The backend each rank runs: --backend, torch-eager where none is
+    given. One a rank does not run, or a backend option (--fused-as,
+    --provider, ...) it does not take, is refused as ``make_backend``
+    refuses it, rather than ignored."""
+    from ..parallel.launch import RANK_BACKENDS
+    from ..runtime.backend import make_backend
+    backend = args.backend or RANK_BACKENDS[0]
+    if backend not in RANK_BACKENDS:
+        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(RANK_BACKENDS)} "
+                          f"(not {backend})")
+    make_backend(backend, **getattr(args, "backend_options", {}))
+    return backend
+
+
+def check_generate_ranks(args) -> None:
+    """What ``generate --tp`` cannot honour, refused before any work: a
+    backend a rank does not run, and an ONNX decoder file's cache pairs
+    (the ranks split blockc's own decoder graphs)."""
+    args.backend = rank_backend(args)
+    if args.cache_pairs is not None:
+        raise BlockcError("--tp splits blockc's own decoder graphs, which name their caches: --cache-pairs (an ONNX "
+                          "decoder file's cache names) is not taken with --tp")
+
+
+def generate_ranks(args, prompts: list[list[int]], choices: dict, on_token=None):
+    """``blockc generate --tp N``: the generation on N ranks (``generate_tp``),
+    rank 0 picking with ``choices`` (``generate``'s ``pick``, ``stop_id``,
+    ``stopping``) for all, its tokens handed to ``on_token`` as they come;
+    rank 0's ``Generation``."""
     from ..frontends.catalog import parse_sets
     from ..parallel.launch import generate_tp
-    if args.temperature:
-        raise BlockcError("--tp generates greedily: leave out --temperature")
-    if args.stop_id is not None:
-        raise BlockcError("--tp generates --max-new tokens per prompt: leave out --stop-id")
-    return generate_tp(args.model, args.tp, prompts, args.max_new, overrides=parse_sets(args.set),
-                       seed=args.seed, pad_vocab=args.pad_vocab, fused=args.form == "fused")[0]
+    return generate_tp(args.model, args.tp, prompts, args.max_new, **choices, on_token=on_token, form=args.form,
+                       cache=args.cache, cache_len=args.cache_len, compile=args.backend == "torch-compile",
+                       overrides=parse_sets(args.set), seed=args.seed, weights=args.weights,
+                       pad_vocab=args.pad_vocab)[0]

@@ -48,6 +48,7 @@ from ..frontends.onnx.decoder import OnnxDecoder
 from ..passes.forms import to_form
 from ..passes.shard import shard
 from ..runtime.backend import make_backend
+from .agreement import RankDecisions
 from .cache import CacheKind, cache_length, cache_names, into_cache
 from .decoder import as_decoder
 from .sampling import greedy
@@ -100,6 +101,12 @@ class Generation:
         """New tokens of every row over the time from the prefill to the last pick."""
         total = self.first_token_s + sum(self.step_s)
         return sum(len(t) for t in self.tokens) / total if total > 0 else 0.0
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Generation":
+        """The ``Generation`` that ``as_json`` wrote (a tensor-parallel rank's, read by its launcher)."""
+        return cls(d["tokens"], d["first_token_s"], d["step_s"], d["compile_s"], d["backend"], d["form"],
+                   d["load_s"])
 
     def as_json(self) -> dict:
         return {"backend": self.backend, "form": self.form, "tokens": self.tokens, "whole_s": self.whole_s,
@@ -214,7 +221,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     group (``parallel/launch.generate_tp``): both graphs are sharded
     (``passes/shard.py``, ``pad_vocab`` passed on) before the form is
     applied, and this rank's graph runs on its slice of the weights; the
-    logits are gathered, so every rank picks the same tokens."""
+    logits are gathered, rank 0 picks and decides which rows are done, and
+    the other ranks take its decisions (``agreement.py``), so every rank
+    runs the same steps: ``pick`` and ``stopping`` run on rank 0 alone."""
     model = as_decoder(model)
     prompts = check_request(model, prompts, max_new)
     criteria = StoppingCriteriaList([MaxNewTokens(max_new), EosIds(stop_id, model.cfg.vocab), *stopping])
@@ -231,7 +240,8 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
         decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
-            loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length)
+            loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length,
+                              ranks=RankDecisions(rank_of[0]) if rank_of is not None and rank_of[1] > 1 else None)
             return replace(loop.run(prefill, decode), compile_s=compile_s, backend=target.name, form=form,
                            load_s=load_s)
         finally:
@@ -298,7 +308,9 @@ class DecodeLoop:
     concat cache) and what it has so far (each row's ``history`` and ``new``
     ids, which rows are ``done``, the mask and positions fed, the last ids
     ``chosen``, the timings). ``run`` drives the prefill, then the decode
-    steps until every row is done."""
+    steps until every row is done. ``ranks``: this process is one rank of a
+    tensor-parallel group, where rank 0 picks and decides for all
+    (``agreement.py``)."""
 
     vocab: int
     names: StepNames
@@ -313,6 +325,7 @@ class DecodeLoop:
     mask: np.ndarray = field(init=False)
     positions: np.ndarray = field(init=False)
     chosen: np.ndarray = field(init=False)
+    ranks: RankDecisions | None = None
     first_token_s: float = 0.0
     step_s: list[float] = field(default_factory=list)
 
@@ -323,17 +336,29 @@ class DecodeLoop:
 
     def take(self, logits: np.ndarray, start: float) -> float:
         """Pick from ``logits``, add each unfinished row's id, ask the
-        criteria which rows are done; the seconds since ``start``."""
-        self.chosen = _picked(self.pick, logits, self.history, self.vocab)
-        for row, token in enumerate(self.chosen):
-            if not self.done[row]:
-                self.new[row].append(int(token))
-                self.history[row].append(int(token))
-        self.done |= self.criteria(self.history, self.new)
+        criteria which rows are done (a rank that follows takes rank 0's
+        picks and done rows instead: ``agreement.py``); the seconds since ``start``."""
+        if self.ranks is None or self.ranks.leads:
+            self._add(_picked(self.pick, logits, self.history, self.vocab))
+            done = self.criteria(self.history, self.new)
+            if self.ranks is not None:
+                self.ranks.send(self.chosen, done)
+        else:
+            chosen, done = self.ranks.receive(len(self.prompts))
+            self._add(chosen)
+        self.done |= done
         seconds = time.perf_counter() - start
         if self.on_token is not None:
             self.on_token(self.new)
         return seconds
+
+    def _add(self, chosen: np.ndarray) -> None:
+        """``chosen`` taken as the step's ids: each unfinished row's appended."""
+        self.chosen = chosen
+        for row, token in enumerate(chosen):
+            if not self.done[row]:
+                self.new[row].append(int(token))
+                self.history[row].append(int(token))
 
     def run(self, prefill, decode) -> Generation:
         self.criteria.begin()

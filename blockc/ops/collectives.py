@@ -118,3 +118,15 @@ def torch_all_gather(x, axis: int, world: int):
 
 all_gather.torch(lambda b, node, xs: xs[0] if node.attrs["world"] == 1
                  else b.call(torch_all_gather, xs[0], node.attrs["axis"], node.attrs["world"]))
+
+
+def torch_broadcast(values: np.ndarray, src: int = 0) -> np.ndarray:
+    """Rank ``src``'s ``values`` on every rank of the default process group
+    (``dist.broadcast``); each other rank passes an array of the same shape
+    and dtype, whose contents are replaced. Not an IR op: the generation
+    loop's ranks share their picked tokens with it (``generate/agreement.py``)."""
+    import torch
+    import torch.distributed as dist
+    tensor = torch.from_numpy(np.array(values, copy=True))
+    dist.broadcast(tensor, src)
+    return tensor.numpy()

@@ -9,7 +9,9 @@ grows no transport of its own: the ranks talk through
 
 * a rank that exits with an error, or dies, stops the others at once, and
   the error names the rank and says what it printed;
-* a run past ``timeout`` seconds is stopped;
+* a run past ``timeout`` seconds is stopped; a rank waits at most
+  ``$BLOCKC_TP_TIMEOUT`` seconds in one collective (``worker.collective_timeout``),
+  so a peer that hangs ends the run then;
 * a ``MASTER_PORT`` already in use is refused before any rank starts;
 * whatever ends the wait (an error, Ctrl-C), every rank started is killed
   with its process group (torch.compile's workers too) and reaped, so no
@@ -34,6 +36,8 @@ import numpy as np
 from ..errors import LaunchError
 
 MASTER_ADDR = "127.0.0.1"
+# The backends a rank runs its graph on: each rank is a PyTorch process (``worker.py``).
+RANK_BACKENDS = ("torch-eager", "torch-compile")
 
 
 def free_port() -> int:
@@ -76,7 +80,7 @@ class Case:
     fused: bool = False
     compile: bool = False
     repeat: int = 1
-    time: bool = False
+    time: bool | dict = False
     generate: dict | None = None
 
 
@@ -97,25 +101,70 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
                    lambda path: load_npz(path + ".npz"))
 
 
-def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None
-               ) -> list[list[dict[str, float]]]:
+def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None,
+               warmup: int = 3, repeats: int = 20) -> list[list[dict[str, float]]]:
     """Each rank's step time and the time of its collectives alone, per case
-    (``worker.time_rank``): ``result[case][rank]``."""
-    cases = [dataclasses.replace(c, time=True) for c in cases]
+    (``worker.time_rank``: ``warmup`` untimed runs, the median of ``repeats``
+    timed ones, the same count on every rank): ``result[case][rank]``."""
+    cases = [dataclasses.replace(c, time={"warmup": warmup, "repeats": repeats}) for c in cases]
     return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
 
 
-def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, overrides: Mapping[str, str] | None = None,
-                seed: int = 0, fused: bool = True, pad_vocab: bool = False, timeout: float = 300.0,
-                port: int | None = None) -> list[list[list[int]]]:
-    """Greedy generation with the model split over ``tp`` ranks: each rank's
-    new tokens per prompt (the ranks gather the logits, so all agree)."""
-    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, fused=fused, pad_vocab=pad_vocab,
-                generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new)})
-    return _launch([case], tp, timeout, port, None, lambda path: json.load(open(path + ".tokens.json")))[0]
+def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, stop_id=None, stopping=(),
+                on_token=None, form: str = "fused", cache: str = "inplace", cache_len: int | None = None,
+                compile: bool = False, overrides: Mapping[str, str] | None = None, seed: int = 0,
+                weights: str | None = None, pad_vocab: bool = False, timeout: float = 300.0,
+                port: int | None = None) -> list:
+    """``generate`` (``generate/loop.py``) with the model split over ``tp``
+    ranks: each rank's ``Generation``. Rank 0 runs ``pick`` (greedy unless
+    given), ``stop_id`` and ``stopping``, sent to it by pickle, and the
+    others take its picks (``generate/agreement.py``), so all ranks hold the
+    same tokens. ``on_token(tokens)`` is called here with each prompt's new
+    ids so far, as rank 0 writes them after its steps (read every 50 ms, so
+    steps may come together), and with the last. ``form``, ``cache``,
+    ``cache_len``: as ``generate``'s; the ranks run on torch eager, or under
+    torch.compile (``compile``)."""
+    from ..generate.loop import Generation
+    choices = {"stop_id": stop_id, "stopping": list(stopping), **({"pick": pick} if pick is not None else {})}
+    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, weights=weights, compile=compile,
+                pad_vocab=pad_vocab,
+                generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new), "form": form,
+                          "cache": str(getattr(cache, "value", cache)), "cache_len": cache_len,
+                          "choices": _pickled(choices)})
+    read = lambda path: json.load(open(path + ".generation.json"))   # noqa: E731
+    watch = _token_watch(on_token) if on_token is not None else None
+    return [Generation.from_json(g) for g in _launch([case], tp, timeout, port, None, read, watch)[0]]
 
 
-def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
+def _token_watch(on_token):
+    """A ``_wait`` watch that hands ``on_token`` rank 0's tokens each time they change."""
+    seen = []
+
+    def watch(folder: str) -> None:
+        try:
+            with open(os.path.join(folder, "case0.rank0.tokens.json")) as f:
+                tokens = json.load(f)
+        except (OSError, ValueError):   # not written yet
+            return
+        if tokens != seen:
+            seen[:] = tokens
+            on_token(tokens)
+    return watch
+
+
+def _pickled(choices: dict) -> bytes:
+    """The pick and stopping criteria as rank 0 will read them, refused here if they cannot travel."""
+    import pickle
+    try:
+        return pickle.dumps(choices)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        raise LaunchError(f"the pick and stopping criteria go to rank 0 as a pickle, and one of them cannot be "
+                          f"pickled ({e}): define it at a module's top level") from None
+
+
+def _launch(cases, tp, timeout, port, on_start, read, watch=None) -> list[list]:
+    from .worker import collective_timeout
+    collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
     for case in cases:
         _check_shards(case, tp)
     port = free_port() if port is None else port
@@ -126,7 +175,7 @@ def _launch(cases, tp, timeout, port, on_start, read) -> list[list]:
         try:
             if on_start is not None:
                 on_start(procs, folder)
-            _wait(procs, folder, timeout)
+            _wait(procs, folder, timeout, watch)
         finally:
             stop(procs)
         return [[read(os.path.join(folder, f"case{i}.rank{r}")) for r in range(tp)] for i in range(len(cases))]
@@ -142,6 +191,10 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
         spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)
         save_npz(spec["feeds"], case.feeds)
+        if case.generate is not None:   # the pick and criteria (``generate_tp``) beside the job, by pickle
+            spec["generate"] = {**case.generate, "choices": os.path.join(job["out"], f"choices{i}.pkl")}
+            with open(spec["generate"]["choices"], "wb") as f:
+                f.write(case.generate["choices"])
         job["cases"].append(spec)
     path = os.path.join(folder, "job.json")
     with open(path, "w") as f:
@@ -185,10 +238,14 @@ def _this_blockc_first() -> str:
     return os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def _wait(procs: list, folder: str, timeout: float) -> None:
-    """Until every rank has ended well; the first that fails, or the clock, ends the run."""
+def _wait(procs: list, folder: str, timeout: float, watch: Callable[[str], None] | None = None) -> None:
+    """Until every rank has ended well; the first that fails, or the clock,
+    ends the run. ``watch(folder)`` is called at every look, and once after
+    the last (a caller following what the ranks write as they go)."""
     deadline = time.monotonic() + timeout
     while True:
+        if watch is not None:
+            watch(folder)
         codes = [p.poll() for p in procs]
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
@@ -196,6 +253,8 @@ def _wait(procs: list, folder: str, timeout: float) -> None:
             raise LaunchError(f"rank {rank} of {len(procs)} {_how(codes[rank])}: {_said(folder, rank)}; "
                               f"the other ranks were stopped")
         if all(c == 0 for c in codes):
+            if watch is not None:
+                watch(folder)
             return
         if time.monotonic() > deadline:
             raise LaunchError(f"the {len(procs)} ranks did not finish within {timeout:g} s; they were stopped")

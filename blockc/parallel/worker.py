@@ -4,24 +4,30 @@ It reads who it is from torchrun's environment variables (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so
 ``parallel/launch.py`` or ``torchrun --nproc-per-node N -m
 blockc.parallel.worker JOB`` start the same ranks. It joins the process
-group (gloo on the CPU; NCCL is for GPUs, which the PyTorch backend does not
-run on yet), makes its own graph with ``shard`` (every rank shards alike, so
+group, makes its own graph with ``shard`` (every rank shards alike, so
 no graph is sent), its slice of each weight, lowers the graph with the
 PyTorch backend (``runtime/torch_runner.py``: the collectives are
 ``torch.distributed`` calls) and writes its outputs to
 ``{out}/rank{R}.npz``. A peer that dies makes its collectives fail, and the
-group's timeout bounds one that hangs: the rank then exits with a
+collective timeout bounds one that hangs: the rank then exits with a
 ``blockc: error:`` line, never waiting for ever.
 
+A collective waits at most ``$BLOCKC_TP_TIMEOUT`` seconds (60 unless set)
+for its peers. The process group is gloo on the CPU, NCCL where the ranks
+run on CUDA devices (``group_backend``; the PyTorch backend runs on the CPU
+today, so every rank is on gloo).
+
 ``JOB`` is a JSON file: ``out`` (a folder), ``timeout`` (seconds, the
-process group's), and ``cases``, each run in turn in the one process group:
+whole run's), and ``cases``, each run in turn in the one process group:
 ``model`` (a built-in name, a ``.py`` or ``.onnx`` spec), ``overrides``,
 ``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
 file, each rank reading only its slices), ``feeds`` (an ``.npz``),
 ``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
-kept), ``time`` (``{out}.timing.json``: ``time_rank``'s step and
-collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n}``:
-greedy generation instead of one forward pass, ``{out}.tokens.json``).
+kept), ``time`` (true, or ``{"warmup": w, "repeats": r}``:
+``{out}.timing.json``, ``time_rank``'s step and collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
+"cache_len", "choices"}``, ``choices`` a pickle of ``generate``'s ``pick``,
+``stop_id`` and ``stopping``: generation instead of one forward pass,
+``{out}.generation.json``; rank 0's tokens so far in ``{out}.tokens.json``).
 """
 from __future__ import annotations
 
@@ -43,6 +49,38 @@ def rank_env() -> tuple[int, int]:
     if not 0 <= rank < world:
         raise BlockcError(f"RANK={rank} is not a rank of WORLD_SIZE={world}")
     return rank, world
+
+
+# Where a rank's graph runs: the PyTorch backend runs on the CPU (``runtime/backends/pytorch.py``).
+RANK_DEVICE = "cpu"
+TIMEOUT_VARIABLE = "BLOCKC_TP_TIMEOUT"
+# How long a rank waits in one collective (or for its peers to join) before it gives up: a peer that
+# hangs, or was stopped, ends the run in this time, not in torch.distributed's default of 30 minutes.
+# Long enough for ranks that compile at different speeds (torch.compile on shared cores).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
+
+
+def group_backend(device: str) -> str:
+    """The ``torch.distributed`` backend for ranks on ``device``: NCCL for
+    CUDA devices, gloo on the CPU (PyTorch's own advice)."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def collective_timeout() -> float:
+    """Seconds a rank waits for its peers in one collective:
+    ``$BLOCKC_TP_TIMEOUT`` where set (by the user, for blockc's launcher or
+    torchrun alike), else ``DEFAULT_COLLECTIVE_TIMEOUT_S``."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if text is None or not text.strip():
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise BlockcError(f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (> 0): it bounds how long a "
+                          f"rank waits for its peers")
+    return seconds
 
 
 def rank_graph_and_weights(job: dict, rank: int, world: int):
@@ -91,8 +129,8 @@ def read_rank_weights(path: str, sharded, rank: int) -> dict:
 def run_rank(job: dict) -> None:
     import torch.distributed as dist
     rank, world = rank_env()
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 60))))
+    dist.init_process_group(group_backend(RANK_DEVICE), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=collective_timeout()))
     try:
         for i, case in enumerate(job["cases"]):
             run_case(case, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
@@ -116,27 +154,60 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
     for _ in range(max(1, int(case.get("repeat", 1)))):
         outputs = session.run(feeds)
     save_npz(out + ".npz", {k: np.asarray(v) for k, v in outputs.items()})
-    if case.get("time"):
+    if case.get("time"):   # True, or {"warmup": w, "repeats": r}
+        timing = case["time"] if isinstance(case["time"], dict) else {}
         with open(out + ".timing.json", "w") as f:
-            json.dump(time_rank(session, graph, feeds), f)
+            json.dump(time_rank(session, graph, feeds, **timing), f)
 
 
 def generate_case(case: dict, out: str, rank: int, world: int) -> None:
-    """Greedy generation on this rank (``generate(..., rank_of=)``): its new
-    tokens to ``{out}.tokens.json``."""
-    from ..frontends import build_model, init_weights
+    """Generation on this rank (``generate(..., rank_of=)``): rank 0 picks
+    and stops rows with the request's ``choices`` (``launch.write_job``'s
+    pickle), the others follow; its ``Generation`` to ``{out}.generation.json``,
+    and rank 0's tokens so far to ``{out}.tokens.json`` after each step."""
+    import pickle
+    import time
+    from ..frontends import build_model
     from ..generate.loop import generate
     model = build_model(case["model"], case.get("overrides") or {})
     request = case["generate"]
-    result = generate(model, init_weights(model, seed=case.get("seed", 0)), request["prompts"], request["max_new"],
-                      backend="torch-compile" if case.get("compile") else "torch-eager",
-                      form="fused" if case.get("fused") else "standard", rank_of=(rank, world),
-                      pad_vocab=bool(case.get("pad_vocab")))
-    with open(out + ".tokens.json", "w") as f:
-        json.dump(result.tokens, f)
+    with open(request["choices"], "rb") as f:
+        choices = pickle.load(f)
+    t0 = time.perf_counter()
+    weights = case_weights(case, model)
+    result = generate(model, weights, request["prompts"], request["max_new"],
+                      backend="torch-compile" if case.get("compile") else "torch-eager", form=request["form"],
+                      cache=request["cache"], cache_len=request["cache_len"], rank_of=(rank, world),
+                      pad_vocab=bool(case.get("pad_vocab")), load_s=time.perf_counter() - t0,
+                      on_token=_tokens_writer(out + ".tokens.json") if rank == 0 else None, **choices)
+    with open(out + ".generation.json", "w") as f:
+        json.dump(result.as_json(), f)
 
 
-def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
+def _tokens_writer(path: str):
+    """An ``on_token`` that keeps each prompt's new ids so far in ``path``,
+    replaced whole each step, so a reader never sees half a file."""
+    def write(tokens) -> None:
+        with open(path + ".part", "w") as f:
+            json.dump(tokens, f)
+        os.replace(path + ".part", path)
+    return write
+
+
+def case_weights(case: dict, model):
+    """The whole weights of a case that shards them itself (generation):
+    its ``.safetensors`` file's, checked against the model, or made from its seed
+    (a Hugging Face directory's own, read from its checkpoint)."""
+    from ..frontends import init_weights
+    if case.get("weights"):
+        from ..frontends.weights import check_weights, load_weights
+        weights = load_weights(case["weights"])
+        check_weights(model, weights)
+        return weights
+    return init_weights(model, seed=case.get("seed", 0))
+
+
+def time_rank(session, graph, feeds, repeats: int = 20, warmup: int = 3) -> dict[str, float]:
     """The median step, and the median of the step's collectives alone (the
     same ops on tensors of the same shapes, in the same order): their ratio
     is the collectives' share of a step. Every rank runs the same fixed
@@ -153,10 +224,10 @@ def time_rank(session, graph, feeds, repeats: int = 20) -> dict[str, float]:
             x = torch.zeros(n.inputs[0].type.concrete_shape(bindings), dtype=torch.float32)
             calls.append((lambda x=x: torch_all_reduce(x)) if n.op == "all_reduce"
                          else (lambda x=x, a=n.attrs: torch_all_gather(x, a["axis"], a["world"])))
-    fixed = {"warmup": 3, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
+    fixed = {"warmup": warmup, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
     step = measure(lambda: session.run_unchecked(feeds), **fixed)
-    comm = measure(lambda: [call() for call in calls], **fixed)
-    return {"step_s": step.median_s, "collectives_s": comm.median_s, "collectives": len(calls)}
+    comm = measure(lambda: [call() for call in calls], **fixed).median_s if calls else 0.0   # one rank: none
+    return {"step_s": step.median_s, "collectives_s": comm, "collectives": len(calls)}
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """The communication model of a tensor-parallel rank, beside the traffic
 model (``report/traffic.py``): bytes each rank hands to its collectives in
-one forward pass, and each rank's parameter bytes.
+one forward pass, and each rank's parameter bytes and peak activations.
 
 Megatron's split all-reduces the block's output twice (after attention's
 output projection and after the second feed-forward projection), each a
@@ -19,6 +19,7 @@ from typing import Mapping
 
 from ..ir.graph import Graph
 from ..ops._rules import numel
+from .footprint import footprint
 
 COLLECTIVES = ("all_reduce", "all_gather")
 
@@ -48,18 +49,23 @@ def collective_bytes(graph: Graph, bindings: Mapping[str, int]) -> list[Collecti
 
 @dataclass
 class RankSummary:
-    """Rank ``rank``'s parameter bytes, and its collectives at given sizes."""
+    """Rank ``rank``'s parameter bytes, and at given sizes its peak live
+    activations (``report/footprint.py``: values split across the ranks are
+    1/N of the unsplit model's, values every rank holds whole are not) and
+    its collectives."""
     rank: int
     param_bytes: int
+    activation_bytes: int
     collectives: list
 
     def format(self) -> str:
-        parts = [f"rank {self.rank}: {self.param_bytes:,} parameter bytes"]
+        parts = [f"rank {self.rank}: {self.param_bytes:,} parameter bytes, "
+                 f"{self.activation_bytes:,} activation bytes at peak"]
         parts += [f"{c.count} {c.op} of {c.sent:,} bytes in all" for c in self.collectives]
         return "; ".join(parts)
 
 
 def rank_summaries(sharded, bindings: Mapping[str, int]) -> list[RankSummary]:
     """One row per rank of ``passes/shard.Sharded``."""
-    return [RankSummary(r, nbytes, collective_bytes(g, bindings))
+    return [RankSummary(r, nbytes, footprint(g, bindings).activations, collective_bytes(g, bindings))
             for r, (g, nbytes) in enumerate(zip(sharded.graphs, sharded.param_bytes()))]

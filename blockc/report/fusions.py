@@ -17,6 +17,7 @@ from ..passes.pipeline import FUSIONS, RECOMPOSITIONS
 from .traffic import total_bytes
 
 SCHEMA = "blockc.fusion-report/1"
+RANKS_SCHEMA = "blockc.fusion-report-ranks/1"
 
 
 def build_report(model_name: str, graph: Graph, result: OptimizeResult, bindings: Mapping[str, int],
@@ -62,6 +63,14 @@ def build_report(model_name: str, graph: Graph, result: OptimizeResult, bindings
         "passes": [{"name": p.name, "seconds": round(p.seconds, 6), "changed": p.changed,
                     "nodes_before": p.nodes_before, "nodes_after": p.nodes_after} for p in result.stats],
     }
+
+
+def ranks_report(model_name: str, reports: list[dict], *, pad_vocab: bool = False) -> dict:
+    """The reports of a model split over ``len(reports)`` tensor-parallel
+    ranks (``--tp``) as one object: each rank's report, in rank order, with
+    its ``rank``."""
+    return {"schema": RANKS_SCHEMA, "model": model_name, "tp": len(reports), "pad_vocab": pad_vocab,
+            "ranks": [{"rank": r, **report} for r, report in enumerate(reports)]}
 
 
 def _near_miss(site) -> bool:

@@ -2,6 +2,9 @@
 split over N ranks agrees with the unsplit model, per-rank views and files,
 and the refusals. The ranks are processes on this machine talking through
 gloo on 127.0.0.1; each launch is bounded by its timeout."""
+import json
+import time
+
 import numpy as np
 import onnx
 import pytest
@@ -23,8 +26,7 @@ def test_run_tp2_gives_the_unsplit_outputs(tmp_path, capsys):
     one, two = str(tmp_path / "tp1.npz"), str(tmp_path / "tp2.npz")
     code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "1", "--backend", "torch-eager", "--save", one)
     assert code == 0, err
-    code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "2", "--backend", "torch-eager", "--check",
-                         "--save", two)
+    code, out, err = run(capsys, "run", "gpt2", *SMALL, "--tp", "2", "--check", "--save", two)   # torch-eager
     assert code == 0, err
     assert "on 2 ranks of torch-eager" in out and "max |err| vs f64" in out
     a, b = np.load(one), np.load(two)
@@ -33,34 +35,69 @@ def test_run_tp2_gives_the_unsplit_outputs(tmp_path, capsys):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-5)
 
 
-def test_generate_tp2_gives_the_tokens_of_tp1(capsys):
-    argv = ["generate", "llama-tiny", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new", "5"]
-    code, single, err = run(capsys, *argv, "--tp", "1")
-    assert code == 0, err
-    code, split, err = run(capsys, *argv, "--tp", "2")
-    assert code == 0, err
-    assert split == single and split.startswith("[0] ") and len(split.splitlines()) == 2
+SAMPLED = ["--temperature", "0.9", "--top-k", "50", "--top-p", "0.9", "--repetition-penalty", "1.2", "--seed", "7"]
+
+
+@pytest.mark.parametrize("sampling", [[], SAMPLED], ids=["greedy", "sampled"])
+def test_generate_tp2_prints_the_text_of_one_process(hf_dir, tmp_path, capsys, sampling):
+    """Text in and out, the directory's generation config, sampling and a
+    stop id: the same command on 2 ranks prints and writes what one process
+    does (rank 0 samples and stops rows for both)."""
+    path = hf_dir("llama")
+    argv = ["generate", str(path), "--prompt", "The quick brown fox", "--prompt", "Café", "--max-new", "10",
+            *sampling]
+
+    def generated(*extra):
+        code, out, err = run(capsys, *argv, *extra, "--json", str(tmp_path / "g.json"))
+        assert code == 0, err
+        return out.split("whole run")[0], json.loads((tmp_path / "g.json").read_text())
+
+    _, free = generated("--backend", "torch-eager")
+    stop = ["--stop-id", str(free["tokens"][0][3])]   # row 0 stops after its 4th token, or before
+    text, single = generated("--backend", "torch-eager", *stop)
+    split_text, split = generated("--tp", "2", *stop)
+    assert split_text == text and split["text"] == single["text"] and split["tokens"] == single["tokens"]
+    assert len(split["tokens"][0]) <= 4 < len(split["tokens"][1]) and split["tp"] == 2
 
 
 @pytest.mark.parametrize("command", ["show", "fusions"])
-def test_show_and_fusions_print_each_rank(command, capsys):
-    extra = ["--no-onnx-forms"] if command == "fusions" else []
+def test_show_and_fusions_print_each_rank(command, capsys, tmp_path):
+    extra = ["--no-onnx-forms", "--json", str(tmp_path / "f.json")] if command == "fusions" else []
     code, out, err = run(capsys, command, "gpt2", *SMALL, "--tp", "2", *extra)
     assert code == 0, err
     assert [line for line in out.splitlines() if line.startswith("# rank")] == ["# rank 0 of 2", "# rank 1 of 2"]
     if command == "show":   # each rank's graph holds its collectives
         assert out.count("all_reduce") >= 2 * 2 * 2
+    else:   # docs/fusion-report.md: one object, each rank's report in it
+        report = json.loads((tmp_path / "f.json").read_text())
+        assert {k: report[k] for k in ("schema", "model", "tp", "pad_vocab")} == {
+            "schema": "blockc.fusion-report-ranks/1", "model": "gpt2", "tp": 2, "pad_vocab": False}
+        assert [r["rank"] for r in report["ranks"]] == [0, 1]
+        for rank in report["ranks"]:
+            assert rank["schema"] == "blockc.fusion-report/1" and rank["counts"]["add_layernorm"]["fused"] > 0
 
 
 def test_summary_tp8_of_gpt3_is_an_eighth_per_rank(capsys):
-    code, out, err = run(capsys, "summary", *GPT3, "--tp", "8", "--pad-vocab")
+    """Parameters 1/8 of 175B per rank; peak activations split too. A
+    vocabulary of 8192 (0.3% of the parameters) keeps the peak inside the
+    blocks: with GPT-2's 50257 it is the logits and probabilities, which
+    every rank holds whole once gathered. The unsplit model's peak is the
+    feed-forward's: 9 [b, s, d] values, the input and the 4d-wide hidden
+    before and after GELU. A rank holds an eighth of that hidden (one [b, s,
+    d] value in all), so its peak moves to an all-reduce: the residual, the
+    partial sum and the reduced sum, 3 values every rank holds whole."""
+    t0 = time.monotonic()
+    code, out, err = run(capsys, "summary", *GPT3, "--set", "vocab=8192", "--tp", "8")
     assert code == 0, err
+    assert time.monotonic() - t0 < 60
+    d_bytes = 128 * 12288 * 4   # one [b=1, s=128, d] float32 value
+    assert f"unsplit, {9 * d_bytes:,} activation bytes at peak" in out
     rows = [line for line in out.splitlines() if line.startswith("rank ")]
     assert len(rows) == 8
     for row in rows:
         params = int(row.split(":")[1].split()[0].replace(",", "")) / 4   # float32
         assert abs(params - 175e9 / 8) / (175e9 / 8) < 0.01, row
-        assert "all_reduce" in row
+        assert f", {3 * d_bytes:,} activation bytes at peak" in row and "all_reduce" in row
 
 
 def test_export_tp2_writes_a_checker_clean_file_per_rank(tmp_path, capsys):
@@ -81,6 +118,24 @@ def test_export_tp8_of_gpt3_without_weights(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"g.rank{r}.onnx" for r in range(8)]
 
 
+def test_compare_tp2_times_fused_and_unfused_beside_one_rank(tmp_path, capsys):
+    """Each contestant on 1 and on 2 ranks (two launches), its collectives'
+    share, and the bytes the communication model says a rank all-reduces."""
+    path = tmp_path / "c.json"
+    code, out, err = run(capsys, "compare", "gpt2", "--set", "layers=1", "--set", "vocab=256", "--tp", "2",
+                         "--warmup", "0", "--repeats", "2", "--json", str(path))
+    assert code == 0, err
+    report = json.loads(path.read_text())
+    assert report["schema"] == "blockc.compare-tp/1" and report["tp"] == 2
+    assert report["all_reduce_bytes_per_rank"] == (2 * 1 + 1) * 128 * 768 * 4   # 2·b·s·d a block, and the embedding
+    rows = {(r["backend"], r["form"], r["tp"]): r for r in report["results"]}
+    assert set(rows) == {("torch-eager", form, tp) for form in ("standard", "fused") for tp in (1, 2)}
+    for (_, _, tp), r in rows.items():
+        assert r["step_ms"] > 0 and (r["collectives"] == 0 if tp == 1 else r["collectives"] == 4)
+        assert r["share"] == r["collectives_ms"] / r["step_ms"] and (r["share"] == 0) == (tp == 1)
+    assert "vs 1 rank" in out and "vs standard" in out
+
+
 def one_line_error(code, err, needle):
     assert code == 2 and err.startswith("blockc: error: ") and len(err.strip().splitlines()) == 1, err
     assert needle in err, err
@@ -90,14 +145,24 @@ def one_line_error(code, err, needle):
     (["show", "gpt2", "--tp", "0"], "--tp must be a positive number of ranks, got 0"),
     (["summary", "gpt2", "--tp", "-2"], "--tp must be a positive number of ranks, got -2"),
     (["show", "llama-tiny", "--tp", "8"], "do not split across 8 ranks (more ranks than heads)"),
-    (["run", "gpt2", "--set", "layers=1", "--tp", "2"], "--tp runs each rank on PyTorch: give --backend "
-                                                        "torch-eager or torch-compile (not ort)"),
+    (["run", "gpt2", "--set", "layers=1", "--tp", "2", "--backend", "ort"],
+     "--tp runs each rank on PyTorch: give --backend torch-eager or torch-compile (not ort)"),
+    (["run", "gpt2", "--tp", "2", "--fused-as", "contrib"], "backend 'torch-eager' does not take the option "
+                                                            "'fused_as' (ort, ort-cpu, ort-cuda take it)"),
+    (["run", "gpt2", "--tp", "2", "--form", "fused", "--disable", "fuse_attention"],
+     "--tp runs every pass on each rank's graph: --disable and --print-after are not taken with --tp"),
     (["run", "gpt2", "--tp", "2", "--backend", "reference"], "(not reference)"),
+    (["compare", "gpt2", "--tp", "2", "--blocks", "3"], "--blocks is not taken with --tp"),
+    (["compare", "gpt2", "--tp", "2", "--fused-as", "contrib"], "--fused-as is not taken with --tp"),
+    (["compare", "gpt2", "--tp", "2", "--backends", "ort-cpu"],
+     "compare --tp times the backends a rank runs, torch-eager and torch-compile: give --backends from those "
+     "(not ort-cpu)"),
+    (["compare", "gpt2", "--tp", "2", "--batch", "1,8"], "compare --tp measures one shape: give one --batch and one"),
     (["show", "gpt2", "--pad-vocab"], "--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N"),
-    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--temperature", "0.7"],
-     "--tp generates greedily: leave out --temperature"),
-    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--stop-id", "3"],
-     "--tp generates --max-new tokens per prompt: leave out --stop-id"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--backend", "ort-cpu"],
+     "--tp runs each rank on PyTorch: give --backend torch-eager or torch-compile (not ort-cpu)"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--cache-pairs", "a=b"],
+     "--cache-pairs (an ONNX decoder file's cache names) is not taken with --tp"),
 ])
 def test_refusals_are_one_line(argv, needle, capsys):
     code, _, err = run(capsys, *argv)

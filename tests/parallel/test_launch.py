@@ -67,29 +67,64 @@ def test_tp2_on_gloo_equals_the_unsharded_model_fused_and_unfused(tmp_path):
                                            err_msg=f"{case.model} fused={case.fused} rank {rank} {out}")
 
 
-def test_a_killed_rank_stops_the_others_with_a_clear_error():
-    over = {"layers": "1"}
-    started: list = []
-
-    def kill_rank_1(procs, folder):
+def signal_rank_1_once_ready(sig, started: list):
+    """An ``on_start`` that sends rank 1 ``sig`` once it is about to run (its processes go to ``started``)."""
+    def on_start(procs, folder):
         started.extend(procs)
 
-        def killer():
+        def sender():
             ready = os.path.join(folder, "case0.rank1.ready")
             for _ in range(1200):
                 if os.path.exists(ready):
                     break
                 time.sleep(0.05)
             time.sleep(0.3)
-            os.kill(procs[1].pid, signal.SIGKILL)
-        threading.Thread(target=killer, daemon=True).start()
+            os.kill(procs[1].pid, sig)
+        threading.Thread(target=sender, daemon=True).start()
+    return on_start
 
+
+def test_a_killed_rank_stops_the_others_with_a_clear_error():
+    over = {"layers": "1"}
+    started: list = []
     t0 = time.monotonic()
     with pytest.raises(LaunchError, match=r"rank 1 of 2 died \(SIGKILL\).*the other ranks were stopped"):
         run_tp("llama-tiny", 2, feeds_for("llama-tiny", over), overrides=over, repeat=10**7, timeout=120,
-               on_start=kill_rank_1)
+               on_start=signal_rank_1_once_ready(signal.SIGKILL, started))
     assert time.monotonic() - t0 < 100
     assert len(started) == 2 and not any(alive(p.pid) for p in started)
+
+
+def test_a_hung_rank_ends_the_run_within_the_collective_timeout(monkeypatch):
+    """A peer that stops answering (SIGSTOP: alive, silent) is bounded by
+    $BLOCKC_TP_TIMEOUT, not by torch.distributed's 30 minutes nor the whole
+    run's limit: rank 0's collective gives up and the launcher stops both."""
+    monkeypatch.setenv("BLOCKC_TP_TIMEOUT", "3")
+    over = {"layers": "1"}
+    started: list = []
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match=r"rank 0 of 2 exited with code 2: blockc: error: rank 0: .*"
+                                          r"the other ranks were stopped"):
+        run_tp("llama-tiny", 2, feeds_for("llama-tiny", over), overrides=over, repeat=10**7, timeout=90,
+               on_start=signal_rank_1_once_ready(signal.SIGSTOP, started))
+    assert time.monotonic() - t0 < 60
+    assert len(started) == 2 and not any(alive(p.pid) for p in started)
+
+
+def test_the_collective_timeout_is_read_and_checked(monkeypatch):
+    from blockc.errors import BlockcError
+    from blockc.parallel.worker import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout, group_backend
+    monkeypatch.delenv("BLOCKC_TP_TIMEOUT", raising=False)
+    assert collective_timeout() == DEFAULT_COLLECTIVE_TIMEOUT_S <= 60
+    monkeypatch.setenv("BLOCKC_TP_TIMEOUT", "2.5")
+    assert collective_timeout() == 2.5
+    assert (group_backend("cpu"), group_backend("cuda:1")) == ("gloo", "nccl")
+    for bad in ("soon", "0", "-1", "inf"):
+        monkeypatch.setenv("BLOCKC_TP_TIMEOUT", bad)
+        started: list = []
+        with pytest.raises(BlockcError, match=f"BLOCKC_TP_TIMEOUT='{bad}' is not a number of seconds"):
+            run_tp("llama-tiny", 2, {}, overrides={"layers": "1"}, on_start=lambda p, f: started.extend(p))
+        assert not started
 
 
 def test_a_port_in_use_is_refused_before_any_rank_starts():
@@ -160,11 +195,27 @@ def test_torchrun_starts_the_same_ranks(tmp_path):
             np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
 
 
-def test_generate_on_two_ranks_gives_the_tokens_of_one():
+def test_generate_on_two_ranks_gives_the_tokens_of_one(tmp_path):
+    """Sampling (rank 0 draws for both), the concat cache and a weights file, as in one process."""
+    from safetensors.numpy import save_file
+    from blockc.generate import Sampler
     from blockc.generate.loop import generate
     from blockc.parallel.launch import generate_tp
     model = build_model("llama-tiny", {})
+    weights = dict(init_weights(model, seed=5))
+    save_file(weights, str(tmp_path / "w.safetensors"))
     prompts = [[5, 17, 42, 9], [100, 3]]
-    want = generate(model, init_weights(model, seed=0), prompts, 6, backend="torch-eager").tokens
-    ranks = generate_tp("llama-tiny", 2, prompts, 6)
-    assert ranks == [want, want]
+    want = generate(model, weights, prompts, 6, backend="torch-eager", cache="concat",
+                    pick=Sampler(temperature=0.8, seed=1)).tokens
+    seen: list = []
+    ranks = generate_tp("llama-tiny", 2, prompts, 6, pick=Sampler(temperature=0.8, seed=1), cache="concat",
+                        weights=str(tmp_path / "w.safetensors"), on_token=lambda t: seen.append([list(r) for r in t]))
+    assert [g.tokens for g in ranks] == [want, want] and ranks[0].backend == "torch-eager"
+    assert seen and seen[-1] == want   # streamed from rank 0, each step's tokens growing to the last
+    assert all(len(a[0]) <= len(b[0]) and b[0][:len(a[0])] == a[0] for a, b in zip(seen, seen[1:]))
+
+
+def test_a_pick_that_cannot_travel_to_rank_0_is_refused_before_any_rank_starts():
+    from blockc.parallel.launch import generate_tp
+    with pytest.raises(LaunchError, match="the pick and stopping criteria go to rank 0 as a pickle"):
+        generate_tp("llama-tiny", 2, [[1, 2]], 2, pick=lambda logits, history: logits.argmax(1))
