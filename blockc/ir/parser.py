@@ -197,26 +197,7 @@ def parse_graph(text: str) -> Graph:
         if finished:
             raise line.error("text after the end of the graph")
         if g is None:
-            line.take(text="graph")
-            kind, name, _ = line.peek()
-            if kind not in ("ident", "string"):
-                raise line.error("expected the graph's name")
-            line.i += 1
-            g = Graph(_unquote(name))
-            line.take(text="(")
-            while not line.at(")"):
-                vname = line.take("value")
-                line.take(text=":")
-                label = _unquote(vname[1:])
-                if vname in values:
-                    line.i -= 3
-                    raise line.error(f"input {vname} declared twice")
-                values[vname] = g.add_input(label, _type(line))
-                if not line.at(")"):
-                    line.take(text=",")
-            line.take(text=")")
-            line.take(text="{")
-            line.end()
+            g = _header(line, values)
             continue
         first = line.peek()[1]
         if first == "}":
@@ -224,28 +205,9 @@ def parse_graph(text: str) -> Graph:
             line.end()
             finished = True
         elif first == "param":
-            line.take(text="param")
-            pname = line.take("param")
-            line.take(text=":")
-            values[pname] = g.add_param(_unquote(pname[1:]), _type(line))
-            line.end()
+            _param(line, g, values)
         elif first == "return":
-            line.take(text="return")
-            outs = []
-            while not line.done():
-                kind, oname, _ = line.peek()
-                if kind not in ("ident", "string"):
-                    raise line.error("expected an output name")
-                line.i += 1
-                line.take(text="=")
-                ref = line.take()
-                if ref not in values:
-                    line.i -= 1
-                    raise line.error(f"undefined value {ref}")
-                outs.append((_unquote(oname), values[ref]))
-                if not line.done():
-                    line.take(text=",")
-            g.set_outputs(outs)
+            _return(line, g, values)
         else:
             _node(line, g, values)
     if g is None:
@@ -253,6 +215,65 @@ def parse_graph(text: str) -> Graph:
     if not finished:
         raise ParseError("missing closing '}'", len(lines), 1, lines[-1] if lines else "")
     return g
+
+
+def _header(line: _Line, values: dict) -> Graph:
+    """``graph NAME(%x: f32[...], ...) {``: the graph, its inputs defined in ``values``."""
+    line.take(text="graph")
+    kind, name, _ = line.peek()
+    if kind not in ("ident", "string"):
+        raise line.error("expected the graph's name")
+    line.i += 1
+    g = Graph(_unquote(name))
+    line.take(text="(")
+    while not line.at(")"):
+        vname = line.take("value")
+        line.take(text=":")
+        label = _unquote(vname[1:])
+        if vname in values:
+            line.i -= 3
+            raise line.error(f"input {vname} declared twice")
+        values[vname] = g.add_input(label, _type(line))
+        if not line.at(")"):
+            line.take(text=",")
+    line.take(text=")")
+    line.take(text="{")
+    line.end()
+    return g
+
+
+def _param(line: _Line, g: Graph, values: dict) -> None:
+    """``param @name: f32[...]``"""
+    line.take(text="param")
+    pname = line.take("param")
+    line.take(text=":")
+    values[pname] = g.add_param(_unquote(pname[1:]), _type(line))
+    line.end()
+
+
+def _return(line: _Line, g: Graph, values: dict) -> None:
+    """``return name = %v, ...``: the graph's outputs."""
+    line.take(text="return")
+    outs = []
+    while not line.done():
+        kind, oname, _ = line.peek()
+        if kind not in ("ident", "string"):
+            raise line.error("expected an output name")
+        line.i += 1
+        line.take(text="=")
+        outs.append((_unquote(oname), _ref(line, values)))
+        if not line.done():
+            line.take(text=",")
+    g.set_outputs(outs)
+
+
+def _ref(line: _Line, values: dict):
+    """The value a ``%name`` token refers to, which must be defined above."""
+    ref = line.take()
+    if ref not in values:
+        line.i -= 1
+        raise line.error(f"undefined value {ref}")
+    return values[ref]
 
 
 def _node(line: _Line, g: Graph, values: dict) -> None:
@@ -273,11 +294,7 @@ def _node(line: _Line, g: Graph, values: dict) -> None:
     inputs = []
     if not line.done() and not line.at("{"):
         while True:
-            ref = line.take()
-            if ref not in values:
-                line.i -= 1
-                raise line.error(f"undefined value {ref}")
-            inputs.append(values[ref])
+            inputs.append(_ref(line, values))
             if not line.at(","):
                 break
             line.take(text=",")
