@@ -167,9 +167,7 @@ def _match_var(p: Var, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
     if p.name in m and m[p.name] is not v:
         fail.note(len(m.consumed), f"{p.name} must be the same value in both places")
         return
-    m2 = m.fork()
-    m2[p.name] = v
-    yield m2
+    yield _bound(m, p.name, v)
 
 
 def _match_const(p: Const, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
@@ -185,9 +183,14 @@ def _match_const(p: Const, v: Value, m: Match, fail: _Failure) -> Iterator[Match
     if p.name in m and not np.array_equal(m[p.name], arr):
         fail.note(depth, f"{p.name} must be the same constant in both places")
         return
+    yield _bound(m, p.name, arr)
+
+
+def _bound(m: Match, name: str, x) -> Match:
+    """A copy of ``m`` with ``name`` bound to ``x``: ``m`` stays as it was for the other ways to match."""
     m2 = m.fork()
-    m2[p.name] = arr
-    yield m2
+    m2[name] = x
+    return m2
 
 
 def _match_op(p: Op, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
