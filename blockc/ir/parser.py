@@ -72,6 +72,18 @@ def _unquote(text: str) -> str:
     return json.loads(text) if text.startswith('"') else text
 
 
+def _items(line: _Line, read, close: str) -> list:
+    """``read(line)`` for each item of a comma-separated list, up to and
+    including ``close`` (its opening bracket already taken)."""
+    items = []
+    while not line.at(close):
+        items.append(read(line))
+        if not line.at(close):
+            line.take(text=",")
+    line.take(text=close)
+    return items
+
+
 def _dim_text(line: _Line, stops: set) -> str:
     """Raw text of a dimension expression, up to a stop token at depth 0."""
     parts, depth = [], 0
@@ -105,12 +117,7 @@ def _type(line: _Line) -> TensorType:
         line.i -= 1
         raise line.error(f"unknown dtype {name!r}") from None
     line.take(text="[")
-    shape = []
-    while not line.at("]"):
-        shape.append(_dim(line, {",", "]"}))
-        if not line.at("]"):
-            line.take(text=",")
-    line.take(text="]")
+    shape = _items(line, lambda line: _dim(line, {",", "]"}), "]")
     return TensorType(dtype, tuple(shape))
 
 
@@ -135,13 +142,7 @@ def _attr_value(line: _Line):
         return json.loads(text)
     if text == "[":
         line.i += 1
-        items = []
-        while not line.at("]"):
-            items.append(_list_item(line))
-            if not line.at("]"):
-                line.take(text=",")
-        line.take(text="]")
-        return tuple(items)
+        return tuple(_items(line, _list_item, "]"))
     if text == "dense" and line.peek(1)[1] == "<":
         return _dense(line)
     if kind == "number" or text in ("inf", "-inf", "nan", "true", "false"):
@@ -151,6 +152,13 @@ def _attr_value(line: _Line):
     if kind == "ident" or text in ("(", "-"):
         return _dim(line, {",", "}"})
     raise line.error(f"expected an attribute value, found {text!r}")
+
+
+def _attr(line: _Line) -> tuple:
+    """``key=value`` in a node's ``{...}``."""
+    key = line.take("ident")
+    line.take(text="=")
+    return key, _attr_value(line)
 
 
 def _list_item(line: _Line):
@@ -167,12 +175,7 @@ def _dense(line: _Line) -> np.ndarray:
     t = _type(line)
     line.take(text=":")
     line.take(text="[")
-    items = []
-    while not line.at("]"):
-        items.append(_scalar(line))
-        if not line.at("]"):
-            line.take(text=",")
-    line.take(text="]")
+    items = _items(line, _scalar, "]")
     line.take(text=">")
     shape = tuple(t.shape)
     if not all(isinstance(d, int) for d in shape):
@@ -226,17 +229,15 @@ def _header(line: _Line, values: dict) -> Graph:
     line.i += 1
     g = Graph(_unquote(name))
     line.take(text="(")
-    while not line.at(")"):
+
+    def graph_input(line: _Line) -> None:
         vname = line.take("value")
         line.take(text=":")
-        label = _unquote(vname[1:])
         if vname in values:
             line.i -= 3
             raise line.error(f"input {vname} declared twice")
-        values[vname] = g.add_input(label, _type(line))
-        if not line.at(")"):
-            line.take(text=",")
-    line.take(text=")")
+        values[vname] = g.add_input(_unquote(vname[1:]), _type(line))
+    _items(line, graph_input, ")")
     line.take(text="{")
     line.end()
     return g
@@ -301,13 +302,7 @@ def _node(line: _Line, g: Graph, values: dict) -> None:
     attrs = {}
     if line.at("{"):
         line.take(text="{")
-        while not line.at("}"):
-            key = line.take("ident")
-            line.take(text="=")
-            attrs[key] = _attr_value(line)
-            if not line.at("}"):
-                line.take(text=",")
-        line.take(text="}")
+        attrs = dict(_items(line, _attr, "}"))
     line.end()
     try:
         node = g.add_node(op, inputs, attrs)
