@@ -48,11 +48,7 @@ def interpret(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[st
 
     # Free each intermediate after its last use: a 50257-wide logits tensor
     # should not outlive the node that reads it.
-    last_use: dict[int, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            last_use[id(v)] = i
-    keep = {id(v) for _, v in graph.outputs}
+    last_use = graph.last_uses()   # an output's is past the last node: never freed
 
     for i, n in enumerate(graph.nodes):
         results = evaluate_node(n, [vals[id(v)] for v in n.inputs], env, where=f"node {i}")
@@ -61,6 +57,6 @@ def interpret(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[st
             if capture is not None:
                 capture[out] = r
         for v in n.inputs:
-            if last_use.get(id(v)) == i and id(v) not in keep and v.kind == "node":
+            if last_use.get(id(v)) == i and v.kind == "node":
                 vals.pop(id(v), None)
     return {name: vals[id(v)] for name, v in graph.outputs}
