@@ -1,5 +1,6 @@
 // Measures what one CUDA-thread switch costs in the three ways an emulator can
-// run a block's threads: the hand-rolled fiber switch that cuda_emu uses,
+// run a block's threads: the emulator's own fiber switch (included from
+// blockc/codegen/cuda/emu/cuda_emu_switch.h, not copied),
 // ucontext's swapcontext, and one OS thread per CUDA thread with a barrier.
 // Each block has 256 threads that pass `kBarriers` __syncthreads-like barriers.
 //
@@ -14,43 +15,19 @@
 #include <ucontext.h>
 #include <vector>
 
-static constexpr int kThreads = 256, kBarriers = 64, kBlocks = 40;
+#include "../blockc/codegen/cuda/emu/cuda_emu_switch.h"
+
+#ifndef BENCH_BLOCKS
+#define BENCH_BLOCKS 40  // -DBENCH_BLOCKS=1: a quick run that shows the benchmark still builds and runs
+#endif
+static constexpr int kThreads = 256, kBarriers = 64, kBlocks = BENCH_BLOCKS;
 static constexpr size_t kStack = 64 * 1024;
 
-// --- hand-rolled switch: save callee-saved registers, swap rsp -------------
-extern "C" void bench_switch(void** save_sp, void* load_sp);
-asm(R"(
-.text
-.globl bench_switch
-.type bench_switch,@function
-bench_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-.size bench_switch,.-bench_switch
-bench_trampoline:
-    movq %r12, %rdi
-    callq *%r13
-    ud2
-)");
-extern "C" void bench_trampoline();
-
+// --- the emulator's own fiber switch (cuda_emu_switch.h) ---------------------
 struct Fib { void* sp; bool waiting; bool done; std::vector<char> stack; };
 static Fib fibs[kThreads];
 static void* sched_sp;
-static int cur, arrived;
+static int arrived;
 static volatile float sink;
 
 static void fiber_body(Fib* f) {
@@ -59,11 +36,11 @@ static void fiber_body(Fib* f) {
     acc += b;
     f->waiting = true;
     if (++arrived == kThreads) { arrived = 0; for (auto& g : fibs) g.waiting = false; }
-    else bench_switch(&f->sp, sched_sp);
+    else blockc_emu_switch(&f->sp, sched_sp);
   }
   sink = acc;
   f->done = true;
-  bench_switch(&f->sp, sched_sp);
+  blockc_emu_switch(&f->sp, sched_sp);
 }
 
 static double run_fibers() {
@@ -71,17 +48,13 @@ static double run_fibers() {
   auto t0 = std::chrono::steady_clock::now();
   for (int blk = 0; blk < kBlocks; ++blk) {
     for (auto& f : fibs) {
-      void** sp = (void**)(f.stack.data() + kStack);
-      *--sp = (void*)bench_trampoline;         // rsp is 16-aligned after its "ret"
-      *--sp = nullptr; *--sp = nullptr;        // rbp rbx
-      *--sp = &f; *--sp = (void*)fiber_body;   // r12 r13
-      *--sp = nullptr; *--sp = nullptr;        // r14 r15
-      f.sp = sp; f.waiting = false; f.done = false;
+      f.sp = blockc_emu_fiber_stack(f.stack.data() + kStack, fiber_body, &f);
+      f.waiting = false; f.done = false;
     }
     for (int live = kThreads; live;) {
       live = 0;
       for (auto& f : fibs)
-        if (!f.done) { ++live; if (!f.waiting) bench_switch(&sched_sp, f.sp); }
+        if (!f.done) { ++live; if (!f.waiting) blockc_emu_switch(&sched_sp, f.sp); }
     }
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import blockc  # noqa: E402  (the checkout's blockc, installed or not)
+from blockc.codegen.cuda.dtypes import CUDA_DTYPES  # noqa: E402
 from blockc.codegen.cuda.kernels import family_of  # noqa: E402
 from blockc.codegen.cuda.kernels.gemm import GEMM  # noqa: E402
 from blockc.codegen.cuda.lower import kernel_steps  # noqa: E402
@@ -54,7 +55,6 @@ ROW_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 TARGET_FRACTION = 0.90     # of peak bandwidth, at row lengths >= TARGET_FROM
 TARGET_FROM = 1024
 BLOCK_SLACK = 1.15         # the block's time over its roofline, at most
-SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # On a GPU each sample is 20 back-to-back runs between two events: an event
 # around each run alone adds 3-10 us of host time to it (timing.measure).
 GPU_TIMING = {"warmup": 5, "min_repeats": 50, "min_time_s": 0.5, "runs_per_sample": 20}
@@ -75,13 +75,16 @@ ROW_GRAPHS = {
 }}
 """,
 }
-FILL = {"float32": "-3.4028234663852886e+38", "float16": "-65504.0", "bfloat16": "-1e+30"}
+# The dtypes both row kernels generate, by the name --dtypes takes, in the CUDA table's order.
+ROW_DTYPES = {d.name: d for d in CUDA_DTYPES if all(d in family_of(op).dtypes for op in ROW_GRAPHS)}
 
 
 def row_case(op: str, dtype: str, n: int, working_bytes: int) -> tuple:
     """(graph, dims, weights) of one row kernel at row length ``n``, its rows
     enough for ``working_bytes`` read and written."""
-    graph = blockc.parse_graph(ROW_GRAPHS[op].format(t=SHORT[dtype], fill=FILL[dtype]))
+    # The causal fill is what a traced model's attention writes: the dtype's lowest value (frontends/layers.py).
+    t = ROW_DTYPES[dtype]
+    graph = blockc.parse_graph(ROW_GRAPHS[op].format(t=t, fill=t.lowest))
     itemsize = np.dtype(graph.inputs[0].dtype.numpy).itemsize
     if op == "add_layernorm":
         per_row = 4 * n * itemsize                     # x and r read, y and the sum written
@@ -172,9 +175,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     dtypes = [d for d in args.dtypes.split(",") if d]
-    bad = [d for d in dtypes if d not in SHORT]
+    bad = [d for d in dtypes if d not in ROW_DTYPES]
     if bad:
-        ap.error(f"--dtypes: {', '.join(bad)} (choose from {', '.join(SHORT)})")
+        ap.error(f"--dtypes: {', '.join(bad)} (choose from {', '.join(ROW_DTYPES)})")
     lengths = [int(x) for x in args.lengths.split(",") if x]
     if args.emulate:
         backend = make_backend("cuda-emu")

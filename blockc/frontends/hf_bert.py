@@ -42,7 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import HF_ACTIVATIONS, Layout, Source, hf_setting, map_state_dict
+from .hf_common import HF_ACTIVATIONS, Layout, Source, hf_model_type, hf_setting, map_state_dict
 from .models import Encoder, EncoderConfig
 
 # model_type -> (title, where a task model keeps its base model)
@@ -82,9 +82,7 @@ def bert_config_from_hf(hf_config: Any, *, pooler: bool = True, dtype: str = "fl
     activation it lacks, relative position embeddings, a decoder or
     cross-attention) are listed in one ``ModelError``.
     """
-    model_type = hf_setting(hf_config, "model_type", "bert")
-    if model_type not in FAMILIES:
-        raise ModelError(f"not a BERT config: model_type is {model_type!r} (supported: {', '.join(FAMILIES)})")
+    model_type = hf_model_type(hf_config, "BERT", FAMILIES)
     get = lambda key, default=None: hf_setting(hf_config, key, default)  # noqa: E731
     problems = []
     act = get("hidden_act", "gelu")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import WeightsError
+from ..errors import ModelError, WeightsError
 from ..ir.dtypes import DType
 from ..ops.activations import ACTIVATIONS
 from .module import Model
@@ -37,6 +37,15 @@ def hf_setting(cfg: Any, key: str, default=None):
     if isinstance(cfg, Mapping):
         return cfg.get(key, default)
     return getattr(cfg, key, default)
+
+
+def hf_model_type(cfg: Any, title: str, supported) -> str:
+    """``cfg``'s ``model_type`` (where it names none, the first ``supported``),
+    refused in one line when a loader for ``title`` does not take it."""
+    model_type = hf_setting(cfg, "model_type", next(iter(supported)))
+    if model_type not in supported:
+        raise ModelError(f"not a {title} config: model_type is {model_type!r} (supported: {', '.join(supported)})")
+    return model_type
 
 
 def to_numpy(t: Any) -> np.ndarray:

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import HF_ACTIVATIONS, Layout, Source, hf_setting, map_state_dict
+from .hf_common import HF_ACTIVATIONS, Layout, Source, hf_model_type, hf_setting, map_state_dict
 from .models import DecoderConfig, DecoderLM
 
 # HF name (relative to "transformer.") -> the DSL names it becomes; several
@@ -72,9 +72,7 @@ def gpt2_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "fl
     express (no attention scaling, per-layer scaling, cross-attention, an
     untied head, another activation) raise ``ModelError``.
     """
-    model_type = hf_setting(hf_config, "model_type", "gpt2")
-    if model_type != "gpt2":
-        raise ModelError(f"not a GPT-2 config: model_type is {model_type!r}")
+    hf_model_type(hf_config, "GPT-2", ("gpt2",))
     act = hf_setting(hf_config, "activation_function", "gelu_new")
     problems = []
     if act not in HF_ACTIVATIONS:

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError
-from .hf_common import Layout, Source, hf_setting, map_state_dict
+from .hf_common import Layout, Source, hf_model_type, hf_setting, map_state_dict
 from .models import DecoderConfig, DecoderLM
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -67,9 +67,7 @@ def llama_config_from_hf(hf_config: Any, *, probs: bool = False, dtype: str = "f
     activation, scaled RoPE, partial rotation, sliding-window attention) are
     listed in one ``ModelError``.
     """
-    model_type = hf_setting(hf_config, "model_type", "llama")
-    if model_type not in FAMILIES:
-        raise ModelError(f"not a Llama-family config: model_type is {model_type!r} (supported: {', '.join(FAMILIES)})")
+    model_type = hf_model_type(hf_config, "Llama-family", FAMILIES)
     get = lambda key, default=None: hf_setting(hf_config, key, default)  # noqa: E731
     problems = []
     act = get("hidden_act", "silu")

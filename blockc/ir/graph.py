@@ -247,6 +247,18 @@ class Graph:
                         out.append(s)
         return out
 
+    def last_uses(self) -> dict[int, int]:
+        """For each value read (by ``id``), the index in ``nodes`` of the last
+        node that reads it; a graph output's is ``len(nodes)``: it outlives
+        every node. What frees an intermediate, or counts it live, after use."""
+        last: dict[int, int] = {}
+        for i, n in enumerate(self.nodes):
+            for v in n.inputs:
+                last[id(v)] = i
+        for _, v in self.outputs:
+            last[id(v)] = len(self.nodes)
+        return last
+
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for n in self.nodes:

@@ -72,6 +72,18 @@ def _unquote(text: str) -> str:
     return json.loads(text) if text.startswith('"') else text
 
 
+def _items(line: _Line, read, close: str) -> list:
+    """``read(line)`` for each item of a comma-separated list, up to and
+    including ``close`` (its opening bracket already taken)."""
+    items = []
+    while not line.at(close):
+        items.append(read(line))
+        if not line.at(close):
+            line.take(text=",")
+    line.take(text=close)
+    return items
+
+
 def _dim_text(line: _Line, stops: set) -> str:
     """Raw text of a dimension expression, up to a stop token at depth 0."""
     parts, depth = [], 0
@@ -105,12 +117,7 @@ def _type(line: _Line) -> TensorType:
         line.i -= 1
         raise line.error(f"unknown dtype {name!r}") from None
     line.take(text="[")
-    shape = []
-    while not line.at("]"):
-        shape.append(_dim(line, {",", "]"}))
-        if not line.at("]"):
-            line.take(text=",")
-    line.take(text="]")
+    shape = _items(line, lambda line: _dim(line, {",", "]"}), "]")
     return TensorType(dtype, tuple(shape))
 
 
@@ -135,13 +142,7 @@ def _attr_value(line: _Line):
         return json.loads(text)
     if text == "[":
         line.i += 1
-        items = []
-        while not line.at("]"):
-            items.append(_list_item(line))
-            if not line.at("]"):
-                line.take(text=",")
-        line.take(text="]")
-        return tuple(items)
+        return tuple(_items(line, _list_item, "]"))
     if text == "dense" and line.peek(1)[1] == "<":
         return _dense(line)
     if kind == "number" or text in ("inf", "-inf", "nan", "true", "false"):
@@ -151,6 +152,13 @@ def _attr_value(line: _Line):
     if kind == "ident" or text in ("(", "-"):
         return _dim(line, {",", "}"})
     raise line.error(f"expected an attribute value, found {text!r}")
+
+
+def _attr(line: _Line) -> tuple:
+    """``key=value`` in a node's ``{...}``."""
+    key = line.take("ident")
+    line.take(text="=")
+    return key, _attr_value(line)
 
 
 def _list_item(line: _Line):
@@ -167,12 +175,7 @@ def _dense(line: _Line) -> np.ndarray:
     t = _type(line)
     line.take(text=":")
     line.take(text="[")
-    items = []
-    while not line.at("]"):
-        items.append(_scalar(line))
-        if not line.at("]"):
-            line.take(text=",")
-    line.take(text="]")
+    items = _items(line, _scalar, "]")
     line.take(text=">")
     shape = tuple(t.shape)
     if not all(isinstance(d, int) for d in shape):
@@ -197,26 +200,7 @@ def parse_graph(text: str) -> Graph:
         if finished:
             raise line.error("text after the end of the graph")
         if g is None:
-            line.take(text="graph")
-            kind, name, _ = line.peek()
-            if kind not in ("ident", "string"):
-                raise line.error("expected the graph's name")
-            line.i += 1
-            g = Graph(_unquote(name))
-            line.take(text="(")
-            while not line.at(")"):
-                vname = line.take("value")
-                line.take(text=":")
-                label = _unquote(vname[1:])
-                if vname in values:
-                    line.i -= 3
-                    raise line.error(f"input {vname} declared twice")
-                values[vname] = g.add_input(label, _type(line))
-                if not line.at(")"):
-                    line.take(text=",")
-            line.take(text=")")
-            line.take(text="{")
-            line.end()
+            g = _header(line, values)
             continue
         first = line.peek()[1]
         if first == "}":
@@ -224,28 +208,9 @@ def parse_graph(text: str) -> Graph:
             line.end()
             finished = True
         elif first == "param":
-            line.take(text="param")
-            pname = line.take("param")
-            line.take(text=":")
-            values[pname] = g.add_param(_unquote(pname[1:]), _type(line))
-            line.end()
+            _param(line, g, values)
         elif first == "return":
-            line.take(text="return")
-            outs = []
-            while not line.done():
-                kind, oname, _ = line.peek()
-                if kind not in ("ident", "string"):
-                    raise line.error("expected an output name")
-                line.i += 1
-                line.take(text="=")
-                ref = line.take()
-                if ref not in values:
-                    line.i -= 1
-                    raise line.error(f"undefined value {ref}")
-                outs.append((_unquote(oname), values[ref]))
-                if not line.done():
-                    line.take(text=",")
-            g.set_outputs(outs)
+            _return(line, g, values)
         else:
             _node(line, g, values)
     if g is None:
@@ -253,6 +218,63 @@ def parse_graph(text: str) -> Graph:
     if not finished:
         raise ParseError("missing closing '}'", len(lines), 1, lines[-1] if lines else "")
     return g
+
+
+def _header(line: _Line, values: dict) -> Graph:
+    """``graph NAME(%x: f32[...], ...) {``: the graph, its inputs defined in ``values``."""
+    line.take(text="graph")
+    kind, name, _ = line.peek()
+    if kind not in ("ident", "string"):
+        raise line.error("expected the graph's name")
+    line.i += 1
+    g = Graph(_unquote(name))
+    line.take(text="(")
+
+    def graph_input(line: _Line) -> None:
+        vname = line.take("value")
+        line.take(text=":")
+        if vname in values:
+            line.i -= 3
+            raise line.error(f"input {vname} declared twice")
+        values[vname] = g.add_input(_unquote(vname[1:]), _type(line))
+    _items(line, graph_input, ")")
+    line.take(text="{")
+    line.end()
+    return g
+
+
+def _param(line: _Line, g: Graph, values: dict) -> None:
+    """``param @name: f32[...]``"""
+    line.take(text="param")
+    pname = line.take("param")
+    line.take(text=":")
+    values[pname] = g.add_param(_unquote(pname[1:]), _type(line))
+    line.end()
+
+
+def _return(line: _Line, g: Graph, values: dict) -> None:
+    """``return name = %v, ...``: the graph's outputs."""
+    line.take(text="return")
+    outs = []
+    while not line.done():
+        kind, oname, _ = line.peek()
+        if kind not in ("ident", "string"):
+            raise line.error("expected an output name")
+        line.i += 1
+        line.take(text="=")
+        outs.append((_unquote(oname), _ref(line, values)))
+        if not line.done():
+            line.take(text=",")
+    g.set_outputs(outs)
+
+
+def _ref(line: _Line, values: dict):
+    """The value a ``%name`` token refers to, which must be defined above."""
+    ref = line.take()
+    if ref not in values:
+        line.i -= 1
+        raise line.error(f"undefined value {ref}")
+    return values[ref]
 
 
 def _node(line: _Line, g: Graph, values: dict) -> None:
@@ -273,24 +295,14 @@ def _node(line: _Line, g: Graph, values: dict) -> None:
     inputs = []
     if not line.done() and not line.at("{"):
         while True:
-            ref = line.take()
-            if ref not in values:
-                line.i -= 1
-                raise line.error(f"undefined value {ref}")
-            inputs.append(values[ref])
+            inputs.append(_ref(line, values))
             if not line.at(","):
                 break
             line.take(text=",")
     attrs = {}
     if line.at("{"):
         line.take(text="{")
-        while not line.at("}"):
-            key = line.take("ident")
-            line.take(text="=")
-            attrs[key] = _attr_value(line)
-            if not line.at("}"):
-                line.take(text=",")
-        line.take(text="}")
+        attrs = dict(_items(line, _attr, "}"))
     line.end()
     try:
         node = g.add_node(op, inputs, attrs)

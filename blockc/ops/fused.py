@@ -19,7 +19,7 @@ from ..ir.types import TensorType
 from ._rules import broadcast_shapes, elementwise, fmt, matmul_flops, numel, same_dtype
 from .activations import ACTIVATIONS
 from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, causal_visible, fill_for
-from .nn import torch_causal_mask, torch_layernorm, torch_rmsnorm
+from .nn import layernorm_numpy, rmsnorm_numpy, torch_causal_mask, torch_layernorm, torch_rmsnorm
 from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define, get
 
 MASK_KINDS = ("none", "additive", "bool")
@@ -359,9 +359,7 @@ add_layernorm.infer(lambda types, attrs: _add_norm_infer("add_layernorm", types,
 def _(xs, attrs, env):
     x, r, g, b = xs
     s = x + r
-    mu = s.mean(axis=-1, keepdims=True)
-    c = s - mu
-    y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + np.asarray(attrs["eps"], s.dtype)) * g + b
+    y = layernorm_numpy(s, g, b, attrs["eps"])
     return [y, s] if attrs["with_sum"] else [y]
 
 
@@ -384,7 +382,7 @@ add_rmsnorm.infer(lambda types, attrs: _add_norm_infer("add_rmsnorm", types, att
 def _(xs, attrs, env):
     x, r, g = xs
     s = x + r
-    y = s / np.sqrt((s * s).mean(axis=-1, keepdims=True) + np.asarray(attrs["eps"], s.dtype)) * g
+    y = rmsnorm_numpy(s, g, attrs["eps"])
     return [y, s] if attrs["with_sum"] else [y]
 
 

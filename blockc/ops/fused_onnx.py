@@ -51,6 +51,12 @@ def _dtype(node, op_type: str) -> DType:
     return dtype
 
 
+def needs_opset_23(e, op_type: str) -> None:
+    """The ``onnx23`` encodings write ops that opset 23 added: at an older opset they decline."""
+    if e.opset < 23:
+        raise NotApplicable(f"{op_type} needs opset 23, exporting at opset {e.opset}")
+
+
 def _never(reason: str):
     """A form the op has no runtime op for: always declines, saying why."""
     def lower(e, node, ins):
@@ -80,8 +86,7 @@ add_layernorm.onnx_encoding("onnx23")(_never("ONNX has no fused add + layernorm 
 
 @add_rmsnorm.onnx_encoding("onnx23")
 def _(e, node, ins):
-    if e.opset < 23:
-        raise NotApplicable(f"RMSNormalization needs opset 23, exporting at opset {e.opset}")
+    needs_opset_23(e, "RMSNormalization")
     _dtype(node, "RMSNormalization")
     s = e.emit("Add", ins[:2])
     y = e.emit("RMSNormalization", [s, ins[2]], axis=-1, epsilon=node.attrs["eps"])
@@ -339,8 +344,7 @@ def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
 
 @attention.onnx_encoding("onnx23")
 def _(e, node, ins):
-    if e.opset < 23:
-        raise NotApplicable(f"Attention needs opset 23, exporting at opset {e.opset}")
+    needs_opset_23(e, "Attention")
     dtype = _dtype(node, "Attention")
     shapes = _Heads(node, "Attention")
     if shapes.kv_heads not in (1, shapes.heads) and not shapes.grouped:
@@ -407,8 +411,7 @@ def _(e, node, ins):
     # The projection as MatMul + Add + Split, then opset-23 Attention on 3-D
     # [batch, seq, heads*head] q, k, v (q_num_heads/kv_num_heads), whose output
     # is 3-D too: no head split or join is written at all.
-    if e.opset < 23:
-        raise NotApplicable(f"Attention needs opset 23, exporting at opset {e.opset}")
+    needs_opset_23(e, "Attention")
     dtype, heads, _, _ = _qkv_common(node, "Attention")
     scale = node.attrs["scale"]
     if scale <= 0.0:

@@ -105,13 +105,15 @@ layernorm = define("layernorm", ("x", "gamma", "beta"), attrs={"eps": (FLOAT, 1e
 layernorm.infer(lambda types, attrs: _norm_infer("layernorm", types))
 
 
-@layernorm.numpy
-def _(xs, attrs, env):
-    x, g, b = xs
+def layernorm_numpy(x, g, b, eps: float):
+    """LayerNorm over the last axis, in ``x``'s dtype: the meaning ``add_layernorm`` shares."""
     mu = x.mean(axis=-1, keepdims=True)
     xc = x - mu
     var = (xc * xc).mean(axis=-1, keepdims=True)
-    return xc / np.sqrt(var + np.array(attrs["eps"], x.dtype)) * g + b
+    return xc / np.sqrt(var + np.array(eps, x.dtype)) * g + b
+
+
+layernorm.numpy(lambda xs, attrs, env: layernorm_numpy(*xs, attrs["eps"]))
 
 
 layernorm.onnx(lambda e, node, ins: [e.emit("LayerNormalization", ins, axis=-1, epsilon=node.attrs["eps"])])
@@ -140,11 +142,13 @@ rmsnorm = define("rmsnorm", ("x", "gamma"), attrs={"eps": (FLOAT, 1e-6)},
 rmsnorm.infer(lambda types, attrs: _norm_infer("rmsnorm", types))
 
 
-@rmsnorm.numpy
-def _(xs, attrs, env):
-    x, g = xs
+def rmsnorm_numpy(x, g, eps: float):
+    """RMSNorm over the last axis, in ``x``'s dtype: the meaning ``add_rmsnorm`` shares."""
     ms = (x * x).mean(axis=-1, keepdims=True)
-    return x / np.sqrt(ms + np.array(attrs["eps"], x.dtype)) * g
+    return x / np.sqrt(ms + np.array(eps, x.dtype)) * g
+
+
+rmsnorm.numpy(lambda xs, attrs, env: rmsnorm_numpy(*xs, attrs["eps"]))
 
 
 def torch_rmsnorm(b, node, xs):

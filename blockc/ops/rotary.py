@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.dtypes import DType
 from ._rules import fmt, numel, same_dtype
-from .fused_onnx import MS, _dtype
+from .fused_onnx import MS, _dtype, needs_opset_23
 from .registry import BOOL, NotApplicable, define, get
 
 rotary = define(
@@ -149,8 +149,7 @@ def _(e, node, ins):
 
 @rotary.onnx_encoding("onnx23")
 def _(e, node, ins):
-    if e.opset < 23:
-        raise NotApplicable(f"RotaryEmbedding needs opset 23, exporting at opset {e.opset}")
+    needs_opset_23(e, "RotaryEmbedding")
     _dtype(node, "RotaryEmbedding")
     rd, head = node.inputs[1].shape[1], node.inputs[0].shape[3]
     cos, sin, pos = _caches_and_positions(e, node, ins)

@@ -149,36 +149,52 @@ def _describe(v: Value) -> str:
 
 
 def _match(p: Pattern, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
-    depth = len(m.consumed)
+    """Every way ``p`` fits ``v`` given the bindings ``m``, each a new ``Match``;
+    why each other way failed goes to ``fail``."""
     if isinstance(p, Or):
         for option in p.options:
             yield from _match(option, v, m, fail)
+    elif isinstance(p, Var):
+        yield from _match_var(p, v, m, fail)
+    elif isinstance(p, Const):
+        yield from _match_const(p, v, m, fail)
+    else:
+        assert isinstance(p, Op)
+        yield from _match_op(p, v, m, fail)
+
+
+def _match_var(p: Var, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
+    if p.name in m and m[p.name] is not v:
+        fail.note(len(m.consumed), f"{p.name} must be the same value in both places")
         return
-    if isinstance(p, Var):
-        if p.name in m and m[p.name] is not v:
-            fail.note(depth, f"{p.name} must be the same value in both places")
-            return
-        m2 = m.fork()
-        m2[p.name] = v
-        yield m2
+    yield _bound(m, p.name, v)
+
+
+def _match_const(p: Const, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
+    depth = len(m.consumed)
+    node = v.producer
+    if node is None or node.op != "constant":
+        fail.note(depth, f"expected a constant for {p.name}, found a {_describe(v)}")
         return
-    if isinstance(p, Const):
-        node = v.producer
-        if node is None or node.op != "constant":
-            fail.note(depth, f"expected a constant for {p.name}, found a {_describe(v)}")
-            return
-        arr = node.attrs["value"]
-        if p.scalar and arr.size != 1:
-            fail.note(depth, f"{p.name} must be a single value, found shape {list(arr.shape)}")
-            return
-        if p.name in m and not np.array_equal(m[p.name], arr):
-            fail.note(depth, f"{p.name} must be the same constant in both places")
-            return
-        m2 = m.fork()
-        m2[p.name] = arr
-        yield m2
+    arr = node.attrs["value"]
+    if p.scalar and arr.size != 1:
+        fail.note(depth, f"{p.name} must be a single value, found shape {list(arr.shape)}")
         return
-    assert isinstance(p, Op)
+    if p.name in m and not np.array_equal(m[p.name], arr):
+        fail.note(depth, f"{p.name} must be the same constant in both places")
+        return
+    yield _bound(m, p.name, arr)
+
+
+def _bound(m: Match, name: str, x) -> Match:
+    """A copy of ``m`` with ``name`` bound to ``x``: ``m`` stays as it was for the other ways to match."""
+    m2 = m.fork()
+    m2[name] = x
+    return m2
+
+
+def _match_op(p: Op, v: Value, m: Match, fail: _Failure) -> Iterator[Match]:
+    depth = len(m.consumed)
     node = v.producer
     if p.name and p.name in m:  # a second mention of a named node: the same node
         if m[p.name] is not node or v.index != p.index:
@@ -433,55 +449,80 @@ def _topological_ranks(g: Graph) -> dict:
 
 
 def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site, positions: _Positions) -> set[int] | None:
+    """Rewrite the match ``m`` in place: the ids of the nodes it removed, or
+    None with ``site.reason`` saying why the match was left alone."""
     consumed = {id(n) for n in m.consumed}
+    escaping, reason = _escaping_results(g, m, consumed)
+    reason = reason or _inputs_outlive(m, consumed, escaping, positions)
+    if reason:
+        site.reason = reason
+        return None
+    m.escaping = escaping
+    b = Builder(g, before=m.root, loc=m.root.loc)
+    repl = _replacements(rule, b, m)
+    if isinstance(repl, Decline):
+        for n in reversed(b.created):
+            g.remove_node(n)
+        site.reason = repl.reason
+        return None
+    _splice(g, m, repl, b.created, positions, site)
+    return consumed
+
+
+def _escaping_results(g: Graph, m: Match, consumed: set[int]) -> tuple[dict[str, Value], str | None]:
+    """The results of matched nodes (other than the root) still read outside
+    the match, by the name the pattern gave their node; or why one cannot be
+    kept (its node has no name, so the rewrite could not return it)."""
     outputs = {id(v) for _, v in g.outputs}
-    escaping = {}
     names = {id(n): k for k, n in m.items() if isinstance(n, Node)}
+    escaping = {}
     for n in m.consumed:
         if n is m.root:
             continue
         for o in n.outputs:
             if id(o) in outputs or any(id(u) not in consumed for u, _ in o.uses):
                 if id(n) not in names:
-                    site.reason = f"the {n.op} result ({_label(n)}) inside the pattern is used elsewhere"
-                    return None
+                    return {}, f"the {n.op} result ({_label(n)}) inside the pattern is used elsewhere"
                 escaping[names[id(n)]] = o
-    reason = _inputs_outlive(m, consumed, escaping, positions)
-    if reason:
-        site.reason = reason
-        return None
-    m.escaping = escaping
-    b = Builder(g, before=m.root, loc=m.root.loc)
+    return escaping, None
+
+
+def _replacements(rule: Rule, b: Builder, m: Match) -> dict | Decline:
+    """What the rule's rewrite builds for the match: ``{name: value}`` for
+    the root and every escaping result, each of its old value's type; or
+    ``Decline`` saying why not."""
     try:
         repl = rule.rewrite(b, m)
     except BlockcError as e:  # the fused op's own shape rule said no
         repl = Decline(str(e))
     if repl is None:
         repl = Decline(f"the {rule.name} rewrite declined the match")
-    new_nodes = b.created
     if isinstance(repl, Decline):
-        for n in reversed(new_nodes):
-            g.remove_node(n)
-        site.reason = repl.reason
-        return None
-    missing = [k for k in escaping if k not in repl]
+        return repl
+    missing = [k for k in m.escaping if k not in repl]
     if missing:
-        for n in reversed(new_nodes):
-            g.remove_node(n)
-        site.reason = (f"the {m[missing[0]].op} result ({_label(m[missing[0]])}) is used elsewhere and "
+        return Decline(f"the {m[missing[0]].op} result ({_label(m[missing[0]])}) is used elsewhere and "
                        f"the fused op does not return it")
-        return None
+    # A size-1 constant or a mask can broadcast the pattern's result past the shape the fused op gives.
+    for old, new in _replaced_pairs(m, repl):
+        if old.type != new.type:
+            return Decline(f"the fused op gives {new.type}, the {old.producer.op} it replaces gives {old.type}")
+    return repl
+
+
+def _replaced_pairs(m: Match, repl: Mapping) -> list[tuple[Value, Value]]:
+    """(old value, its replacement): the root's results, then each escaping one."""
     root_new = repl["root"]
     root_new = root_new if isinstance(root_new, (list, tuple)) else [root_new]
-    # A size-1 constant or a mask can broadcast the pattern's result past the shape the fused op gives.
-    for old, new in list(zip(m.root.outputs, root_new)) + [(escaping[k], repl[k]) for k in escaping]:
-        if old.type != new.type:
-            for n in reversed(new_nodes):
-                g.remove_node(n)
-            site.reason = f"the fused op gives {new.type}, the {old.producer.op} it replaces gives {old.type}"
-            return None
+    return list(zip(m.root.outputs, root_new)) + [(m.escaping[k], repl[k]) for k in m.escaping]
+
+
+def _splice(g: Graph, m: Match, repl: Mapping, new_nodes: list[Node], positions: _Positions, site: Site) -> None:
+    """Point every reader at the replacements, remove the matched nodes, and
+    record on ``site`` what was fused into what."""
+    consumed = {id(n) for n in m.consumed}
     positions.add(new_nodes, m.root)
-    for old, new in list(zip(m.root.outputs, root_new)) + [(escaping[k], repl[k]) for k in escaping]:
+    for old, new in _replaced_pairs(m, repl):
         positions.moved([u for u, _ in old.uses if id(u) not in consumed], new)
         g.replace_all_uses(old, new)
     origin = tuple(sorted({o for n in m.consumed for o in n.origin}, key=_origin_key))
@@ -497,7 +538,6 @@ def _try_rewrite(g: Graph, rule: Rule, m: Match, site: Site, positions: _Positio
     site.nodes = list(origin) if origin else [_label(n) for n in in_order]
     site.ops = [n.op for n in in_order]
     site.result = "+".join(n.op for n in new_nodes if n.op != "constant") or "(bypass)"
-    return consumed
 
 
 def _inputs_outlive(m: Match, consumed: set, escaping: dict, positions: _Positions) -> str | None:

@@ -43,12 +43,7 @@ def footprint(graph: Graph, bindings: Mapping[str, int], *, itemsize: int | None
     static = load_time_nodes(graph)   # run once at load: their results are weights, not activations
     weights = sum(nbytes(v) for v in graph.params.values())
     weights += sum(nbytes(o) for n in graph.nodes if id(n) in static for o in n.outputs)
-    last_use: dict[int, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            last_use[id(v)] = i
-    for _, v in graph.outputs:
-        last_use[id(v)] = len(graph.nodes)
+    last_use = graph.last_uses()
     inputs = sum(nbytes(v) for v in graph.inputs)
     live, peak, dying = 0, 0, {}
     for i, n in enumerate(graph.nodes):

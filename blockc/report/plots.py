@@ -67,9 +67,27 @@ def latency_chart_png(report: Mapping) -> bytes | None:
     """Median latency with min-max whiskers: one panel per shape, one bar per
     (backend/variant, form); error rows are marked where their bar would be.
     ``None`` when the report has no result rows at all."""
-    rows = list(report.get("results") or [])
-    if not rows:
+    panels = _latency_panels(report)
+    if not panels:
         return None
+    n_bars = sum(len(rs) for _, rs in panels)
+    height = min(MAX_INCHES, 1.2 + 0.34 * n_bars + 0.75 * len(panels))
+    fig = Figure(figsize=(10, height), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True,
+                        gridspec_kw={"height_ratios": [max(len(rs), 1) + 1 for _, rs in panels]})[:, 0]
+    for ax, (shape, rs) in zip(axes, panels):
+        _draw_latency_panel(ax, shape, rs)
+    _latency_axis(axes, [r for _, rs in panels for r in rs])
+    _latency_legend(fig, [r for _, rs in panels for r in rs])
+    fig.suptitle(plain(f"{report.get('model', '')}: latency per form and backend"), fontsize=12, x=0.02,
+                 ha="left")
+    return _png(fig)
+
+
+def _latency_panels(report: Mapping) -> list[tuple[dict, list]]:
+    """(shape, its result rows in series order) for each shape with rows:
+    the report's shapes first, then any only a row names."""
+    rows = list(report.get("results") or [])
     backends = [b.get("name") for b in report.get("backends") or []]
     order = sorted(dict.fromkeys((r.get("backend", ""), r.get("variant", "")) for r in rows),
                    key=lambda g: backends.index(g[0]) if g[0] in backends else len(backends))
@@ -79,63 +97,67 @@ def latency_chart_png(report: Mapping) -> bytes | None:
             shapes.append(s)
     panels = [(s, sorted((r for r in rows if (r.get("shape") or {}) == s), key=lambda r: _series_key(r, order)))
               for s in shapes]
-    panels = [(s, rs) for s, rs in panels if rs]
-    ok = [r["latency_ms"] for _, rs in panels for r in rs if _has_latency(r)]
+    return [(s, rs) for s, rs in panels if rs]
+
+
+def _bar_style(row: Mapping) -> tuple[str, str | None]:
+    """A bar's colour and hatch: peers green and hatched, forms by their colour."""
+    if row.get("peer"):
+        return PEER_COLOUR, PEER_HATCH
+    return FORM_COLOURS.get(row.get("form"), OTHER_FORM_COLOUR), None
+
+
+def _draw_latency_panel(ax, shape: Mapping, rows: list) -> None:
+    """One shape's bars, the first row on top; a row without a timing says why in its place."""
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        if not _has_latency(r):
+            why = "error (see the table)" if r.get("status") == "error" else "no timing"
+            ax.text(0.01, y, why, transform=ax.get_yaxis_transform(), va="center", ha="left",
+                    color="#B00020", fontstyle="italic", fontsize=9)
+            continue
+        colour, hatch = _bar_style(r)
+        t = r["latency_ms"]
+        med = t["median"]
+        tmin, tmax = t.get("min", med) or med, t.get("max", med) or med
+        ax.barh(y, med, height=0.7, color=colour, hatch=hatch, edgecolor="#333333", linewidth=0.6,
+                xerr=[[max(med - tmin, 0)], [max(tmax - med, 0)]],
+                error_kw={"ecolor": "#222222", "capsize": 3, "elinewidth": 1})
+        ax.annotate(f"{med:.3g} ms", (tmax, y), xytext=(5, 0), textcoords="offset points",
+                    va="center", fontsize=8, color="#222222")
+    ax.set_yticks(ys, [plain(_bar_label(r)) for r in rows], fontsize=9)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_title(plain(shape_label(shape)), fontsize=10, loc="left")
+    ax.grid(axis="x", color="#DDDDDD", linewidth=0.6, which="both")
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _latency_axis(axes, rows: list) -> None:
+    """The shared latency axis: log scale where the timings span more than 30x."""
+    ok = [r["latency_ms"] for r in rows if _has_latency(r)]
     lo = min((t["min"] if t.get("min") else t["median"]) for t in ok) if ok else 1.0
     hi = max((t["max"] if t.get("max") else t["median"]) for t in ok) if ok else 1.0
     log = hi / max(lo, 1e-12) > 30
-
-    n_bars = sum(len(rs) for _, rs in panels)
-    height = min(MAX_INCHES, 1.2 + 0.34 * n_bars + 0.75 * len(panels))
-    fig = Figure(figsize=(10, height), layout="constrained")
-    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True,
-                        gridspec_kw={"height_ratios": [max(len(rs), 1) + 1 for _, rs in panels]})[:, 0]
-    forms_seen, peer_seen = [], False
-    for ax, (shape, rs) in zip(axes, panels):
-        ys = list(range(len(rs)))[::-1]  # the first series on top
-        for y, r in zip(ys, rs):
-            if r.get("peer"):
-                colour, hatch, peer_seen = PEER_COLOUR, PEER_HATCH, True
-            else:
-                colour, hatch = FORM_COLOURS.get(r.get("form"), OTHER_FORM_COLOUR), None
-                if r.get("form") not in forms_seen:
-                    forms_seen.append(r.get("form"))
-            if not _has_latency(r):
-                why = "error (see the table)" if r.get("status") == "error" else "no timing"
-                ax.text(0.01, y, why, transform=ax.get_yaxis_transform(), va="center", ha="left",
-                        color="#B00020", fontstyle="italic", fontsize=9)
-                continue
-            t = r["latency_ms"]
-            med = t["median"]
-            tmin, tmax = t.get("min", med) or med, t.get("max", med) or med
-            ax.barh(y, med, height=0.7, color=colour, hatch=hatch, edgecolor="#333333", linewidth=0.6,
-                    xerr=[[max(med - tmin, 0)], [max(tmax - med, 0)]],
-                    error_kw={"ecolor": "#222222", "capsize": 3, "elinewidth": 1})
-            ax.annotate(f"{med:.3g} ms", (tmax, y), xytext=(5, 0), textcoords="offset points",
-                        va="center", fontsize=8, color="#222222")
-        ax.set_yticks(ys, [plain(_bar_label(r)) for r in rs], fontsize=9)
-        ax.set_ylim(-0.7, len(rs) - 0.3)
-        ax.set_title(plain(shape_label(shape)), fontsize=10, loc="left")
-        ax.grid(axis="x", color="#DDDDDD", linewidth=0.6, which="both")
-        ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
     if log:
         axes[0].set_xscale("log")
         axes[0].set_xlim(lo / 2, hi * 2)  # every bar visibly long; room for the value labels
     elif ok:
         axes[0].set_xlim(0, hi * 1.18)  # room for the value labels
     axes[-1].set_xlabel("latency (ms), median; whiskers min-max" + (", log scale" if log else ""))
-    forms_seen.sort(key=lambda f: FORMS.index(f) if f in FORMS else len(FORMS))
+
+
+def _latency_legend(fig: Figure, rows: list) -> None:
+    """One entry per form a bar was drawn or marked for (in form order), and one for peers."""
+    forms = sorted(dict.fromkeys(r.get("form") for r in rows if not r.get("peer")),
+                   key=lambda f: FORMS.index(f) if f in FORMS else len(FORMS))
     handles = [Patch(facecolor=FORM_COLOURS.get(f, OTHER_FORM_COLOUR), edgecolor="#333333", label=plain(f))
-               for f in forms_seen]
-    if peer_seen:
+               for f in forms]
+    if any(r.get("peer") for r in rows):
         handles.append(Patch(facecolor=PEER_COLOUR, hatch=PEER_HATCH, edgecolor="#333333", label="peer"))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9, frameon=False)
-    fig.suptitle(plain(f"{report.get('model', '')}: latency per form and backend"), fontsize=12, x=0.02,
-                 ha="left")
-    return _png(fig)
 
 
 def _has_latency(row: Mapping) -> bool:

@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from ..errors import InputsError
+from ..errors import InputsError, WeightsError
 from ..ir.dims import evaluate, is_plain_symbol
 from ..ir.graph import Graph
 from ..ops.limits import graph_limits
@@ -30,6 +30,23 @@ def bind_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]
     for problem in input_problems(graph, feeds, bindings):
         raise InputsError(problem, [problem])
     return bindings
+
+
+def checked_weights(graph: Graph, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each of ``graph``'s parameters with its array from ``weights``; a
+    ``WeightsError`` naming (the first ten of) those missing, or the first
+    of another shape. The backends that build from the weights they are
+    given check them so, before anything else."""
+    missing = [name for name in graph.params if name not in weights]
+    if missing:
+        raise WeightsError(f"no weights for {len(missing)} parameter(s): {', '.join(missing[:10])}"
+                           + (" ..." if len(missing) > 10 else ""))
+    arrays = {}
+    for name, v in graph.params.items():
+        arrays[name] = w = np.asarray(weights[name])
+        if tuple(w.shape) != v.type.concrete_shape({}):
+            raise WeightsError(f"weight {name!r} has shape {list(w.shape)}, the graph expects {v.type}")
+    return arrays
 
 
 def input_problems(graph: Graph, feeds: Mapping[str, np.ndarray], bindings: dict[str, int]) -> Iterator[str]:

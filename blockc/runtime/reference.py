@@ -11,10 +11,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import WeightsError
 from ..ir.graph import Graph
 from ..ops.evaluate import Env, evaluate_node
-from .bindings import bind_inputs
+from .bindings import bind_inputs, checked_weights
 
 __all__ = ["Env", "interpret", "run_reference"]
 
@@ -36,10 +35,7 @@ def interpret(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[st
     """``run_reference`` on feeds already checked against ``graph``
     (``bindings``: the sizes they bind), without checking them again."""
     env = Env(bindings, float64)
-    missing = [name for name in graph.params if name not in weights]
-    if missing:
-        raise WeightsError(f"no weights for {len(missing)} parameter(s): {', '.join(missing[:10])}"
-                           + (" ..." if len(missing) > 10 else ""))
+    arrays = checked_weights(graph, weights)
 
     def load(v, array) -> np.ndarray:
         return np.asarray(array).astype(env.numpy_dtype(v.dtype), copy=False)
@@ -48,18 +44,11 @@ def interpret(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[st
     for v in graph.inputs:
         vals[id(v)] = load(v, feeds[v.name])
     for name, v in graph.params.items():
-        w = np.asarray(weights[name])
-        if tuple(w.shape) != v.type.concrete_shape({}):
-            raise WeightsError(f"weight {name!r} has shape {list(w.shape)}, the graph expects {v.type}")
-        vals[id(v)] = load(v, w)
+        vals[id(v)] = load(v, arrays[name])
 
     # Free each intermediate after its last use: a 50257-wide logits tensor
     # should not outlive the node that reads it.
-    last_use: dict[int, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            last_use[id(v)] = i
-    keep = {id(v) for _, v in graph.outputs}
+    last_use = graph.last_uses()   # an output's is past the last node: never freed
 
     for i, n in enumerate(graph.nodes):
         results = evaluate_node(n, [vals[id(v)] for v in n.inputs], env, where=f"node {i}")
@@ -68,6 +57,6 @@ def interpret(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[st
             if capture is not None:
                 capture[out] = r
         for v in n.inputs:
-            if last_use.get(id(v)) == i and id(v) not in keep and v.kind == "node":
+            if last_use.get(id(v)) == i and v.kind == "node":
                 vals.pop(id(v), None)
     return {name: vals[id(v)] for name, v in graph.outputs}

@@ -25,13 +25,13 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BlockcError, WeightsError
+from ..errors import BlockcError
 from ..ir.graph import Graph, Node
 from ..ir.opdef import attr_symbols
 from ..ops import registry
 from ..passes.legalize import legalize
 from ..ir.dims import is_plain_symbol
-from .bindings import bind_inputs
+from .bindings import bind_inputs, checked_weights
 
 
 def torch_available() -> tuple[bool, str]:
@@ -199,19 +199,13 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
     from .torch_tensors import to_torch
     graph = lowerable(graph)
     check_supported(graph)
-    missing = [name for name in graph.params if name not in weights]
-    if missing:
-        raise WeightsError(f"no weights for {len(missing)} parameter(s): {', '.join(missing[:10])}"
-                           + (" ..." if len(missing) > 10 else ""))
+    arrays = checked_weights(graph, weights)
     root, g, labels = torch.nn.Module(), fx.Graph(), node_labels(graph)
     names = _Names(reserved=dir(root))  # a weight called "forward" or "training" must not shadow those
     env: dict[int, object] = {}              # id(Value) -> fx node
     static: dict[int, tuple] = {}            # id(Value) -> (tensor, attribute label, is a weight)
     for name, v in graph.params.items():
-        w = np.asarray(weights[name])
-        if tuple(w.shape) != v.type.concrete_shape({}):
-            raise WeightsError(f"weight {name!r} has shape {list(w.shape)}, the graph expects {v.type}")
-        static[id(v)] = (to_torch(w, v.dtype, copy=True), name, True)
+        static[id(v)] = (to_torch(arrays[name], v.dtype, copy=True), name, True)
 
     symbols: dict[str, object] = {}
     for v in graph.inputs:

@@ -153,3 +153,7 @@ def test_config_conversion():
     assert gpt2_config_from_hf(hf_config(activation_function="swish")).activation == "silu"
     with pytest.raises(ModelError, match="activation_function='quick_gelu'"):
         gpt2_config_from_hf(hf_config(activation_function="quick_gelu"))
+    # another family's config is refused as the BERT and Llama loaders refuse one, naming what it takes
+    with pytest.raises(ModelError) as info:
+        gpt2_config_from_hf({"model_type": "llama"})
+    assert str(info.value) == "not a GPT-2 config: model_type is 'llama' (supported: gpt2)"

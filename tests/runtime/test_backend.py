@@ -304,3 +304,22 @@ def test_close_releases_what_the_run_function_holds():
     assert alive() is None
     with pytest.raises(BlockcError, match="closed"):
         compiled.run({"x": np.ones(2)})
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch-eager"])
+def test_missing_or_misshapen_weights_are_refused_alike(backend):
+    from blockc.errors import WeightsError
+    from blockc.runtime.backend import make_backend
+    b = make_backend(backend)
+    ok, why = b.availability()
+    if not ok:
+        pytest.skip(why)
+    model = blockc.build_model("tiny", {"layers": "1", "d_model": "32", "heads": "2", "vocab": "61"})
+    graph, weights = blockc.trace(model), dict(blockc.init_weights(model))
+    feeds = {"input_ids": np.zeros((1, 2), np.int64)}
+    with pytest.raises(WeightsError) as info:
+        b.run(graph, {k: v for k, v in weights.items() if k != "tok.weight"}, feeds)
+    assert str(info.value) == "no weights for 1 parameter(s): tok.weight"
+    with pytest.raises(WeightsError) as info:
+        b.run(graph, {**weights, "tok.weight": np.ones(3, np.float32)}, feeds)
+    assert str(info.value) == "weight 'tok.weight' has shape [3], the graph expects f32[61,32]"

@@ -114,16 +114,16 @@ def test_the_key_covers_the_emulator_runtime_header_flags_and_compiler(tmp_path,
     before = cuda_build.source_hash(cm, "emu", compiler="g++ 13")
     assert cuda_build.source_hash(cm, "emu", compiler="g++ 14") != before
     assert cuda_build.source_hash(cm, "emu", "-O3", compiler="g++ 13") != before
-    original, emu = cuda_build.EMU_DIR, tmp_path / "emu"
-    shutil.copytree(cuda_build.EMU_DIR, emu)
-    monkeypatch.setattr(cuda_build, "EMU_DIR", str(emu))
+    original, emu = toolchain.EMU_DIR, tmp_path / "emu"
+    shutil.copytree(toolchain.EMU_DIR, emu)
+    monkeypatch.setattr(toolchain, "EMU_DIR", emu)
     assert cuda_build.source_hash(cm, "emu", compiler="g++ 13") == before
     with open(emu / "cuda_emu_sched.cpp", "a") as f:
         f.write("\n// a change to the emulator\n")
     assert cuda_build.source_hash(cm, "emu", compiler="g++ 13") != before
     header = tmp_path / "blockc_cuda.h"
     header.write_bytes(Path(cuda_build.RUNTIME_HEADER).read_bytes() + b"\n")
-    monkeypatch.setattr(cuda_build, "EMU_DIR", original)
+    monkeypatch.setattr(toolchain, "EMU_DIR", original)
     monkeypatch.setattr(cuda_build, "RUNTIME_HEADER", str(header))
     assert cuda_build.source_hash(cm, "emu", compiler="g++ 13") != before
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import struct
 import warnings
 from typing import Mapping
@@ -36,7 +35,6 @@ from .templates import TEMPLATE_DIR
 
 RUNTIME_HEADER = os.path.join(TEMPLATE_DIR, "blockc_cuda.h")
 API_HEADER = os.path.join(TEMPLATE_DIR, "blockc_model.h")
-EMU_DIR = os.path.join(os.path.dirname(__file__), "emu")
 ARCHS = ("sm_80", "sm_90")
 
 
@@ -162,27 +160,16 @@ def write_build(model: CudaModel, out_dir: str, *, archs=ARCHS, bindings: Mappin
     return meta
 
 
-def emulator_sources() -> list[str]:
-    """Every file of the emulator that goes into an emulated build."""
-    return sorted(os.path.join(EMU_DIR, n) for n in os.listdir(EMU_DIR) if n.endswith((".h", ".cpp")))
-
-
 def source_hash(model: CudaModel, *flags: str, compiler: str = "") -> str:
     """The cache key of a build of ``model``: everything that goes into it --
     the generated source, the runtime and API headers, the emulator's headers
     and sources, the build's ``flags`` and the ``compiler`` (its ``--version``)."""
     parts = [model.source.encode(), open(RUNTIME_HEADER, "rb").read(), open(API_HEADER, "rb").read()]
-    for path in emulator_sources():
-        parts += [os.path.basename(path).encode(), open(path, "rb").read()]
+    for path in toolchain.emulator_files():
+        parts += [path.name.encode(), path.read_bytes()]
     return cache_key(*parts, *flags, compiler)
 
 
 def cache_dir() -> str:
     """Where built models are cached: ``files.cache_root()`` (``$BLOCKC_CACHE``)."""
     return str(cache_root())
-
-
-def copy_emu_headers(out_dir: str) -> None:
-    for name in os.listdir(EMU_DIR):
-        if name.endswith((".h", ".cpp")):
-            shutil.copy(os.path.join(EMU_DIR, name), os.path.join(out_dir, name))

@@ -512,15 +512,19 @@ def compiler_version(compiler: str) -> str:
     return f"{os.path.realpath(compiler)}\n{done.stdout}"
 
 
+def emulator_files() -> list[Path]:
+    """Every file of the emulator, its headers and its sources: what a build with it depends on."""
+    return sorted(f for f in EMU_DIR.iterdir() if f.suffix in (".h", ".cpp"))
+
+
 def _emulator_folder(compile_cmd: list[str]) -> Path:
     """Where what ``compile_cmd`` makes of the emulator's own files is cached: a
     hash of the compiler, the flags and the emulator's sources (they change with blockc only)."""
     key = hashlib.sha256()
     key.update(compiler_version(compile_cmd[0]).encode())
     key.update("\0".join(compile_cmd).encode())
-    for f in sorted(EMU_DIR.iterdir()):
-        if f.suffix in (".h", ".cpp"):
-            key.update(f.name.encode() + f.read_bytes())
+    for f in emulator_files():
+        key.update(f.name.encode() + f.read_bytes())
     return cache_root() / "emu" / key.hexdigest()[:24]
 
 

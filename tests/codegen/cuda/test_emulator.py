@@ -5,7 +5,10 @@ AddressSanitizer and ThreadSanitizer builds catch what numerics cannot."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import ml_dtypes
@@ -360,3 +363,20 @@ def test_arguments_must_be_arrays_or_ints(fiber_lib):
 def test_missing_entry_point_is_an_emulation_error(fiber_lib):
     with pytest.raises(CudaRunCrash, match="no_such_entry"):
         run_emulated(fiber_lib, "no_such_entry", [])
+
+
+# ---- bench/emu_context_switch.cpp: the switch's benchmark times the emulator's own switch ----
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None, reason="no g++ or nm")
+def test_the_context_switch_benchmark_builds_and_times_the_emulators_own_switch(tmp_path):
+    bench = Path(__file__).parents[3] / "bench" / "emu_context_switch.cpp"
+    exe = tmp_path / "emu_switch"
+    # the benchmark's documented command, at one block instead of 40
+    subprocess.run(["g++", "-O2", "-std=c++20", "-pthread", "-DBENCH_BLOCKS=1", str(bench), "-o", str(exe)],
+                   check=True, timeout=300)
+    printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=120).stdout
+    assert "1 blocks x 256 threads x 64 barriers" in printed and "fiber switch :" in printed
+    # the fibers switch through the emulator's function, not a copy under another name
+    symbols = subprocess.run(["nm", str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    assert "blockc_emu_switch" in symbols and "blockc_emu_fiber_start" in symbols
+    assert "asm(" not in bench.read_text()

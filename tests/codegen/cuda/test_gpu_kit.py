@@ -65,6 +65,20 @@ def test_without_a_gpu_the_kit_says_so(capsys):
     assert err.startswith("gpu_kernels: error:") and "--emulate" in err and "Traceback" not in err
 
 
+def test_the_kits_row_kernels_are_the_ones_a_model_fuses():
+    # Each dtype the row kernels generate, and the causal softmax as a traced
+    # gpt2 block fuses it in that dtype (its fill is the dtype's lowest value).
+    import blockc
+    bench = kit()
+    for dtype in ("float32", "float16", "bfloat16"):
+        model = blockc.build_model("gpt2-block", {"d_model": "32", "heads": "2", "dtype": dtype})
+        fused = blockc.optimize(blockc.trace(model), disable=["fuse_attention"]).graph
+        softmax = next(n for n in fused.nodes if n.op == "masked_softmax")
+        graph, _, _ = bench.row_case("masked_softmax", dtype, 256, 1 << 16)
+        assert graph.nodes[0].attrs["fill"] == softmax.attrs["fill"], dtype
+        assert graph.inputs[0].dtype == softmax.outputs[0].dtype
+
+
 # ---- bench/gpu_quick.py: the kit for one lent slot --------------------------------------------
 
 def quick():

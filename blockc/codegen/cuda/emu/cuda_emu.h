@@ -16,8 +16,10 @@
 //     ThreadSanitizer understand. toolchain.compile_emulated(sanitize=...) picks
 //     this mode, as does threads=True.
 // Measured on the 2-core x86-64 VM this was written on (g++ 12 -O2), 40 blocks
-// x 256 threads x 64 barriers. The bare switch, bench/emu_context_switch.cpp,
-// per thread per barrier (ranges over repeated runs on a shared machine):
+// x 256 threads x 64 barriers. The bare switch (cuda_emu_switch.h, timed by
+// bench/emu_context_switch.cpp; these figures are from before it kept MXCSR and
+// the x87 control word), per thread per barrier (ranges over repeated runs on a
+// shared machine):
 //     hand-rolled fiber switch        31-35 ns
 //     ucontext swapcontext           470-720 ns  (15-21x: a sigprocmask syscall per switch)
 //     one OS thread per CUDA thread  3.4-4.4 us  (100-140x, std::barrier)

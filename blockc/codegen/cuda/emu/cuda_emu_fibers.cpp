@@ -4,6 +4,7 @@
 // the next running fiber in thread order.
 #ifndef BLOCKC_EMU_THREADS
 #include "cuda_emu_internal.h"
+#include "cuda_emu_switch.h"
 
 #include <algorithm>
 #include <csignal>
@@ -13,51 +14,6 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
-
-// Saves the callee-saved registers, MXCSR and the x87 control word on the old
-// stack, swaps rsp, restores them from the new one. A new fiber's stack is laid
-// out as if it had called blockc_emu_switch; its "return" lands in
-// blockc_emu_fiber_start, which calls r13(r12) with an aligned stack.
-asm(R"(
-    .text
-    .p2align 4
-    .globl blockc_emu_switch
-    .hidden blockc_emu_switch
-    .type blockc_emu_switch,@function
-blockc_emu_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size blockc_emu_switch,.-blockc_emu_switch
-    .globl blockc_emu_fiber_start
-    .hidden blockc_emu_fiber_start
-    .type blockc_emu_fiber_start,@function
-blockc_emu_fiber_start:
-    movq %r12, %rdi
-    callq *%r13
-    ud2
-    .size blockc_emu_fiber_start,.-blockc_emu_fiber_start
-)");
-extern "C" void blockc_emu_switch(void** save_sp, void* load_sp);
-extern "C" void blockc_emu_fiber_start();
 
 namespace blockc_emu {
 namespace detail {
@@ -80,21 +36,7 @@ void fiber_main(Lane* me) {
 }
 
 void prepare_fiber(Lane& lane, const Stack& s) {
-  unsigned ctrl[2];
-  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(ctrl[0]), "=m"(ctrl[1]));
-  uintptr_t top = (uintptr_t)(s.base + g_page + s.size) & ~(uintptr_t)15;
-  void** sp = (void**)top;
-  *--sp = (void*)blockc_emu_fiber_start;  // "return" address: rsp is 16-aligned after it
-  *--sp = nullptr;                        // rbp
-  *--sp = nullptr;                        // rbx
-  *--sp = &lane;                          // r12: the argument
-  *--sp = (void*)fiber_main;              // r13: the function
-  *--sp = nullptr;                        // r14
-  *--sp = nullptr;                        // r15
-  --sp;
-  std::memcpy(sp, ctrl, 4);                 // MXCSR
-  std::memcpy((char*)sp + 4, &ctrl[1], 2);  // x87 control word
-  lane.sp = sp;
+  lane.sp = blockc_emu_fiber_stack(s.base + g_page + s.size, fiber_main, &lane);
 }
 
 void ensure_stacks(int n) {

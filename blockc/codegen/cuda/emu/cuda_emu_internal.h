@@ -7,6 +7,7 @@
 #include "cuda_emu.h"
 
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -67,6 +68,7 @@ struct Block {
 extern __thread Lane* t_lane __attribute__((tls_model("initial-exec")));
 
 [[noreturn]] void fail(const Block& b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+std::string thread_name(const Block& b, int i);  // "thread (x,y,z) [warp w lane l]": how errors name lane i
 size_t stack_bytes();
 int max_grid_yz();  // the grid's y and z limit (BLOCKC_EMU_MAX_GRID_YZ, else 65,535)
 void start_block(Block& b, unsigned index);  // lanes, counters and dynamic shared memory for block `index`

@@ -198,13 +198,6 @@ std::string source_of(const void* pc) {
   return out;
 }
 
-std::string thread_name(const Block& b, int i) {
-  const uint3& t = b.lanes[i].ctx.thread_idx;
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) [warp %d lane %d]", t.x, t.y, t.z, i / 32, i % 32);
-  return buf;
-}
-
 std::string bytes_of(const Place& p, size_t n) {
   char buf[512];
   if (p.var)

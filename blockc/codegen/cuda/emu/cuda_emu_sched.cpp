@@ -45,6 +45,13 @@ void fail(const Block& b, const char* fmt, ...) {
   std::abort();
 }
 
+std::string thread_name(const Block& b, int i) {
+  const uint3& t = b.lanes[i].ctx.thread_idx;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) [warp %d lane %d]", t.x, t.y, t.z, i / 32, i % 32);
+  return buf;
+}
+
 namespace {
 
 const char* const kOpNames[] = {
@@ -55,13 +62,6 @@ const char* const kOpNames[] = {
 };
 
 std::string site(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
-
-std::string who(const Block& b, int i) {
-  const uint3& t = b.lanes[i].ctx.thread_idx;
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) [warp %d lane %d]", t.x, t.y, t.z, i / 32, i % 32);
-  return buf;
-}
 
 std::string describe(const Lane& l) {
   switch (l.state) {
@@ -82,7 +82,7 @@ std::string describe(const Lane& l) {
   int shown = 0;
   for (int i = 0; i < b.n && shown < 8; ++i)
     if (b.lanes[i].state != kExited) {
-      msg += "\n  " + who(b, i) + " " + describe(b.lanes[i]);
+      msg += "\n  " + thread_name(b, i) + " " + describe(b.lanes[i]);
       ++shown;
     }
   fail(b, "%s", msg.c_str());
@@ -95,14 +95,14 @@ void check_not_awaited(Block& b, int i) {
     for (int j = 0; j < b.n; ++j)
       if (b.lanes[j].state == kAtBarrier)
         fail(b, "barrier deadlock: %s waits at __syncthreads at %s, but %s has exited without reaching it",
-             who(b, j).c_str(), site(b.lanes[j].file, b.lanes[j].line).c_str(), who(b, i).c_str());
+             thread_name(b, j).c_str(), site(b.lanes[j].file, b.lanes[j].line).c_str(), thread_name(b, i).c_str());
   int base = i & ~31;
   for (int j = base; j < std::min(base + 32, b.n); ++j) {
     const Lane& o = b.lanes[j];
     if (j != i && o.state == kAtWarp && (o.mask >> (i & 31) & 1u))
       fail(b, "divergent warp: lane %d (%s) waits in %s(mask 0x%08x) at %s for lane %d (%s), which %s",
-           j & 31, who(b, j).c_str(), kOpNames[o.op], o.mask, site(o.file, o.line).c_str(), i & 31,
-           who(b, i).c_str(), describe(me).c_str());
+           j & 31, thread_name(b, j).c_str(), kOpNames[o.op], o.mask, site(o.file, o.line).c_str(), i & 31,
+           thread_name(b, i).c_str(), describe(me).c_str());
   }
 }
 
@@ -150,7 +150,7 @@ void complete_collective(Block& b, int base, unsigned mask, int op) {
         int src = shuffle_source(op, l, me.arg, me.width);
         if (!(mask >> src & 1u))
           fail(b, "%s at %s: lane %d (%s) reads lane %d, which is not in mask 0x%08x",
-               kOpNames[op], site(me.file, me.line).c_str(), l, who(b, base + l).c_str(), src, mask);
+               kOpNames[op], site(me.file, me.line).c_str(), l, thread_name(b, base + l).c_str(), src, mask);
         me.result = b.lanes[base + src].value;
         break;
       }
@@ -188,12 +188,12 @@ int sync_block(int kind, int pred, const char* file, int line) {
     for (int j = 0; j < b.n; ++j)
       if (b.lanes[j].state == kExited)
         fail(b, "barrier deadlock: %s waits at __syncthreads at %s, but %s has exited without reaching it",
-             who(b, int(&me - b.lanes.data())).c_str(), site(file, line).c_str(), who(b, j).c_str());
+             thread_name(b, int(&me - b.lanes.data())).c_str(), site(file, line).c_str(), thread_name(b, j).c_str());
   if (b.at_barrier > 0 && (b.bar_line != line || std::strcmp(b.bar_file, file) != 0))
     for (int j = 0; j < b.n; ++j)
       if (b.lanes[j].state == kAtBarrier)
-        fail(b, "threads wait at different barriers: %s at __syncthreads at %s, %s at %s", who(b, j).c_str(),
-             site(b.bar_file, b.bar_line).c_str(), who(b, int(&me - b.lanes.data())).c_str(), site(file, line).c_str());
+        fail(b, "threads wait at different barriers: %s at __syncthreads at %s, %s at %s", thread_name(b, j).c_str(),
+             site(b.bar_file, b.bar_line).c_str(), thread_name(b, int(&me - b.lanes.data())).c_str(), site(file, line).c_str());
   if (b.at_barrier == 0) {
     b.bar_file = file;
     b.bar_line = line;
@@ -229,7 +229,7 @@ uint64_t warp_collective(int op, unsigned mask, uint64_t value, int arg, int wid
   int i = int(&me - b.lanes.data()), base = i & ~31, lane = i & 31;
   if (!(mask >> lane & 1u))
     fail(b, "%s at %s: mask 0x%08x does not name the calling lane %d (%s)", kOpNames[op],
-         site(file, line).c_str(), mask, lane, who(b, i).c_str());
+         site(file, line).c_str(), mask, lane, thread_name(b, i).c_str());
   if (width < 1 || width > 32 || (width & (width - 1)))
     fail(b, "%s at %s: width %d is not a power of two in [1, 32]", kOpNames[op], site(file, line).c_str(), width);
   me.state = kAtWarp;
@@ -246,14 +246,14 @@ uint64_t warp_collective(int op, unsigned mask, uint64_t value, int arg, int wid
     if (!(mask >> l & 1u) || l == lane) continue;
     if (base + l >= b.n)
       fail(b, "%s at %s by lane %d (%s): mask 0x%08x names lane %d, which does not exist (the block has %d threads)",
-           kOpNames[op], site(file, line).c_str(), lane, who(b, i).c_str(), mask, l, b.n);
+           kOpNames[op], site(file, line).c_str(), lane, thread_name(b, i).c_str(), mask, l, b.n);
     const Lane& o = b.lanes[base + l];
     if (o.state == kRunning) { complete = false; continue; }
     bool same = o.state == kAtWarp && o.op == op && o.mask == mask &&
                 (op == kSyncWarp || (o.line == line && std::strcmp(o.file, file) == 0));
     if (!same)
       fail(b, "divergent warp: lane %d (%s) waits in %s(mask 0x%08x) at %s for lane %d (%s), which %s",
-           lane, who(b, i).c_str(), kOpNames[op], mask, site(file, line).c_str(), l, who(b, base + l).c_str(),
+           lane, thread_name(b, i).c_str(), kOpNames[op], mask, site(file, line).c_str(), l, thread_name(b, base + l).c_str(),
            describe(o).c_str());
   }
   if (complete) {
@@ -279,7 +279,7 @@ unsigned active_mask() {
 
 void trap(const char* what, const char* file, int line) {
   Block& b = *t_lane->block;
-  fail(b, "%s at %s in %s", what, site(file, line).c_str(), who(b, int(t_lane - b.lanes.data())).c_str());
+  fail(b, "%s at %s in %s", what, site(file, line).c_str(), thread_name(b, int(t_lane - b.lanes.data())).c_str());
 }
 
 // ---- running a launch ---------------------------------------------------------------
