@@ -203,14 +203,16 @@ class _FileMap(mmap.mmap):
     def of(cls, path: str) -> "_FileMap":
         with open(path, "rb") as f:
             m = cls(f.fileno(), 0, access=mmap.ACCESS_READ)
-        m.path = os.path.abspath(path)
+        # the file itself: a Hugging Face cache links snapshots/*/model.safetensors to ../../blobs/<hash>,
+        # and ONNX Runtime refuses an external file that resolves outside the folder it was given
+        m.path = os.path.realpath(path)
         m.address = np.frombuffer(m, np.uint8, 1).ctypes.data
         return m
 
 
 @dataclass(frozen=True)
 class FileRegion:
-    """Bytes ``[offset, offset + length)`` of the file ``path`` (absolute)."""
+    """Bytes ``[offset, offset + length)`` of the file ``path`` (absolute, links resolved)."""
 
     path: str
     offset: int

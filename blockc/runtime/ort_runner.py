@@ -195,6 +195,8 @@ class OrtSession:
         as OrtValues over their arrays (which ONNX Runtime 1.31 copies)."""
         params = self.graph.params
         regions = {name: r for name, a in self._weights.items() if (r := file_region(a)) is not None}
+        if regions and len({os.path.splitdrive(r.path)[0] for r in regions.values()}) > 1:
+            regions = {}   # files on two drives have no common folder to name them from: bound instead
         bound = [name for name in self._weights if name not in regions]
         self._weight_values = [_to_ortvalue(ort, self._weights[name], params[name].dtype) for name in bound]
         if bound:

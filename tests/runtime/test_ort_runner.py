@@ -247,6 +247,23 @@ def test_mixed_weights_map_the_file_and_bind_the_rest(tmp_path):
         assert len(sess._weight_values) == 2
 
 
+def test_a_linked_weights_file_is_mapped_where_it_lies(tmp_path):
+    """A Hugging Face cache's layout: snapshots/<rev>/model.safetensors links to
+    ../../blobs/<hash>; ONNX Runtime refuses a file that resolves outside the
+    folder it is given, so the folder is the file's own."""
+    from blockc.frontends.weights import load_weights, save_weights
+    g, w = attention_block()
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "snapshots" / "rev").mkdir(parents=True)
+    save_weights(tmp_path / "blobs" / "1234abcd.safetensors", w)
+    (tmp_path / "snapshots" / "rev" / "model.safetensors").symlink_to("../../blobs/1234abcd.safetensors")
+    linked = load_weights(tmp_path / "snapshots" / "rev" / "model.safetensors")
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    with OrtSession(g, linked) as sess:
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert sess._weight_values == []
+
+
 def test_a_weights_file_rewritten_between_two_sessions_is_read_afresh(tmp_path):
     from blockc.frontends.weights import load_weights, save_weights
     g, w = saved_block(tmp_path)
