@@ -115,7 +115,8 @@ class Take:
             array = array.T
         if (self.start, self.stop) != (0, array.shape[-1]):
             array = array[..., self.start:self.stop]
-        return np.ascontiguousarray(array).astype(dtype.numpy)
+        # no copy where none is needed: a checkpoint's own tensor stays a view of its file (a runtime maps it)
+        return np.ascontiguousarray(array).astype(dtype.numpy, copy=False)
 
 
 def plan_checkpoint(shapes: Mapping[str, tuple], model: Model, layout: Layout, read: Callable[[str], Any],

@@ -54,15 +54,18 @@ class Parameter:
     def make(self, name: str, seed: int, dtype: DType) -> np.ndarray:
         """The initial value; the same for the same (name, seed) whatever else exists."""
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        target = (self.dtype or dtype).numpy
         if callable(self.init):
             value = np.asarray(self.init(self.shape, rng))
+            if value.dtype == target:   # read from a checkpoint: kept as it came (a view of its file), no copy
+                return value
         elif self.init == "normal":
             value = rng.standard_normal(self.shape) * self.std
         elif self.init == "zeros":
             value = np.zeros(self.shape)
         else:
             value = np.ones(self.shape)
-        return value.astype(np.float64).astype((self.dtype or dtype).numpy)
+        return value.astype(np.float64).astype(target)
 
     def __repr__(self) -> str:
         return f"Parameter({list(self.shape)})"

@@ -31,8 +31,10 @@ a file.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -124,14 +126,21 @@ class SafetensorsFiles(Mapping):
     and never copied; the files must not change while the arrays are in use.
     ``files`` maps each name to the file holding it; a name in two files is
     refused, and so is a dtype blockc has no type for. Problems name the file
-    (and the tensor)."""
+    (and the tensor).
+
+    Lifetime: ``close()`` (or leaving a ``with`` block) drops the object's
+    own hold on its memory maps and refuses further reads; an array handed
+    out before keeps its file's map alive, and stays valid, until the last
+    array over it is gone (the map is unmapped then, by garbage collection).
+    ``file_region(array)`` says where in which file such an array lies, so a
+    runtime can map the same bytes itself (``ort_runner.OrtSession``)."""
 
     def __init__(self, paths):
         self.files: dict[str, str] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}   # safetensors' codes: F32, F16, BF16, I64...
         self._where: dict[str, tuple[int, int]] = {}   # name -> (first byte, end) in its file
-        self._maps: dict[str, object] = {}
+        self._maps: dict[str, _FileMap] | None = {}
         for path in map(os.fspath, paths):
             for name, entry, start in _safetensors_header(path):
                 if name in self.files:
@@ -144,21 +153,87 @@ class SafetensorsFiles(Mapping):
                 self._where[name] = (start + entry["data_offsets"][0], start + entry["data_offsets"][1])
 
     def __getitem__(self, name: str) -> np.ndarray:
-        import mmap
+        if self._maps is None:
+            raise WeightsError(f"these weights ({', '.join(sorted(set(self.files.values())))}) were closed; "
+                               f"read tensors before closing them")
         path, (start, end) = self.files[name], self._where[name]
         dtype = np.dtype(_SAFETENSORS_DTYPES[self.dtypes[name]])
         if start == end:   # an empty tensor (it may sit at the very end, where no buffer starts)
             return np.empty(self.shapes[name], dtype)
         if path not in self._maps:
-            with open(path, "rb") as f:
-                self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[path] = _FileMap.of(path)
         return np.frombuffer(self._maps[path], dtype, (end - start) // dtype.itemsize, start).reshape(self.shapes[name])
+
+    def release_pages(self) -> None:
+        """Take the pages read so far out of this process's memory (they stay
+        in the OS's page cache, and come back on the next read): a scan of
+        every tensor (``load_weights``'s check for NaN) would otherwise count
+        the whole file in this process's resident memory a second time
+        beside ONNX Runtime's own map of it (``ort_runner.OrtSession``)."""
+        for m in (self._maps or {}).values():
+            if hasattr(mmap, "MADV_DONTNEED"):   # not on every OS; where absent, the pages stay
+                m.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        """Drop this object's maps; arrays already handed out keep theirs (see the class docstring)."""
+        self._maps = None
+
+    def __enter__(self) -> "SafetensorsFiles":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __iter__(self):
         return iter(self.files)
 
     def __len__(self) -> int:
         return len(self.files)
+
+
+class _FileMap(mmap.mmap):
+    """A read-only memory map of a whole file that remembers the file's path
+    and where the map starts in memory, so ``file_region`` can turn a view's
+    address back into an offset in the file."""
+
+    path: str
+    address: int
+
+    @classmethod
+    def of(cls, path: str) -> "_FileMap":
+        with open(path, "rb") as f:
+            m = cls(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # the file itself: a Hugging Face cache links snapshots/*/model.safetensors to ../../blobs/<hash>,
+        # and ONNX Runtime refuses an external file that resolves outside the folder it was given
+        m.path = os.path.realpath(path)
+        m.address = np.frombuffer(m, np.uint8, 1).ctypes.data
+        return m
+
+
+@dataclass(frozen=True)
+class FileRegion:
+    """Bytes ``[offset, offset + length)`` of the file ``path`` (absolute, links resolved)."""
+
+    path: str
+    offset: int
+    length: int
+
+
+def file_region(array: np.ndarray) -> FileRegion | None:
+    """Where ``array``'s bytes lie in a ``.safetensors`` file, when it is a
+    C-contiguous little-endian view over a ``SafetensorsFiles`` map (what
+    ``SafetensorsFiles[name]`` hands out, reshaped or not); None for anything
+    else (a copy, a transposed view, an array made in memory). The file must
+    not change while the bytes are in use."""
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or array.nbytes == 0 \
+            or array.dtype.byteorder == ">":
+        return None
+    base = array
+    while base is not None and not isinstance(base, _FileMap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if base is None:
+        return None
+    return FileRegion(base.path, array.ctypes.data - base.address, array.nbytes)
 
 
 class NonFiniteWeightsWarning(UserWarning):
@@ -215,15 +290,15 @@ def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise WeightsError(f"weights file {path!r} not found")
     try:
-        if fmt == ".safetensors":
-            weights = materialize(SafetensorsFiles([path]))
-        else:
-            weights = _read_npz(path)
+        files = SafetensorsFiles([path]) if fmt == ".safetensors" else None
+        weights = materialize(files) if files is not None else _read_npz(path)
     except WeightsError:
         raise
     except Exception as e:
         raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from e
     bad = non_finite_weights(weights)
+    if files is not None:
+        files.release_pages()
     if bad:
         shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
         warnings.warn(NonFiniteWeightsWarning(

@@ -237,7 +237,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     decode_graph, decode_weights, _ = _rank_part(decode_graph, weights, rank_of, pad_vocab, names.pairs, split) \
         if decode_graph is not None else (None, None, None)
     with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
-        decode = target.compile(to_form(decode_graph, form), decode_weights) if decode_graph is not None else None
+        # one prompt: each step multiplies one row by every weight, which needs no repacked copy of them
+        decode = target.compile(to_form(decode_graph, form), decode_weights, one_row=len(prompts) == 1) \
+            if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
             loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length,

@@ -2,13 +2,23 @@
 from __future__ import annotations
 
 import numpy as np
-import scipy.special
 
 from ..errors import ShapeError
 from ..ir.dtypes import DType
 from ..ir.types import TensorType
 from ._rules import broadcast_shapes, elementwise, same_dtype
 from .registry import REQUIRED, STR, TENSOR, define
+
+
+# scipy is imported on first use: importing it was a third of every command's start
+def _erf(x):
+    import scipy.special
+    return scipy.special.erf(x)
+
+
+def _expit(x):
+    import scipy.special
+    return scipy.special.expit(x)
 
 # ---- binary arithmetic ----------------------------------------------------
 def _divide(a, b):
@@ -72,11 +82,11 @@ _UNARY = {
     "sqrt": (np.sqrt, "Sqrt", True, "sqrt", "sqrtf({0})"),
     "reciprocal": (np.reciprocal, "Reciprocal", True, "reciprocal", "(1.0f / {0})"),
     "tanh": (np.tanh, "Tanh", True, "tanh", "tanhf({0})"),
-    "erf": (scipy.special.erf, "Erf", True, "erf", "erff({0})"),
+    "erf": (_erf, "Erf", True, "erf", "erff({0})"),
     "sin": (np.sin, "Sin", True, "sin", "sinf({0})"),
     "cos": (np.cos, "Cos", True, "cos", "cosf({0})"),
     # expit, not 1 / (1 + exp(-x)): no overflow warning for very negative x
-    "sigmoid": (scipy.special.expit, "Sigmoid", True, "sigmoid", "(1.0f / (1.0f + expf(-({0}))))"),
+    "sigmoid": (_expit, "Sigmoid", True, "sigmoid", "(1.0f / (1.0f + expf(-({0}))))"),
     "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "Relu", False, "relu", "fmaxf({0}, 0.0f)"),
 }
 
@@ -101,7 +111,7 @@ silu = define("silu", ("x",), doc="x * sigmoid(x) (SiLU, swish)", cuda="elementw
               cuda_expr="({0} / (1.0f + expf(-({0}))))")
 silu.infer(lambda types, attrs: elementwise("silu", types, floats=True))
 # expit, not 1 / (1 + exp(-x)): no overflow warning for very negative x
-silu.numpy(lambda xs, attrs, env: (xs[0] * scipy.special.expit(xs[0])).astype(xs[0].dtype, copy=False))
+silu.numpy(lambda xs, attrs, env: (xs[0] * _expit(xs[0])).astype(xs[0].dtype, copy=False))
 silu.onnx(lambda e, node, ins: [e.emit("Mul", [ins[0], e.emit("Sigmoid", ins)])])
 silu.torch(lambda b, node, xs: b.call(b.F.silu, xs[0]))
 

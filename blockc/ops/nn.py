@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.special
 
 from ..errors import ShapeError
 from ..ir.dtypes import DType
@@ -68,6 +67,7 @@ def _(xs, attrs, env):
     if attrs["approximate"] == "tanh":
         inner = np.array(_K_TANH, x.dtype) * (x + np.array(0.044715, x.dtype) * x * x * x)
         return half * x * (one + np.tanh(inner))
+    import scipy.special   # here, not at the top: importing it was a third of every command's start
     return half * x * (one + scipy.special.erf(x / np.array(math.sqrt(2.0), x.dtype)))
 
 

@@ -233,14 +233,17 @@ class Backend:
         return True
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
-                threads: int | None = None, count_kernels: bool = False) -> Compiled:
+                threads: int | None = None, count_kernels: bool = False, one_row: bool = False) -> Compiled:
         """``graph`` with ``weights``, ready to run. ``variant``: one of
         ``variants`` (None: the first); ``threads``: intra-op threads (None:
         the runtime's default); ``count_kernels``: the caller reads
         ``Compiled.kernels`` (compare does; a run or a generation does not).
         A backend whose count costs work (ONNX Runtime saves the model it
         optimized to count its nodes) does that work only when asked; one
-        whose count is free may always give it."""
+        whose count is free may always give it. ``one_row``: every run
+        multiplies one row by each weight (a decode step at batch 1), so a
+        backend may read its weights as they are rather than repack a copy
+        of them for many-row products (ONNX Runtime's prepacking)."""
         raise NotImplementedError
 
     def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:

@@ -126,13 +126,14 @@ def save_hf_dir(family: str, path, *, seed: int = 0, dtype: str = "float32", sha
     it. ``shard_size`` (e.g. ``"200KB"``) writes shards and their index;
     ``dtype`` is the checkpoint's (``float16``, ``bfloat16``); ``tokenizer``
     is ``bytelevel`` or ``sentencepiece`` (``train_tokenizer``); ``config``
-    overrides the config's fields."""
+    overrides the config's fields (``vocab_size`` too)."""
     import torch
     if family not in FAMILIES:
         raise ValueError(f"no fixture for {family!r}; families: {', '.join(FAMILIES)}")
     path = Path(path)
     tokenizer = train_tokenizer(kind=tokenizer)
-    cfg = hf_config(family, len(tokenizer), tokenizer, **config)
+    # a vocab_size given widens the model past the tokenizer's ids (a bench's 32000)
+    cfg = hf_config(family, config.pop("vocab_size", len(tokenizer)), tokenizer, **config)
     torch.manual_seed(seed)
     model = randomise(hf_model(family, cfg), torch).to(getattr(torch, dtype))
     if family in DECODERS:

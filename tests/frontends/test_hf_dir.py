@@ -137,6 +137,17 @@ def test_shards_are_read_tensor_by_tensor(hf_dir, tmp_path, capsys, monkeypatch)
     np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_checkpoints_own_tensors_stay_views_of_its_file(family, hf_dir):
+    """What needs no transposing, cutting or casting is handed out as the file's
+    own bytes (a runtime maps them: ort_runner), never copied on the way."""
+    weights = init_weights(build_model(hf_dir(family)))
+    views = {name for name, a in weights.items() if weights_module.file_region(a) is not None}
+    assert "tok.weight" in views   # the embedding, as the checkpoint stores it
+    if family == "gpt2":   # Conv1D stores [in, out], blockc's order: every matrix is the file's
+        assert {n for n in weights if n.endswith("ffn.fc1.weight")} <= views
+
+
 @pytest.mark.parametrize("family, dtype", [("gpt2", "float16"), ("qwen2", "bfloat16"), ("bert", "float16")])
 def test_half_checkpoints_keep_their_dtype_or_are_cast(family, dtype, hf_dir, tmp_path, capsys):
     path = hf_dir(family, dtype=dtype)

@@ -282,3 +282,54 @@ def test_a_safetensors_dtype_blockc_does_not_read_is_named(tmp_path):
                                 str(tmp_path / "c.safetensors"))
     with pytest.raises(WeightsError, match=r"c\.safetensors': z has the dtype C64, which blockc does not read"):
         load_weights(tmp_path / "c.safetensors")
+
+
+def test_file_region_gives_a_views_place_in_its_file(tmp_path):
+    """What ONNX Runtime is told to map: the bytes at the region are the tensor's."""
+    from blockc.frontends.weights import file_region
+    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, ml_dtypes.bfloat16)}
+    save_weights(tmp_path / "w.safetensors", arrays)
+    files = SafetensorsFiles([tmp_path / "w.safetensors"])
+    raw = (tmp_path / "w.safetensors").read_bytes()
+    for name, a in arrays.items():
+        r = file_region(files[name])
+        assert r.path == str(tmp_path / "w.safetensors") and r.length == a.nbytes
+        assert raw[r.offset:r.offset + r.length] == a.tobytes()
+    view = files["a"]
+    assert file_region(view.reshape(12)) == file_region(view)
+    assert file_region(view.T) is None and file_region(np.array(view)) is None and file_region(arrays["a"]) is None
+
+
+def test_closing_refuses_new_reads_and_keeps_arrays_handed_out(tmp_path):
+    save_weights(tmp_path / "w.safetensors", {"a": np.arange(4, dtype=np.float32)})
+    with SafetensorsFiles([tmp_path / "w.safetensors"]) as files:
+        a = files["a"]
+    del files
+    import gc
+    gc.collect()
+    np.testing.assert_array_equal(a, np.arange(4, dtype=np.float32))   # its map lives as long as it does
+    again = SafetensorsFiles([tmp_path / "w.safetensors"])
+    again.close()
+    with pytest.raises(WeightsError, match=r"w\.safetensors\) were closed"):
+        again["a"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the resident size from Linux's /proc")
+def test_loading_leaves_the_scanned_pages_to_the_page_cache(tmp_path):
+    """After load_weights' scan for NaN read every page of a 48 MB file, the
+    process holds few of them: a runtime mapping the file itself does not
+    count them twice. The arrays still read right."""
+    import subprocess
+    import sys
+    rng = np.random.default_rng(0)
+    arrays = {f"w{k}": rng.standard_normal((1024, 2048), np.float32) for k in range(6)}
+    save_weights(tmp_path / "big.safetensors", arrays)
+    size = os.path.getsize(tmp_path / "big.safetensors")
+    script = ("import sys, numpy as np; from blockc.frontends.weights import load_weights; "
+              "kib = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
+              "before = kib('VmRSS:'); w = load_weights(sys.argv[1]); print((kib('VmRSS:') - before) * 1024, "
+              "repr(float(np.asarray(w['w5'], np.float64).sum())))")
+    grown, total = subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.safetensors")], check=True,
+                                  capture_output=True, text=True).stdout.split()
+    assert int(grown) < 0.25 * size, (grown, size)
+    assert float(total) == float(arrays["w5"].astype(np.float64).sum())

@@ -226,3 +226,37 @@ def test_a_bad_pick_is_refused():
     model = build_model("tiny")
     with pytest.raises(BlockcError, match="pick returned"):
         generate(model, weights_of(model), [[1]], 2, pick=lambda logits, history: np.array([0.5]))
+
+
+@pytest.mark.parametrize("prompts, decode_prepacks", [([[5, 17, 99]], False), ([[5, 17, 99], [3, 4, 5]], True)])
+def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypatch, prompts, decode_prepacks):
+    """Both sessions declare every weight at the same place in the .safetensors
+    file, which ONNX Runtime maps: one copy in memory, the OS's page cache,
+    for both. A decode step of one prompt multiplies one row by each weight,
+    so its session keeps them as they are (no prepacked copy); with more rows
+    it repacks them, as the prefill does."""
+    import onnx
+    import onnxruntime as ort
+
+    from blockc.frontends.weights import load_weights, save_weights
+    made, real = [], ort.InferenceSession
+
+    def spy(model, options, **kw):
+        try:
+            unpacked = options.get_session_config_entry("session.disable_prepacking") == "1"
+        except Exception:   # no such entry: ONNX Runtime's default, prepacking
+            unpacked = False
+        made.append((onnx.load_from_string(model), unpacked))
+        return real(model, options, **kw)
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    model = build_model("llama-tiny", {"layers": "1"})
+    save_weights(tmp_path / "w.safetensors", weights_of(model))
+    weights = load_weights(tmp_path / "w.safetensors")
+    got = generate(model, weights, prompts, 3)
+    assert got.tokens == generate(model, {k: np.array(a) for k, a in weights.items()}, prompts, 3).tokens
+    (prefill, prefill_unpacked), (decode, decode_unpacked) = made[:2]   # the file-backed generation's
+    places = [{t.name: [(e.key, e.value) for e in t.external_data] for t in m.graph.initializer
+               if t.name in weights} for m in (prefill, decode)]
+    assert places[0] == places[1] and set(places[0]) == set(weights)
+    assert all(dict(p)["location"] == "w.safetensors" for p in places[0].values())
+    assert (prefill_unpacked, decode_unpacked) == (False, not decode_prepacks)

@@ -2,6 +2,7 @@
 reused across dim values, providers, options, external data and errors."""
 from __future__ import annotations
 
+import os
 
 import ml_dtypes
 import numpy as np
@@ -201,6 +202,109 @@ def test_closing_releases_the_weights():
     assert sess.weights == {}
     with pytest.raises(BlockcError, match="closed"):
         sess.run(feeds_for(g, {"batch": 1, "seq": 3, "past": 1}))
+
+
+# -- weights in a .safetensors file: ONNX Runtime maps the file itself ----------------------------
+def saved_block(tmp_path, **kw):
+    """``attention_block``'s graph and its weights loaded back from a .safetensors file (views of its map)."""
+    from blockc.frontends.weights import load_weights, save_weights
+    g, w = attention_block(**kw)
+    save_weights(tmp_path / "w.safetensors", w)
+    return g, load_weights(tmp_path / "w.safetensors")
+
+
+def external_places(model: bytes) -> dict:
+    """``{initializer: (location, offset, length)}`` as the model declares them."""
+    out = {}
+    for t in onnx.load_from_string(model).graph.initializer:
+        info = {e.key: e.value for e in t.external_data}
+        out[t.name] = (info.get("location"), int(info.get("offset", -1)), int(info.get("length", -1)))
+    return out
+
+
+def test_weights_from_a_safetensors_file_are_declared_at_their_place_in_it(tmp_path, monkeypatch):
+    """No OrtValue, no copy: each initializer names the file, and the offset and
+    length its header gives, which ONNX Runtime memory-maps itself."""
+    from blockc.frontends.weights import SafetensorsFiles
+    made = spy_on_sessions(monkeypatch)
+    g, w = saved_block(tmp_path, d=64)
+    feeds = feeds_for(g, {"batch": 2, "seq": 3, "past": 2})
+    with OrtSession(g, w) as sess:
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert sess._weight_values == []   # nothing handed over as an OrtValue (ONNX Runtime would copy it)
+    files = SafetensorsFiles([tmp_path / "w.safetensors"])
+    want = {name: ("w.safetensors", *files._where[name]) for name in g.params}
+    assert {name: (loc, start, start + n) for name, (loc, start, n) in external_places(made[0]).items()
+            if name in g.params} == want
+
+
+def test_mixed_weights_map_the_file_and_bind_the_rest(tmp_path):
+    g, w = saved_block(tmp_path)
+    w = dict(w, qkv=np.asfortranarray(w["qkv"]), proj=np.array(w["proj"]))   # not views of the file
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    with OrtSession(g, w) as sess:
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert len(sess._weight_values) == 2
+
+
+def test_a_linked_weights_file_is_mapped_where_it_lies(tmp_path):
+    """A Hugging Face cache's layout: snapshots/<rev>/model.safetensors links to
+    ../../blobs/<hash>; ONNX Runtime refuses a file that resolves outside the
+    folder it is given, so the folder is the file's own."""
+    from blockc.frontends.weights import load_weights, save_weights
+    g, w = attention_block()
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "snapshots" / "rev").mkdir(parents=True)
+    save_weights(tmp_path / "blobs" / "1234abcd.safetensors", w)
+    (tmp_path / "snapshots" / "rev" / "model.safetensors").symlink_to("../../blobs/1234abcd.safetensors")
+    linked = load_weights(tmp_path / "snapshots" / "rev" / "model.safetensors")
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    with OrtSession(g, linked) as sess:
+        assert_close(g, w, feeds, sess.run(feeds), 1e-4)
+        assert sess._weight_values == []
+
+
+def test_a_weights_file_rewritten_between_two_sessions_is_read_afresh(tmp_path):
+    from blockc.frontends.weights import load_weights, save_weights
+    g, w = saved_block(tmp_path)
+    feeds = feeds_for(g, {"batch": 1, "seq": 3, "past": 1})
+    first = run_ort(g, w, feeds)["hidden"]
+    save_weights(tmp_path / "w.safetensors", {name: np.asarray(a) * 0.5 for name, a in w.items()})
+    changed = load_weights(tmp_path / "w.safetensors")
+    got = run_ort(g, changed, feeds)["hidden"]
+    assert_close(g, changed, feeds, {**run_ort(g, changed, feeds)}, 1e-4)
+    assert not np.allclose(got, first)
+
+
+def anonymous_kib() -> int:
+    return int(next(line for line in open("/proc/self/smaps_rollup") if line.startswith("Anonymous:")).split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="reads Linux's memory accounting")
+def test_sessions_over_a_file_share_its_pages_instead_of_copying(tmp_path):
+    """Two sessions over 16 MiB of weights in a file (an embedding table and a
+    head, unpacked as a decode step at batch 1 runs them) add no anonymous
+    memory of that size: both read the file's pages, one copy in memory.
+    Handed over as OrtValues, ONNX Runtime 1.31 copied them, per session."""
+    from blockc.frontends.weights import load_weights, save_weights
+    g = Graph("table")
+    ids = g.add_input("ids", T(I64, "batch", "seq"))
+    x = g.op("gather", g.add_param("wte", T(F32, 32768, 128)), ids)
+    g.set_outputs([("logits", g.op("matmul", x, g.add_param("head", T(F32, 128, 32768))))])
+    rng = np.random.default_rng(0)
+    save_weights(tmp_path / "w.safetensors", {"wte": rng.standard_normal((32768, 128), np.float32),
+                                              "head": rng.standard_normal((128, 32768), np.float32)})
+    w = load_weights(tmp_path / "w.safetensors")
+    nbytes = sum(a.nbytes for a in w.values())
+    before = anonymous_kib()
+    sessions = [OrtSession(g, w, prepack=False) for _ in range(2)]
+    feeds = {"ids": np.array([[1, 2, 3]], np.int64)}
+    outs = [s.run(feeds)["logits"] for s in sessions]
+    grown = (anonymous_kib() - before) * 1024
+    for s in sessions:
+        s.close()
+    np.testing.assert_allclose(outs[0], np.asarray(w["wte"])[[[1, 2, 3]]] @ w["head"], rtol=1e-4, atol=1e-3)
+    assert grown < nbytes / 2, (grown, nbytes)   # copied: 2 x nbytes
 
 
 # -- providers and options -------------------------------------------------------------------

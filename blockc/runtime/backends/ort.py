@@ -89,10 +89,10 @@ class OrtBackend(Backend):
                 f"graph optimization level basic and all; fused ops written as --fused-as {self.fused_as}"
                 + ("; run() includes host-device copies" if self.provider == "cuda" else ""))
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False, one_row=False):
         from ..ort_runner import OrtSession
         options = dict(provider=self.provider, optimization=variant or self.variants[0], threads=threads,
-                       fused_as=self.fused_as)
+                       fused_as=self.fused_as, prepack=not one_row)
         if not count_kernels:   # saving the optimized model was a third of a GPT-2's start: only when asked
             session = OrtSession(graph, weights, **options)
             return OrtCompiled(session, graph=graph, close=session.close)
