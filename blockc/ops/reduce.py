@@ -18,7 +18,7 @@ _REDUCE = {
 
 def _declare(name, fn, onnx_type, torch_name):
     op = define(name, ("x",), attrs={"axes": (DIMS, REQUIRED), "keepdims": (BOOL, True)},
-                doc=f"{name.split('_')[1]} over `axes`")
+                cuda="reduce", doc=f"{name.split('_')[1]} over `axes`")
 
     @op.infer
     def _(types, attrs):

@@ -142,3 +142,26 @@ def test_what_blockc_cannot_express_is_refused_by_name(case, tmp_path):
     path = _model(node, inputs, outputs, tmp_path / "m.onnx")
     with pytest.raises(BlockcError, match=says):
         load_onnx(path)
+
+
+def test_bool_mask_with_a_row_masked_whole_runs_emulated_as_onnx_runs_it(tmp_path):
+    """A query that sees no key gets zeros (ONNX's Attention); blockc guards
+    the fused op's output with a ``reduce_max`` over the mask's keys, which
+    the CUDA backend runs as a reduction kernel (codegen/cuda/kernels/reduce.py)."""
+    from blockc.runtime.backend import make_backend
+    backend = make_backend("cuda-emu")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    node = helper.make_node("Attention", ["q", "k", "v", "m"], ["y"])
+    path = _model(node, [_info("q", 1, 2, 3, 4), _info("k", 1, 2, 5, 4), _info("v", 1, 2, 5, 4),
+                         _info("m", 3, 5, dtype=TensorProto.BOOL)], [_info("y", 1, 2, 3, 4)], tmp_path / "m.onnx")
+    graph, weights = load_onnx(path)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((1, 2, 3 if n == "q" else 5, 4)).astype(np.float32) for n in "qkv"}
+    feeds["m"] = np.array([[1, 0, 1, 1, 0], [0] * 5, [1] * 5], bool)   # query 1 sees no key
+    want = ReferenceEvaluator(onnx.load(path)).run(None, feeds)[0]
+    with backend.compile(optimize(graph).graph, weights) as compiled:
+        got = compiled.run(feeds)["y"]
+    assert not want[:, :, 1].any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

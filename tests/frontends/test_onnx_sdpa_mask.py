@@ -5,7 +5,8 @@ the queries that see no key at all. Built here with onnx.helper in the form
 Optimum's decoder writes (test_onnx_optimum.py runs Optimum itself, where
 installed): it imports, fuses to one ``attention`` (its mask the boolean one,
 the guard on its output) and matches ONNX Runtime on the file, whose mask
-rows include ones padded whole."""
+rows include ones padded whole; also on the CUDA emulator, where the guard
+is a ``reduce_max`` over the mask's keys (codegen/cuda/kernels/reduce.py)."""
 import numpy as np
 import onnx
 import pytest
@@ -79,6 +80,6 @@ def test_sdpa_mask_fuses_to_one_attention(tmp_path, allows):
     assert not {"softmax", "masked_softmax", "is_nan"} & set(ops)
 
 
-@pytest.mark.parametrize("run", ["reference", "fused-ort"])
+@pytest.mark.parametrize("run", ["reference", "fused-ort", "fused-cuda-emu"])
 def test_sdpa_mask_matches_ort_with_rows_padded_whole(tmp_path, run):
     check_against_ort(sdpa_file(tmp_path / "sdpa.onnx"), run=run)

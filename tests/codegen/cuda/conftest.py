@@ -66,3 +66,14 @@ def kernel_ptx():
         subprocess.run(cmd, check=True, capture_output=True)
         return {chunk.split("(", 1)[0]: chunk for chunk in out.read_text().split(".entry ")[1:]}
     return ptx
+
+
+@pytest.fixture
+def emulator():
+    """The cuda-emu backend, or a skip saying why it cannot run here."""
+    from blockc.runtime.backend import make_backend
+    backend = make_backend("cuda-emu")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    return backend

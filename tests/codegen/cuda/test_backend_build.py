@@ -93,11 +93,20 @@ def test_sanitizers_find_nothing_in_the_fused_kernels(sanitize):
 
 
 # ---- bad input -------------------------------------------------------------------------------
-def test_unsupported_op_is_named_before_anything_is_written(tmp_path, capsys):
-    code, out = cuda_cli(tmp_path, "tiny", "--form", "decomposed", "--no-compile")
+def test_unsupported_reduction_is_named_before_anything_is_written(tmp_path, capsys):
+    # ReduceSum over axes 0 and 2: not one run of adjacent axes (kernels/reduce.py)
+    import onnx
+    from onnx import TensorProto, helper
+    axes = helper.make_node("Constant", [], ["axes"], value=onnx.numpy_helper.from_array(np.array([0, 2]), "axes"))
+    graph = helper.make_graph([axes, helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    path = tmp_path / "sum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    code, out = cuda_cli(tmp_path, str(path), "--no-compile")
     err = capsys.readouterr().err
     assert code == 2
-    assert "reduce_mean" in err and "node" in err and "no kernel" in err
+    assert "(reduce_sum): axes [0, 2] of a [2, 3, 4] tensor are not adjacent" in err, err
     assert not out.exists()
 
 

@@ -10,7 +10,6 @@ import pytest
 from blockc.codegen.cuda import toolchain
 from blockc.codegen.cuda.lower import generate
 from blockc.ir.parser import parse_graph
-from blockc.runtime.backend import make_backend
 from blockc.runtime.reference import run_reference
 
 pytestmark = pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++: the CUDA emulator needs one")
@@ -33,13 +32,9 @@ def test_a_cumsum_is_one_launch_and_no_reduction():
                                   "cumsum_rev_f32_5"]
 
 
-def test_running_sums_match_the_reference():
-    backend = make_backend("cuda-emu")
-    ok, why = backend.availability()
-    if not ok:
-        pytest.skip(why)
+def test_running_sums_match_the_reference(emulator):
     graph = parse_graph(GRAPH)
-    with backend.compile(graph, {}) as compiled:
+    with emulator.compile(graph, {}) as compiled:
         for b, s in ((2, 7), (3, 1)):
             rng = np.random.default_rng(s)
             feeds = {"x": rng.standard_normal((b, s, 5)).astype(np.float32),

@@ -43,32 +43,41 @@ __device__ __forceinline__ float blockc_gelu_tanh(float x) {
 }
 
 // ---- reductions: warp shuffles, then shared memory across warps ----
+// Over float (the floats' compute type) or long long (the integers').
 struct BlockcSum {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
 struct BlockcMax {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ __forceinline__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
+};
+// The max of reduce_max, numpy's and ONNX's: a NaN in the operands is the result
+// (fmaxf, which the softmax kernels use, would skip it).
+struct BlockcNanMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return (a > b || a != a) ? a : b; }
+  __device__ __forceinline__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
 };
 
 // Over the G lanes (a power of two up to 32) of an aligned group of a warp.
 // The shuffles name only the group's own lanes, so where short rows share a
 // warp, a group whose row is past the end may leave while the others reduce.
-template <int G, typename Op>
-__device__ __forceinline__ float blockc_group_reduce(float v, Op op) {
+template <int G, typename T, typename Op>
+__device__ __forceinline__ T blockc_group_reduce(T v, Op op) {
   const unsigned mask = (0xffffffffu >> (32 - G)) << ((threadIdx.x & 31) & ~(G - 1));
 #pragma unroll
   for (int offset = G / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(mask, v, offset));
   return v;
 }
 
-template <typename Op>
-__device__ __forceinline__ float blockc_warp_reduce(float v, Op op) {
+template <typename T, typename Op>
+__device__ __forceinline__ T blockc_warp_reduce(T v, Op op) {
   return blockc_group_reduce<32>(v, op);
 }
 
-// Every thread of the block gets the result. `scratch` holds 32 floats.
-template <typename Op>
-__device__ __forceinline__ float blockc_block_reduce(float v, Op op, float identity, float* scratch) {
+// Every thread of the block gets the result. `scratch` holds 32 values.
+template <typename T, typename Op>
+__device__ __forceinline__ T blockc_block_reduce(T v, Op op, T identity, T* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
   v = blockc_warp_reduce(v, op);
   __syncthreads();  // scratch may still be read from a previous reduction
