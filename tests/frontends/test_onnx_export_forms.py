@@ -10,7 +10,12 @@ a cache step (``use_cache=True``: ``past_key_values`` in, ``present`` out,
 the mask over past and new keys). Each is exported by torch.onnx's dynamo
 and TorchScript exporters at a few opsets from 17 to 24, for GPT-2, Llama,
 Qwen3 (per-head q/k norms) and BERT (an encoder: no cache), all from
-``hf_dirs``' configs at two layers.
+``hf_dirs``' configs at one layer (a norm before and after each sublayer
+and a final one already tell every norm's fusion apart; each export is
+seconds of torch.onnx, so the smallest model keeps the suite fast).
+
+Each exported file is made once per session (``export_form``), and the
+tests of one file run in one pytest-xdist worker (``xdist_group``).
 """
 import warnings
 
@@ -29,7 +34,7 @@ pytest.importorskip("onnxscript")   # the dynamo exporter writes its ONNX with i
 from hf_dirs import hf_config, hf_model, train_tokenizer  # noqa: E402
 from hf_testing import randomise  # noqa: E402
 
-L = 2   # hf_config's layers
+L = 1   # layers: hf_config's other sizes are tiny already
 FORMS = {
     "ids": ["input_ids"],
     "mask": ["input_ids", "attention_mask"],
@@ -71,7 +76,8 @@ def tokenizer():
 
 
 def _model(family, tokenizer):
-    cfg = hf_config(family, len(tokenizer), tokenizer)
+    layers = {"n_layer": L} if family == "gpt2" else {"num_hidden_layers": L}
+    cfg = hf_config(family, len(tokenizer), tokenizer, **layers)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     return randomise(hf_model(family, cfg), torch)
@@ -148,11 +154,29 @@ def export(family, exporter, form, opset, tokenizer, path):
     return path
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(map(str, c)))
-def exported(request, tokenizer, tmp_path_factory):
-    family, exporter, form, opset = request.param
-    return request.param, export(family, exporter, form, opset, tokenizer,
-                                 tmp_path_factory.mktemp("forms") / f"{family}.onnx")
+@pytest.fixture(scope="session")
+def export_form(tokenizer, tmp_path_factory):
+    """``export_form(family, exporter, form, opset)``: the exported file, made
+    once per session whichever test module asks for it."""
+    made = {}
+
+    def get(family, exporter, form, opset):
+        case = family, exporter, form, opset
+        if case not in made:
+            made[case] = export(*case, tokenizer, tmp_path_factory.mktemp("forms") / f"{family}.onnx")
+        return made[case]
+    return get
+
+
+def _case_id(case):
+    return "-".join(map(str, case))
+
+
+# One xdist worker per case, so that no two workers export the same file.
+@pytest.fixture(scope="module", ids=_case_id,
+                params=[pytest.param(c, marks=pytest.mark.xdist_group(f"export-form-{_case_id(c)}")) for c in CASES])
+def exported(request, export_form):
+    return request.param, export_form(*request.param)
 
 
 @pytest.mark.parametrize("run", ["reference", "fused-ort"])
