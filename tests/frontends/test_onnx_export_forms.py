@@ -17,6 +17,7 @@ seconds of torch.onnx, so the smallest model keeps the suite fast).
 Each exported file is made once per session (``export_form``), and the
 tests of one file run in one pytest-xdist worker (``xdist_group``).
 """
+import functools
 import warnings
 
 import pytest
@@ -158,13 +159,9 @@ def export(family, exporter, form, opset, tokenizer, path):
 def export_form(tokenizer, tmp_path_factory):
     """``export_form(family, exporter, form, opset)``: the exported file, made
     once per session whichever test module asks for it."""
-    made = {}
-
+    @functools.cache
     def get(family, exporter, form, opset):
-        case = family, exporter, form, opset
-        if case not in made:
-            made[case] = export(*case, tokenizer, tmp_path_factory.mktemp("forms") / f"{family}.onnx")
-        return made[case]
+        return export(family, exporter, form, opset, tokenizer, tmp_path_factory.mktemp("forms") / f"{family}.onnx")
     return get
 
 
