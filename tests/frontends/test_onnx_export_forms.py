@@ -15,7 +15,7 @@ and a final one already tell every norm's fusion apart; each export is
 seconds of torch.onnx, so the smallest model keeps the suite fast).
 
 Each exported file is made once per session (``export_form``), and the
-tests of one file run in one pytest-xdist worker (``xdist_group``).
+tests of one file run in one pytest-xdist worker (tests/conftest.py).
 """
 import functools
 import warnings
@@ -165,13 +165,7 @@ def export_form(tokenizer, tmp_path_factory):
     return get
 
 
-def _case_id(case):
-    return "-".join(map(str, case))
-
-
-# One xdist worker per case, so that no two workers export the same file.
-@pytest.fixture(scope="module", ids=_case_id,
-                params=[pytest.param(c, marks=pytest.mark.xdist_group(f"export-form-{_case_id(c)}")) for c in CASES])
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(map(str, c)))
 def exported(request, export_form):
     return request.param, export_form(*request.param)
 
