@@ -13,7 +13,13 @@ frontends/test_onnx_import.py). Without ``-n`` the marks change nothing.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from xdist_groups import module_fixture_group  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the marks
@@ -23,20 +29,3 @@ def pytest_collection_modifyitems(items):
             group = module_fixture_group(item)
             if group is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
-
-
-def module_fixture_group(item) -> str | None:
-    """``path::fixture#index`` of the first module-scoped fixture ``item``
-    uses (the index of its parameter, if it has any), else None. Every worker
-    collects the same names: they are built from indices, never from values."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for name in item.fixturenames:
-        defs = info.name2fixturedefs.get(name)
-        if defs and defs[-1].scope == "module":
-            callspec = getattr(item, "callspec", None)
-            index = callspec.indices.get(name) if callspec is not None else None
-            # no "]" in a group's name: loadgroup reads a name only after the test id's last "]"
-            return f"{item.nodeid.split('::')[0]}::{name}" + ("" if index is None else f"#{index}")
-    return None
