@@ -125,6 +125,10 @@ def refused(capsys, *argv):
 
 
 def test_text_without_a_directory_is_refused(hf_dir, tmp_path, capsys):
+    # made before the refusals are read: the first test of a process (an xdist
+    # worker) to ask for it saves it, and saving draws a progress bar on stderr
+    bert = hf_dir("bert")
+    capsys.readouterr()
     assert "--prompt needs a Hugging Face directory as MODEL" in refused(
         capsys, "generate", "tiny", "--prompt", "hi")
     assert "--chat and --system render text prompts: give --prompt TEXT, not --prompt-ids" in refused(
@@ -132,7 +136,7 @@ def test_text_without_a_directory_is_refused(hf_dir, tmp_path, capsys):
     assert "--text needs a Hugging Face directory as MODEL" in refused(capsys, "run", "bert-base", "--text", "hi")
     np.savez(tmp_path / "in.npz", input_ids=np.zeros((1, 2), np.int64))
     assert "--text and --inputs both give the inputs" in refused(
-        capsys, "run", hf_dir("bert"), "--text", "hi", "--inputs", tmp_path / "in.npz")
+        capsys, "run", bert, "--text", "hi", "--inputs", tmp_path / "in.npz")
     assert "--stop needs the model's tokenizer" in refused(capsys, "generate", "tiny", "--prompt-ids", "1",
                                                            "--stop", "x")
 

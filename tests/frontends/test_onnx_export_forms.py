@@ -10,8 +10,14 @@ a cache step (``use_cache=True``: ``past_key_values`` in, ``present`` out,
 the mask over past and new keys). Each is exported by torch.onnx's dynamo
 and TorchScript exporters at a few opsets from 17 to 24, for GPT-2, Llama,
 Qwen3 (per-head q/k norms) and BERT (an encoder: no cache), all from
-``hf_dirs``' configs at two layers.
+``hf_dirs``' configs at one layer (a norm before and after each sublayer
+and a final one already tell every norm's fusion apart; each export is
+seconds of torch.onnx, so the smallest model keeps the suite fast).
+
+Each exported file is made once per session (``export_form``), and the
+tests of one file run in one pytest-xdist worker (tests/conftest.py).
 """
+import functools
 import warnings
 
 import pytest
@@ -29,7 +35,7 @@ pytest.importorskip("onnxscript")   # the dynamo exporter writes its ONNX with i
 from hf_dirs import hf_config, hf_model, train_tokenizer  # noqa: E402
 from hf_testing import randomise  # noqa: E402
 
-L = 2   # hf_config's layers
+L = 1   # layers: hf_config's other sizes are tiny already
 FORMS = {
     "ids": ["input_ids"],
     "mask": ["input_ids", "attention_mask"],
@@ -71,7 +77,8 @@ def tokenizer():
 
 
 def _model(family, tokenizer):
-    cfg = hf_config(family, len(tokenizer), tokenizer)
+    layers = {"n_layer": L} if family == "gpt2" else {"num_hidden_layers": L}
+    cfg = hf_config(family, len(tokenizer), tokenizer, **layers)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     return randomise(hf_model(family, cfg), torch)
@@ -148,11 +155,19 @@ def export(family, exporter, form, opset, tokenizer, path):
     return path
 
 
+@pytest.fixture(scope="session")
+def export_form(tokenizer, tmp_path_factory):
+    """``export_form(family, exporter, form, opset)``: the exported file, made
+    once per session whichever test module asks for it."""
+    @functools.cache
+    def get(family, exporter, form, opset):
+        return export(family, exporter, form, opset, tokenizer, tmp_path_factory.mktemp("forms") / f"{family}.onnx")
+    return get
+
+
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(map(str, c)))
-def exported(request, tokenizer, tmp_path_factory):
-    family, exporter, form, opset = request.param
-    return request.param, export(family, exporter, form, opset, tokenizer,
-                                 tmp_path_factory.mktemp("forms") / f"{family}.onnx")
+def exported(request, export_form):
+    return request.param, export_form(*request.param)
 
 
 @pytest.mark.parametrize("run", ["reference", "fused-ort"])

@@ -2,6 +2,7 @@
 TorchScript and dynamo exporters) imported, run on the reference interpreter,
 fused and re-exported, and compared with ONNX Runtime on the original file
 (the outside oracle) at two sequence lengths."""
+import functools
 import warnings
 
 import numpy as np
@@ -167,10 +168,29 @@ def _hf_export(exporter, kind, opset, attention, path):
     return path
 
 
-@pytest.fixture(scope="module", params=EXPORTS, ids=lambda e: f"{e[0]}-{e[1]}-opset{e[2] or 'default'}-{e[3]}")
-def hf_file(request, tmp_path_factory):
-    exporter, kind, opset, attention = request.param
-    return kind, _hf_export(exporter, kind, opset, attention, tmp_path_factory.mktemp("hf") / f"{kind}.onnx")
+@pytest.fixture(scope="session")
+def hf_export(tmp_path_factory):
+    """``hf_export(exporter, kind, opset, attention)``: the exported file, made once per session."""
+    @functools.cache
+    def get(exporter, kind, opset, attention):
+        # named after the family, as a user's file is (compare's peers name it: "gpt2.onnx")
+        path = tmp_path_factory.mktemp("hf") / f"{kind.split('-')[0]}.onnx"
+        return _hf_export(exporter, kind, opset, attention, path)
+    return get
+
+
+def _export_id(e):
+    return f"{e[0]}-{e[1]}-opset{e[2] or 'default'}-{e[3]}"
+
+
+def _export_group(e):
+    """The tests of one export run in one xdist worker, which exports it once."""
+    return pytest.mark.xdist_group(f"hf-export-{_export_id(e)}")
+
+
+@pytest.fixture(scope="module", ids=_export_id, params=[pytest.param(e, marks=_export_group(e)) for e in EXPORTS])
+def hf_file(request, hf_export):
+    return request.param[1], hf_export(*request.param)
 
 
 @pytest.mark.parametrize("run", list(RUNS))
@@ -429,12 +449,17 @@ def _compare(path, **options):
     return run_comparison(plan)
 
 
+GPT2_FILE = ("dynamo", "gpt2-lm", None, "eager")   # one of EXPORTS, so its tests share its worker
+assert GPT2_FILE in EXPORTS
+
+
 @pytest.fixture(scope="module")
-def gpt2_file(tmp_path_factory):
+def gpt2_file(hf_export):
     # the dynamo exporter's: its weights are external data, which the peers must read in
-    return _hf_export("dynamo", "gpt2-lm", None, "eager", tmp_path_factory.mktemp("compare") / "gpt2.onnx")
+    return hf_export(*GPT2_FILE)
 
 
+@_export_group(GPT2_FILE)
 def test_compare_runs_the_users_file_beside_blockc(gpt2_file, monkeypatch):
     """The issue's "compare shows blockc's fused graph beside ONNX Runtime's
     optimizer on the same file": blockc's forms, the optimizer applied to the
@@ -469,6 +494,7 @@ def test_compare_runs_the_users_file_beside_blockc(gpt2_file, monkeypatch):
     assert peers["ort-original"]["detail"].startswith("the user's file gpt2.onnx as it is,")
 
 
+@_export_group(GPT2_FILE)
 def test_compare_puts_weights_into_the_users_file(gpt2_file, tmp_path):
     """--weights replace the file's initializers in the peers that run the
     file: their outputs match the float64 reference on the new weights, and
@@ -484,6 +510,7 @@ def test_compare_puts_weights_into_the_users_file(gpt2_file, tmp_path):
         assert f", {len(weights)} initializers replaced by --weights" in p["detail"]
 
 
+@_export_group(GPT2_FILE)
 def test_own_proto_refuses_weights_that_do_not_fit(gpt2_file):
     model = OnnxModel(gpt2_file)
     name, value = next(iter(materialize(init_weights(model)).items()))

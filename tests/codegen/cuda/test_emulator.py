@@ -17,6 +17,10 @@ import pytest
 
 from blockc.runtime.cuda_runner import CudaRunCrash, CudaRunError, CudaRunTimeout, linked_sanitizer, run_emulated
 
+# The kernel libraries (conftest.py) are session fixtures only this module uses:
+# under pytest-xdist its tests share one worker, which builds each library once.
+pytestmark = pytest.mark.xdist_group("emulated kernel libraries")
+
 BF16 = ml_dtypes.bfloat16
 
 

@@ -1,0 +1,31 @@
+"""The whole suite's conftest: keeps pytest-xdist from making a module's
+shared fixture twice.
+
+CI runs the suite on every core (``pytest -n auto --dist loadgroup``, see
+.ci/run). Each xdist worker is its own process, so a module-scoped fixture (an
+ONNX export, an emulated build, a timed comparison) is made again in every
+worker that runs one of its tests. Here each test that uses such a fixture
+joins the ``xdist_group`` named after it (and after its parameter, so that the
+cases of a parametrized fixture still spread over the workers): loadgroup then
+runs the group in one worker, which makes the fixture once. A test already
+marked with a group keeps it (two fixtures that share a file, as in
+frontends/test_onnx_import.py). Without ``-n`` the marks change nothing.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from xdist_groups import module_fixture_group  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = module_fixture_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
