@@ -32,16 +32,28 @@ from .rewrite import Op, Or, Rule, Var, apply_rules
 
 
 def _read(part: str) -> Op:
-    """The first rows of a cache just written: ``slice(cache_write(cache, new))``, maybe regrouped."""
-    read = Op("slice", Op("cache_write", Var(f"{part}_cache"), Var(f"{part}_new"), name=f"{part}_write"),
-              name=f"{part}_read")
+    """The first rows of a cache just written: ``slice(cache_write(cache, new))``, maybe regrouped.
+    ``concat(past, new)`` (an exporter's cache, a new and longer present each
+    step) is matched too, only for ``_check`` to say why it does not fuse."""
+    written = Op("slice", Op("cache_write", Var(f"{part}_cache"), Var(f"{part}_new"), name=f"{part}_write"),
+                 name=f"{part}_read")
+    read = Or(written, Op("concat", Var(f"{part}_cache"), Var(f"{part}_new"), name=f"{part}_read"))
     return Or(Op("reshape", read, name=f"{part}_group"), read)
 
 
 PATTERN = Op("attention", Var("q"), _read("k"), _read("v"), name="root")
 
 
+APPENDED = ("the {part} cache is the past with the step's rows appended (concat), a present longer than its "
+            "past, not a buffer written in place: cache_attention's caches keep their rows")
+
+
 def _check(m):
+    for part in "kv":
+        read = m[f"{part}_read"]
+        if read.op == "concat":
+            axis = read.attrs["axis"] % read.outputs[0].type.rank
+            return APPENDED.format(part=part) if axis == 2 else f"the {part} read is a concat along axis {axis}"
     k_write, v_write = m["k_write"], m["v_write"]
     if k_write.attrs["axis"] % 4 != 2 or v_write.attrs["axis"] % 4 != 2 or k_write.inputs[0].type.rank != 4:
         return "the caches are not [batch, kv_heads, len, head_size] written along their rows"
