@@ -2,6 +2,7 @@
 never the weights saved beside it, and is made only when a caller asks."""
 from __future__ import annotations
 
+import inspect
 import os
 
 import numpy as np
@@ -50,9 +51,9 @@ def saved_models(monkeypatch) -> list:
     from blockc.runtime import ort_runner
     saved, real = [], ort_runner.session_options
 
-    def spy(optimization="basic", threads=None, optimized_model_path=None):
-        saved.append(optimized_model_path)
-        return real(optimization, threads, optimized_model_path)
+    def spy(*args, **kwargs):
+        saved.append(inspect.signature(real).bind(*args, **kwargs).arguments.get("optimized_model_path"))
+        return real(*args, **kwargs)
     monkeypatch.setattr(ort_runner, "session_options", spy)
     return saved
 
