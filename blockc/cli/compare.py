@@ -17,12 +17,12 @@ DESCRIPTION = ("Measure MODEL in every form (decomposed, standard, fused) on eve
                "achieved bandwidth, max error against the float64 reference. ONNX Runtime runs at its basic "
                "optimization level (so the fusions are blockc's) and at its full level. Backends and peers that are "
                "not here are listed as skipped with the reason. With --tp N: the torch backends' step, unfused and "
-               "fused, split over N ranks beside one rank, each through the tensor-parallel launcher, with the "
-               "collectives' share of a step.")
+               "fused, split over N ranks beside one rank, in blocks of fresh sessions with an A/A control, the "
+               "collectives' share of a step, and the split outputs checked against one rank's.")
 
 # What ``compare --tp`` takes (``compare/tensor_parallel.py``); any other option given is refused.
-TP_TAKES = ("model", "set", "tp", "pad_vocab", "backends", "batch", "seq", "seed", "weights", "json", "warmup",
-            "repeats", "no_progress")
+TP_TAKES = ("model", "set", "tp", "pad_vocab", "backends", "batch", "seq", "seed", "weights", "json", "blocks",
+            "rounds", "warmup", "repeats", "no_progress")
 
 
 def add_arguments(p) -> None:
@@ -99,10 +99,12 @@ def compare_options(args):
 
 
 def run_tp(args) -> int:
-    """``compare --tp N``: what ``compare/tensor_parallel.py`` measures, printed and written."""
+    """``compare --tp N``: what ``compare/tensor_parallel.py`` measures, printed and
+    written; 1 where the split outputs are not the unsplit ones."""
     import json
+    import sys
 
-    from ..compare.tensor_parallel import compare_tp, format_tp
+    from ..compare.tensor_parallel import compare_tp, format_tp, output_failure
     from ..frontends.catalog import parse_sets
     _refuse_outside_tp(args)
     batches, seqs = int_list("--batch", args.batch), int_list("--seq", args.seq or "128")
@@ -111,12 +113,15 @@ def run_tp(args) -> int:
     backends = ("torch-eager",) if args.backends == _defaults()["backends"] else _name_list(args.backends)
     report = compare_tp(args.model, args.tp, overrides=parse_sets(args.set), backends=backends, batch=batches[0],
                         seq=seqs[0], seed=args.seed, weights=args.weights, pad_vocab=args.pad_vocab,
-                        warmup=args.warmup, repeats=args.repeats)
+                        blocks=args.blocks, rounds=args.rounds, warmup=args.warmup, repeats=args.repeats)
     print(format_tp(report))
     if args.json:
         write_text(args.json, json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {args.json}")
-    return 0
+    failure = output_failure(report)
+    if failure:
+        print(f"blockc: check failed: {failure}", file=sys.stderr)
+    return 1 if failure else 0
 
 
 def _defaults() -> dict:
@@ -133,7 +138,7 @@ def _refuse_outside_tp(args) -> None:
     given += ["fused_as"] if "fused_as" in args.backend_options else []
     if given:
         flag = "--" + given[0].replace("_", "-")
-        raise BlockcError(f"compare --tp times each contestant once through the tensor-parallel launcher: {flag} "
+        raise BlockcError(f"compare --tp runs every contestant a fixed count of steps on ranks in step: {flag} "
                           f"is not taken with --tp (it takes {', '.join('--' + k.replace('_', '-') for k in TP_TAKES[2:])})")
 
 

@@ -61,13 +61,15 @@ def summary_ranks(args) -> int:
 
 
 def export_ranks(args, progress=None) -> list[str]:
-    """``blockc export --tp N``: one ONNX file per rank; the paths written."""
+    """``blockc export --tp N``: one ONNX file per rank, each printed with its
+    rank's parameter bytes (with --no-weights too); the paths written."""
     from ..codegen.onnx_ranks import NEEDS_COLLECTIVES, save_rank_onnx
     model, _, sharded = shard_model(args, progress)
     weights = None if args.no_weights else make_weights(args, model)
     paths = save_rank_onnx(sharded, weights, args.output, opset=args.opset, fused_as=args.fused_as,
                            provider=args.provider)
-    print("wrote " + ", ".join(paths))
+    for rank, (path, size) in enumerate(zip(paths, sharded.param_bytes())):
+        print(f"wrote {path}: rank {rank} of {sharded.tp}, {size:,} parameter bytes")
     print(NEEDS_COLLECTIVES)
     return paths
 
@@ -102,7 +104,7 @@ def run_ranks(args) -> int:
     feeds, bindings = make_feeds(args, model, traced)
     outputs = run_tp(args.model, args.tp, feeds, overrides=parse_sets(args.set), seed=args.seed,
                      weights=args.weights, pad_vocab=args.pad_vocab, fused=args.form == "fused",
-                     compile=args.backend == "torch-compile")[0]
+                     backend=args.backend)[0]
     print(f"{printable(traced.name)} [{args.form}] on {args.tp} ranks of {args.backend}, "
           + ", ".join(f"{k}={v}" for k, v in bindings.items()))
     weights = make_weights(args, model) if args.check else None
@@ -153,6 +155,6 @@ def generate_ranks(args, prompts: list[list[int]], choices: dict, on_token=None)
     from ..frontends.catalog import parse_sets
     from ..parallel.launch import generate_tp
     return generate_tp(args.model, args.tp, prompts, args.max_new, **choices, on_token=on_token, form=args.form,
-                       cache=args.cache, cache_len=args.cache_len, compile=args.backend == "torch-compile",
+                       cache=args.cache, cache_len=args.cache_len, backend=args.backend,
                        overrides=parse_sets(args.set), seed=args.seed, weights=args.weights,
                        pad_vocab=args.pad_vocab)[0]

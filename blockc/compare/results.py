@@ -15,9 +15,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..report.numerics import max_abs_error
-from ..runtime.timing import Interleaved, RatioInterval, paired_speedup, ratio_interval
-
-AA = " (A/A)"   # the key suffix of a standard form's second session, the A/A control
+from ..runtime.timing import AA, Interleaved, RatioInterval, paired_speedup, ratio_interval
 
 
 @dataclass
@@ -105,7 +103,7 @@ def speedups(rows: list[Row]) -> None:
             r.speedup_vs_standard = medians[base] / medians[r.key]
 
 
-def _interval(times: dict, base: str, other: str) -> tuple[RatioInterval, bool] | None:
+def interval(times: dict, base: str, other: str) -> tuple[RatioInterval, bool] | None:
     """How much faster ``other`` is than ``base``: one ratio per block in
     which both ran -- paired round by round where they were timed in the
     same group, else the ratio of their medians -- as a geometric mean with a
@@ -122,7 +120,7 @@ def _interval(times: dict, base: str, other: str) -> tuple[RatioInterval, bool] 
     return (ratio_interval(ratios), paired) if ratios else None
 
 
-def _interval_doc(iv: RatioInterval, paired: bool) -> dict:
+def interval_doc(iv: RatioInterval, paired: bool) -> dict:
     return {"speedup": iv.ratio, "low": iv.low, "high": iv.high, "blocks": iv.n, "verdict": iv.verdict,
             "paired": paired}
 
@@ -146,10 +144,18 @@ def ratios(rows: list[Row], times: dict, shape) -> list[dict]:
     """Pair by pair at one shape (``_pairs``), each with its interval."""
     out = []
     for a, b in _pairs(rows):
-        got = _interval(times, b, a)
+        got = interval(times, b, a)
         if got is not None:
-            out.append({"shape": dict(shape), "a": a, "b": b, **_interval_doc(*got)})
+            out.append({"shape": dict(shape), "a": a, "b": b, **interval_doc(*got)})
     return out
+
+
+def resolved(effect: RatioInterval, aa: RatioInterval) -> bool:
+    """Whether ``effect`` is a difference this machine resolves: its
+    interval is off 1, the A/A control's is not, and the two do not overlap
+    (an A/A spread as wide as the effect says the machine cannot tell them apart)."""
+    return (effect.verdict in ("faster", "slower") and aa.verdict == "no difference resolved"
+            and (effect.low > aa.high or effect.high < aa.low))
 
 
 def verdicts(contestants, times: dict, shape) -> list[dict]:
@@ -163,16 +169,11 @@ def verdicts(contestants, times: dict, shape) -> list[dict]:
             continue
         standard = c.key[:-len(AA)]
         fused = standard.rsplit("/", 1)[0] + "/fused"
-        fusion, aa = _interval(times, standard, fused), _interval(times, standard, c.key)
+        fusion, aa = interval(times, standard, fused), interval(times, standard, c.key)
         if fusion is None or aa is None:
             continue
-        f, a = fusion[0], aa[0]
-        # resolved: fusion's interval is off 1, the control's is not, and the two do not overlap (an
-        # A/A spread as wide as fusion's effect says the machine cannot tell them apart)
-        resolved = (f.verdict in ("faster", "slower") and a.verdict == "no difference resolved"
-                    and (f.low > a.high or f.high < a.low))
         out.append({"shape": dict(shape), "backend": c.row.backend, "variant": c.row.variant,
-                    "fusion": _interval_doc(*fusion), "aa": _interval_doc(*aa), "resolved": resolved,
+                    "fusion": interval_doc(*fusion), "aa": interval_doc(*aa), "resolved": resolved(fusion[0], aa[0]),
                     "max_abs_error": {"fused": rows[fused].max_abs_error,
                                       "standard": rows[standard].max_abs_error}})
     return out

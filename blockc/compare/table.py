@@ -77,9 +77,10 @@ def shape_tables(report: dict, shape: dict, width: int) -> list[Table]:
     return tables
 
 
-def verdict_words(v: dict) -> str:
-    """Whether fusion's difference on one backend is resolved, in words."""
-    f, aa = v["fusion"], v["aa"]
+def verdict_words(v: dict, effect: str = "fusion") -> str:
+    """Whether a difference (``v[effect]``: fusion's on one backend, by
+    default) is resolved beside its A/A control (``v["aa"]``), in words."""
+    f, aa = v[effect], v["aa"]
     if f["verdict"] == "too few repetitions":
         return f"too few blocks to tell ({f['blocks']}; --blocks 5 or more)"
     if v["resolved"]:
@@ -101,7 +102,7 @@ def _table(title: str, columns) -> Table:
     return t
 
 
-def _with_interval(d: dict) -> str:
+def with_interval(d: dict) -> str:
     return f"{d['speedup']:.2f}x [{d['low']:.2f}–{d['high']:.2f}]"
 
 
@@ -117,7 +118,7 @@ def verdict_table(report: dict) -> Table:
         err = v["max_abs_error"]
         t.add_row(" ".join(x for x in (v["backend"], v["variant"]) if x),
                   *([_shape_words(v["shape"], " ")] if several else []),
-                  _with_interval(v["fusion"]), _with_interval(v["aa"]),
+                  with_interval(v["fusion"]), with_interval(v["aa"]),
                   Text(verdict_words(v), style="green" if v["resolved"] else ""),
                   f"{_num(err['fused'], '.1e')} / {_num(err['standard'], '.1e')}")
     return t
@@ -131,7 +132,7 @@ def ratio_table(report: dict) -> Table:
                + [("fused", "left"), ("against", "left"), ("ratio", "right"), ("verdict", "left")])
     for r in report["ratios"]:
         t.add_row(*([_shape_words(r["shape"], " ")] if several else []), r["a"],
-                  r["b"] + ("" if r["paired"] else " (unpaired)"), _with_interval(r), r["verdict"])
+                  r["b"] + ("" if r["paired"] else " (unpaired)"), with_interval(r), r["verdict"])
     return t
 
 

@@ -19,7 +19,6 @@ grows no transport of its own: the ranks talk through
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -68,9 +67,10 @@ def rank_environ(rank: int, world: int, port: int) -> dict[str, str]:
 class Case:
     """One model run on the ranks: a built-in name or a ``.py``/``.onnx``
     spec with its ``--set`` overrides, weights from ``seed`` or a
-    ``.safetensors`` file, the vocabulary padded to divide (``pad_vocab``), the per-rank graphs ``fused`` or not, lowered for
-    torch eager or ``compile``, run ``repeat`` times (``time``: timed, see
-    ``time_cases``)."""
+    ``.safetensors`` file, the vocabulary padded to divide (``pad_vocab``),
+    the per-rank graphs ``fused`` or not, run on ``backend`` (one of
+    ``RANK_BACKENDS``, checked here and nowhere else) ``repeat`` times, or
+    generating (``generate``: ``generate_tp``'s request)."""
     model: str
     feeds: Mapping[str, np.ndarray]
     overrides: Mapping[str, str] = field(default_factory=dict)
@@ -78,10 +78,14 @@ class Case:
     weights: str | None = None
     pad_vocab: bool = False
     fused: bool = False
-    compile: bool = False
+    backend: str = RANK_BACKENDS[0]
     repeat: int = 1
-    time: bool | dict = False
     generate: dict | None = None
+
+    def __post_init__(self):
+        if self.backend not in RANK_BACKENDS:
+            raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(RANK_BACKENDS)}, "
+                              f"not {self.backend!r}")
 
 
 def run_tp(model: str, tp: int, feeds: Mapping[str, np.ndarray], **options) -> list[dict[str, np.ndarray]]:
@@ -101,18 +105,27 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
                    lambda path: load_npz(path + ".npz"))
 
 
-def time_cases(cases: list[Case], tp: int, *, timeout: float = 600.0, port: int | None = None,
-               warmup: int = 3, repeats: int = 20) -> list[list[dict[str, float]]]:
-    """Each rank's step time and the time of its collectives alone, per case
-    (``worker.time_rank``: ``warmup`` untimed runs, the median of ``repeats``
-    timed ones, the same count on every rank): ``result[case][rank]``."""
-    cases = [dataclasses.replace(c, time={"warmup": warmup, "repeats": repeats}) for c in cases]
-    return _launch(cases, tp, timeout, port, None, lambda path: json.load(open(path + ".timing.json")))
+def time_cases(cases: list[Case], tp: int, *, blocks: int = 5, rounds: int = 2, warmup: int = 2, repeats: int = 4,
+               seed: int = 1, timeout: float = 600.0, port: int | None = None) -> list[list[dict]]:
+    """Each case's step on ``tp`` ranks beside the same on one, timed in
+    ``blocks`` blocks of fresh sessions (``parallel/rank_timing.py``):
+    ``result[case][rank]`` is that rank's ``{"blocks": [{key: {"samples",
+    "round_medians"}}], "collectives_s", "collectives", "split": outputs}``,
+    and on rank 0 ``"one"``: the one-rank session's outputs."""
+    from ..runtime.feeds import load_npz
+
+    def read(path: str) -> dict:
+        with open(path + ".timing.json") as f:
+            timed = json.load(f)
+        one = load_npz(path + ".one.npz") if os.path.exists(path + ".one.npz") else None
+        return {**timed, "split": load_npz(path + ".npz"), "one": one}
+    timing = {"blocks": blocks, "rounds": rounds, "warmup": warmup, "repeats": repeats, "seed": seed}
+    return _launch(cases, tp, timeout, port, None, read, timing=timing)
 
 
 def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, stop_id=None, stopping=(),
                 on_token=None, form: str = "fused", cache: str = "inplace", cache_len: int | None = None,
-                compile: bool = False, overrides: Mapping[str, str] | None = None, seed: int = 0,
+                backend: str = RANK_BACKENDS[0], overrides: Mapping[str, str] | None = None, seed: int = 0,
                 weights: str | None = None, pad_vocab: bool = False, timeout: float = 300.0,
                 port: int | None = None) -> list:
     """``generate`` (``generate/loop.py``) with the model split over ``tp``
@@ -122,11 +135,10 @@ def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, 
     same tokens. ``on_token(tokens)`` is called here with each prompt's new
     ids so far, as rank 0 writes them after its steps (read every 50 ms, so
     steps may come together), and with the last. ``form``, ``cache``,
-    ``cache_len``: as ``generate``'s; the ranks run on torch eager, or under
-    torch.compile (``compile``)."""
+    ``cache_len``: as ``generate``'s; the ranks run on ``backend`` (``Case``)."""
     from ..generate.loop import Generation
     choices = {"stop_id": stop_id, "stopping": list(stopping), **({"pick": pick} if pick is not None else {})}
-    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, weights=weights, compile=compile,
+    case = Case(model, {}, overrides=dict(overrides or {}), seed=seed, weights=weights, backend=backend,
                 pad_vocab=pad_vocab,
                 generate={"prompts": [list(map(int, p)) for p in prompts], "max_new": int(max_new), "form": form,
                           "cache": str(getattr(cache, "value", cache)), "cache_len": cache_len,
@@ -162,7 +174,7 @@ def _pickled(choices: dict) -> bytes:
                           f"pickled ({e}): define it at a module's top level") from None
 
 
-def _launch(cases, tp, timeout, port, on_start, read, watch=None) -> list[list]:
+def _launch(cases, tp, timeout, port, on_start, read, watch=None, timing=None) -> list[list]:
     from .worker import collective_timeout
     collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
     for case in cases:
@@ -170,7 +182,7 @@ def _launch(cases, tp, timeout, port, on_start, read, watch=None) -> list[list]:
     port = free_port() if port is None else port
     check_port(port)
     with tempfile.TemporaryDirectory(prefix="blockc-tp-") as folder:
-        write_job(cases, folder, timeout)
+        write_job(cases, folder, timeout, timing)
         procs = _start(folder, tp, port)
         try:
             if on_start is not None:
@@ -181,12 +193,13 @@ def _launch(cases, tp, timeout, port, on_start, read, watch=None) -> list[list]:
         return [[read(os.path.join(folder, f"case{i}.rank{r}")) for r in range(tp)] for i in range(len(cases))]
 
 
-def write_job(cases: list[Case], folder: str, timeout: float = 120.0) -> str:
+def write_job(cases: list[Case], folder: str, timeout: float = 120.0, timing: dict | None = None) -> str:
     """``folder/job.json`` and the feeds it names: what each rank reads
     (``parallel/worker.py``), whoever starts the ranks, blockc or torchrun; the
-    ranks write their outputs into ``folder`` too. Returns the job's path."""
+    ranks write their outputs into ``folder`` too. ``timing``: the cases timed
+    (``time_cases``) rather than run. Returns the job's path."""
     from ..runtime.feeds import save_npz
-    job = {"out": os.path.abspath(folder), "timeout": timeout, "cases": []}
+    job = {"out": os.path.abspath(folder), "timeout": timeout, "cases": [], **({"time": timing} if timing else {})}
     for i, case in enumerate(cases):
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
         spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)

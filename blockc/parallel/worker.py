@@ -18,13 +18,15 @@ run on CUDA devices (``group_backend``; the PyTorch backend runs on the CPU
 today, so every rank is on gloo).
 
 ``JOB`` is a JSON file: ``out`` (a folder), ``timeout`` (seconds, the
-whole run's), and ``cases``, each run in turn in the one process group:
-``model`` (a built-in name, a ``.py`` or ``.onnx`` spec), ``overrides``,
-``seed`` (the weights made from it) or ``weights`` (a ``.safetensors``
-file, each rank reading only its slices), ``feeds`` (an ``.npz``),
-``pad_vocab``, ``fused``, ``compile``, ``repeat`` (runs of the forward pass, the last one
-kept), ``time`` (true, or ``{"warmup": w, "repeats": r}``:
-``{out}.timing.json``, ``time_rank``'s step and collective times), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
+whole run's), ``time`` (optional: the cases timed in blocks rather than
+run, ``parallel/rank_timing.py``: ``{"blocks", "rounds", "warmup",
+"repeats", "seed"}``) and ``cases``, each run in turn in the one process
+group: ``model`` (a built-in name, a ``.py`` or ``.onnx`` spec),
+``overrides``, ``seed`` (the weights made from it) or ``weights`` (a
+``.safetensors`` file, each rank reading only its slices), ``feeds`` (an
+``.npz``), ``pad_vocab``, ``fused``, ``backend`` (``torch-eager`` or
+``torch-compile``), ``repeat`` (runs of the forward pass, the last one
+kept), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
 "cache_len", "choices"}``, ``choices`` a pickle of ``generate``'s ``pick``,
 ``stop_id`` and ``stopping``: generation instead of one forward pass,
 ``{out}.generation.json``; rank 0's tokens so far in ``{out}.tokens.json``).
@@ -132,8 +134,12 @@ def run_rank(job: dict) -> None:
     dist.init_process_group(group_backend(RANK_DEVICE), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=collective_timeout()))
     try:
-        for i, case in enumerate(job["cases"]):
-            run_case(case, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
+        if job.get("time"):
+            from .rank_timing import time_job
+            time_job(job, rank, world)
+        else:
+            for i, case in enumerate(job["cases"]):
+                run_case(case, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
     finally:
         dist.destroy_process_group()
 
@@ -146,18 +152,19 @@ def run_case(case: dict, out: str, rank: int, world: int) -> None:
     import numpy as np
 
     from ..runtime.feeds import load_npz, save_npz
-    from ..runtime.torch_runner import TorchSession
     graph, weights = rank_graph_and_weights(case, rank, world)
-    session = TorchSession(graph, weights, compile=bool(case.get("compile")))
+    session = rank_session(case, graph, weights)
     feeds = load_npz(case["feeds"])
     open(out + ".ready", "w").close()
     for _ in range(max(1, int(case.get("repeat", 1)))):
         outputs = session.run(feeds)
     save_npz(out + ".npz", {k: np.asarray(v) for k, v in outputs.items()})
-    if case.get("time"):   # True, or {"warmup": w, "repeats": r}
-        timing = case["time"] if isinstance(case["time"], dict) else {}
-        with open(out + ".timing.json", "w") as f:
-            json.dump(time_rank(session, graph, feeds, **timing), f)
+
+
+def rank_session(case: dict, graph, weights):
+    """``graph`` lowered for the case's backend (``launch.Case`` checked it is one a rank runs)."""
+    from ..runtime.torch_runner import TorchSession
+    return TorchSession(graph, weights, compile=case["backend"] == "torch-compile")
 
 
 def generate_case(case: dict, out: str, rank: int, world: int) -> None:
@@ -176,7 +183,7 @@ def generate_case(case: dict, out: str, rank: int, world: int) -> None:
     t0 = time.perf_counter()
     weights = case_weights(case, model)
     result = generate(model, weights, request["prompts"], request["max_new"],
-                      backend="torch-compile" if case.get("compile") else "torch-eager", form=request["form"],
+                      backend=case["backend"], form=request["form"],
                       cache=request["cache"], cache_len=request["cache_len"], rank_of=(rank, world),
                       pad_vocab=bool(case.get("pad_vocab")), load_s=time.perf_counter() - t0,
                       on_token=_tokens_writer(out + ".tokens.json") if rank == 0 else None, **choices)
@@ -205,29 +212,6 @@ def case_weights(case: dict, model):
         check_weights(model, weights)
         return weights
     return init_weights(model, seed=case.get("seed", 0))
-
-
-def time_rank(session, graph, feeds, repeats: int = 20, warmup: int = 3) -> dict[str, float]:
-    """The median step, and the median of the step's collectives alone (the
-    same ops on tensors of the same shapes, in the same order): their ratio
-    is the collectives' share of a step. Every rank runs the same fixed
-    count, so the ranks' collectives stay paired."""
-    import torch
-
-    from ..ops.collectives import torch_all_gather, torch_all_reduce
-    from ..runtime.bindings import bind_inputs
-    from ..runtime.timing import measure
-    bindings = bind_inputs(graph, feeds)
-    calls = []
-    for n in graph.nodes:
-        if n.op in ("all_reduce", "all_gather") and n.attrs["world"] > 1:
-            x = torch.zeros(n.inputs[0].type.concrete_shape(bindings), dtype=torch.float32)
-            calls.append((lambda x=x: torch_all_reduce(x)) if n.op == "all_reduce"
-                         else (lambda x=x, a=n.attrs: torch_all_gather(x, a["axis"], a["world"])))
-    fixed = {"warmup": warmup, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
-    step = measure(lambda: session.run_unchecked(feeds), **fixed)
-    comm = measure(lambda: [call() for call in calls], **fixed).median_s if calls else 0.0   # one rank: none
-    return {"step_s": step.median_s, "collectives_s": comm, "collectives": len(calls)}
 
 
 def main(argv=None) -> int:

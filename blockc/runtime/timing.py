@@ -192,9 +192,14 @@ def ratio_interval(ratios: list[float], *, confidence: float = 0.95, resamples: 
     return RatioInterval(float(np.exp(logs.mean())), float(np.exp(lo)), float(np.exp(hi)), len(logs))
 
 
+# The key suffix of an A/A control: a second fresh session of a contestant, timed like any other, whose ratio to
+# the first shows how far apart two identical contestants come out on this machine.
+AA = " (A/A)"
+
+
 def measure_in_blocks(makers: dict[str, Callable[[], tuple[Callable[[], object], Callable[[], None]]]], *,
                       blocks: int, rounds: int = 2, warmup: int = 3, min_time_s: float = 0.4, seed: int = 1,
-                      progress: Callable = iter) -> list[dict[str, Interleaved]]:
+                      min_repeats: int | None = None, progress: Callable = iter) -> list[dict[str, Interleaved]]:
     """Time contestants in ``blocks`` independent repetitions.
 
     ``makers[name]()`` prepares a fresh contestant and returns ``(run,
@@ -206,7 +211,10 @@ def measure_in_blocks(makers: dict[str, Callable[[], tuple[Callable[[], object],
     over the blocks says how sure it is. This is the design for differences
     of a few per cent on a machine where the same graph in two sessions runs
     persistently apart: the session is the unit that repeats.
-    ``progress`` wraps the block range (a progress bar, say).
+    ``min_repeats`` (default ``2 * rounds``): the least timed runs of each
+    contestant per block; with ``min_time_s=0`` exactly that many (rounded up
+    to a multiple of ``rounds``), which processes that must run in step (the
+    ranks of a split model) need. ``progress`` wraps the block range.
     """
     import numpy as np
 
@@ -220,7 +228,8 @@ def measure_in_blocks(makers: dict[str, Callable[[], tuple[Callable[[], object],
             for n in names:
                 ready[n] = makers[n]()
             out.append(measure_interleaved({n: run for n, (run, _) in ready.items()}, rounds=rounds,
-                                           warmup=warmup, min_repeats=2 * rounds, min_time_s=min_time_s))
+                                           warmup=warmup, min_repeats=min_repeats or 2 * rounds,
+                                           min_time_s=min_time_s))
         finally:
             for _, close in ready.values():
                 close()

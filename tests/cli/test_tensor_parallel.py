@@ -112,28 +112,74 @@ def test_export_tp2_writes_a_checker_clean_file_per_rank(tmp_path, capsys):
 
 
 def test_export_tp8_of_gpt3_without_weights(tmp_path, capsys):
+    """In seconds, each rank's file declaring an eighth of 175B parameters
+    (its initializers' shapes, their data left out), as the command says."""
+    t0 = time.monotonic()
     code, out, err = run(capsys, "export", *GPT3, "--tp", "8", "--pad-vocab", "--no-weights",
                          "-o", str(tmp_path / "g.onnx"))
     assert code == 0, err
+    assert time.monotonic() - t0 < 60
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"g.rank{r}.onnx" for r in range(8)]
+    said = [line for line in out.splitlines() if line.startswith("wrote ")]
+    for r, line in enumerate(said):
+        model = onnx.load(str(tmp_path / f"g.rank{r}.onnx"), load_external_data=False)
+        params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+        assert abs(params - 175e9 / 8) / (175e9 / 8) < 0.01, (r, params)
+        assert f"g.rank{r}.onnx: rank {r} of 8, " in line and line.endswith(" parameter bytes")
+        said_params = int(line.split(", ")[-1].split()[0].replace(",", "")) / 4   # float32
+        assert abs(said_params - params) < 100, line   # the file's few constants (shapes) beside them
+    assert len(said) == 8
 
 
-def test_compare_tp2_times_fused_and_unfused_beside_one_rank(tmp_path, capsys):
-    """Each contestant on 1 and on 2 ranks (two launches), its collectives'
-    share, and the bytes the communication model says a rank all-reduces."""
+def test_compare_tp2_by_compares_method(tmp_path, capsys):
+    """Each contestant on 2 ranks and on 1, in blocks of fresh sessions with
+    an A/A control, ratios with intervals over the blocks, the collectives'
+    share, the bytes the communication model says a rank all-reduces, and
+    the split outputs checked against one rank's."""
     path = tmp_path / "c.json"
     code, out, err = run(capsys, "compare", "gpt2", "--set", "layers=1", "--set", "vocab=256", "--tp", "2",
-                         "--warmup", "0", "--repeats", "2", "--json", str(path))
+                         "--seq", "16", "--blocks", "2", "--warmup", "0", "--repeats", "2", "--json", str(path))
     assert code == 0, err
     report = json.loads(path.read_text())
-    assert report["schema"] == "blockc.compare-tp/1" and report["tp"] == 2
-    assert report["all_reduce_bytes_per_rank"] == (2 * 1 + 1) * 128 * 768 * 4   # 2·b·s·d a block, and the embedding
+    assert report["schema"] == "blockc.compare-tp/2" and report["tp"] == 2
+    assert report["timing"]["blocks"] == 2 and report["timing"]["repeats"] == 2
+    assert report["all_reduce_bytes_per_rank"] == (2 * 1 + 1) * 16 * 768 * 4   # 2·b·s·d a block, and the embedding
     rows = {(r["backend"], r["form"], r["tp"]): r for r in report["results"]}
     assert set(rows) == {("torch-eager", form, tp) for form in ("standard", "fused") for tp in (1, 2)}
     for (_, _, tp), r in rows.items():
         assert r["step_ms"] > 0 and (r["collectives"] == 0 if tp == 1 else r["collectives"] == 4)
         assert r["share"] == r["collectives_ms"] / r["step_ms"] and (r["share"] == 0) == (tp == 1)
-    assert "vs 1 rank" in out and "vs standard" in out
+    pairs = {(q["a"], q["b"]) for q in report["ratios"]}
+    assert ("torch-eager/fused/tp2", "torch-eager/fused/tp1") in pairs
+    assert ("torch-eager/fused/tp2", "torch-eager/standard/tp2") in pairs
+    for q in report["ratios"]:
+        assert q["blocks"] == 2 and q["low"] <= q["speedup"] <= q["high"] and q["paired"]
+    assert [(v["form"], v["aa"]["blocks"]) for v in report["verdicts"]] == [("standard", 2), ("fused", 2)]
+    assert report["outputs_ok"] and [o["form"] for o in report["outputs"]] == ["standard", "fused"]
+    assert all(o["ok"] and o["max_abs_error"] <= 1e-5 for o in report["outputs"])
+    assert "A/A" in out and "too few blocks to tell" in out and "max |diff|" in out
+
+
+def test_compare_tp_fails_where_the_split_outputs_differ(monkeypatch, capsys):
+    """The report is printed, then the command fails as ``run --check`` does."""
+    from blockc.compare import tensor_parallel
+    split = {"logits": np.zeros((1, 2, 4), np.float32)}
+    one = {"logits": np.full((1, 2, 4), 3e-5, np.float32)}
+    check = tensor_parallel._output_check("torch-eager", "fused", [{"split": split, "one": one}, {"split": one}])
+    assert not check["ok"] and abs(check["max_abs_error"] - 3e-5) < 1e-9
+    close = {"logits": np.full((1, 2, 4), 5e-6, np.float32)}
+    assert tensor_parallel._output_check("torch-eager", "fused", [{"split": close, "one": split}])["ok"]
+
+    def failing(model, tp, **_):
+        o = {"backend": "torch-eager", "form": "fused", "max_abs_error": 3e-5, "tolerance": 1e-5, "ok": False}
+        return {"model": model, "tp": tp, "shape": {"batch": 1, "seq": 16}, "all_reduce_bytes_per_rank": 0,
+                "timing": {"blocks": 1, "rounds": 1, "repeats": 1}, "results": [], "verdicts": [],
+                "outputs": [o], "outputs_ok": False}
+    monkeypatch.setattr(tensor_parallel, "compare_tp", failing)
+    code, out, err = run(capsys, "compare", "gpt2", "--tp", "2")
+    assert code == 1 and "FAILED" in out
+    assert err == ("blockc: check failed: torch-eager fused on 2 ranks differs from one rank by up to 3e-05 "
+                   "(more than 1e-05)\n")
 
 
 def one_line_error(code, err, needle):
@@ -152,7 +198,8 @@ def one_line_error(code, err, needle):
     (["run", "gpt2", "--tp", "2", "--form", "fused", "--disable", "fuse_attention"],
      "--tp runs every pass on each rank's graph: --disable and --print-after are not taken with --tp"),
     (["run", "gpt2", "--tp", "2", "--backend", "reference"], "(not reference)"),
-    (["compare", "gpt2", "--tp", "2", "--blocks", "3"], "--blocks is not taken with --tp"),
+    (["compare", "gpt2", "--tp", "2", "--min-time", "3"], "--min-time is not taken with --tp"),
+    (["compare", "gpt2", "--tp", "1"], "compare --tp N times N ranks against one: give --tp 2 or more (not 1)"),
     (["compare", "gpt2", "--tp", "2", "--fused-as", "contrib"], "--fused-as is not taken with --tp"),
     (["compare", "gpt2", "--tp", "2", "--backends", "ort-cpu"],
      "compare --tp times the backends a rank runs, torch-eager and torch-compile: give --backends from those "

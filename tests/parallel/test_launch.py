@@ -219,3 +219,13 @@ def test_a_pick_that_cannot_travel_to_rank_0_is_refused_before_any_rank_starts()
     from blockc.parallel.launch import generate_tp
     with pytest.raises(LaunchError, match="the pick and stopping criteria go to rank 0 as a pickle"):
         generate_tp("llama-tiny", 2, [[1, 2]], 2, pick=lambda logits, history: logits.argmax(1))
+
+
+def test_a_case_carries_a_backend_a_rank_runs():
+    """The backend's name travels to the ranks as it is, checked once here."""
+    from blockc.parallel.launch import RANK_BACKENDS
+    assert [Case("gpt2", {}, backend=b).backend for b in RANK_BACKENDS] == ["torch-eager", "torch-compile"]
+    assert Case("gpt2", {}).backend == "torch-eager"
+    with pytest.raises(LaunchError, match="a tensor-parallel rank runs on PyTorch: its backend is torch-eager or "
+                                          "torch-compile, not 'ort'"):
+        Case("gpt2", {}, backend="ort")

@@ -119,6 +119,25 @@ def test_blocks_prepare_fresh_contestants_and_close_them():
     assert len(orders) > 1                                  # creation order is shuffled between blocks
 
 
+def test_blocks_run_a_fixed_count_without_a_minimum_time():
+    """Processes that must run in step (the ranks of a split model) each run
+    the same count, whatever the clock says: ``min_repeats`` a block, spread
+    over the rounds, with warm-up and one untimed run before each slice."""
+    runs = {"a": 0, "b": 0}
+
+    def maker(name):
+        def make():
+            def run():
+                runs[name] += 1
+            return run, (lambda: None)
+        return make
+
+    blocks = measure_in_blocks({n: maker(n) for n in runs}, blocks=3, rounds=2, warmup=1, min_time_s=0.0,
+                               min_repeats=6)
+    assert all(len(b[n].samples) == 6 for b in blocks for n in runs)
+    assert runs == {"a": 3 * (1 + 2 * (1 + 3)), "b": 3 * (1 + 2 * (1 + 3))}
+
+
 def test_blocks_close_what_was_made_when_a_maker_fails():
     made, closed = [], []
 
