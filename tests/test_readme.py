@@ -242,3 +242,40 @@ def test_onnx_excerpt_is_what_blockc_prints(tmp_path, monkeypatch, capsys):
         capsys.readouterr()
         assert main(shlex.split(line)[1:]) == 0, line
     check_excerpt(readme_block("block.onnx (standard form)"), capsys.readouterr().out.splitlines())
+
+
+def test_the_readme_torchrun_runs_the_job_its_python_writes(tmp_path, monkeypatch):
+    """The README's Parallel section, as written: its Python writes a job,
+    its ``torchrun`` line starts two ranks on it (``python -m
+    torch.distributed.run``, on a free port), and the ranks write the
+    outputs of the unsplit model."""
+    import os
+    import socket
+    import subprocess
+
+    import numpy as np
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this torch has no gloo process group")
+    (line,) = readme_block("torchrun --nproc-per-node")
+    python = "\n".join(next(b for b in fenced_blocks(README.read_text()) if any("write_job(" in ln for ln in b)))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(python, "README.md", "exec"), {})   # writes job/job.json
+    words = shlex.split(line.split("#")[0])
+    assert words[0] == "torchrun" and "--tp" not in words
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
+                           "--master-port", str(port), *words[1:]], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from blockc.frontends import build_model, init_weights, trace
+    from blockc.runtime.torch_runner import run_torch
+    model = build_model("llama-tiny", {})
+    feeds = dict(np.load("job/feeds0.npz"))
+    want = run_torch(trace(model), init_weights(model, seed=0), feeds)
+    for rank in (0, 1):
+        with np.load(f"job/case0.rank{rank}.npz") as got:
+            np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)

@@ -196,9 +196,10 @@ def _launch(cases, tp, timeout, port, on_start, read, watch=None, timing=None) -
 def write_job(cases: list[Case], folder: str, timeout: float = 120.0, timing: dict | None = None) -> str:
     """``folder/job.json`` and the feeds it names: what each rank reads
     (``parallel/worker.py``), whoever starts the ranks, blockc or torchrun; the
-    ranks write their outputs into ``folder`` too. ``timing``: the cases timed
+    ranks write their outputs into ``folder`` (made if it is not there) too. ``timing``: the cases timed
     (``time_cases``) rather than run. Returns the job's path."""
     from ..runtime.feeds import save_npz
+    os.makedirs(folder, exist_ok=True)   # the README's ``write_job([...], "job")`` names a folder not yet made
     job = {"out": os.path.abspath(folder), "timeout": timeout, "cases": [], **({"time": timing} if timing else {})}
     for i, case in enumerate(cases):
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
@@ -220,7 +221,7 @@ def _check_shards(case: Case, tp: int) -> None:
     in slices, are refused before any rank starts."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
-    from .worker import check_weights_file
+    from .rank_model import check_weights_file
     if case.weights is not None:
         check_weights_file(case.weights)
     shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)

@@ -76,7 +76,7 @@ def _contestants(case: dict, feeds, out: str, rank: int, world: int):
     whose outputs are kept (``{out}.npz``, rank 0's ``{out}.one.npz``); and
     a function timing the split step's collectives alone."""
     from ..runtime.feeds import save_npz
-    from .worker import rank_graph_and_weights, rank_session
+    from .rank_model import rank_graph_and_weights, rank_session
     backend, form = case["backend"], case_form(case)
     split = rank_graph_and_weights(case, rank, world)
     one = rank_graph_and_weights(case, 0, 1) if rank == 0 else None   # the unsplit graph: shard(tp=1) splits nothing

@@ -60,6 +60,20 @@ def test_generate_tp2_prints_the_text_of_one_process(hf_dir, tmp_path, capsys, s
     assert len(split["tokens"][0]) <= 4 < len(split["tokens"][1]) and split["tp"] == 2
 
 
+def test_generate_llama_tiny_tp2_gives_the_tokens_of_tp1(tmp_path, capsys):
+    """The issue's words: ``blockc generate llama-tiny --tp 2`` gives the tokens of ``--tp 1``."""
+    tokens = []
+    for tp in ("1", "2"):
+        path = tmp_path / f"tp{tp}.json"
+        code, out, err = run(capsys, "generate", "llama-tiny", "--prompt-ids", "5,17,42,9", "--prompt-ids", "100,3",
+                             "--max-new", "6", "--tp", tp, "--json", str(path))
+        assert code == 0, err
+        report = json.loads(path.read_text())
+        assert report["tp"] == int(tp)
+        tokens.append(report["tokens"])
+    assert tokens[0] == tokens[1] and [len(t) for t in tokens[0]] == [6, 6]
+
+
 @pytest.mark.parametrize("command", ["show", "fusions"])
 def test_show_and_fusions_print_each_rank(command, capsys, tmp_path):
     extra = ["--no-onnx-forms", "--json", str(tmp_path / "f.json")] if command == "fusions" else []
@@ -191,6 +205,11 @@ def one_line_error(code, err, needle):
     (["show", "gpt2", "--tp", "0"], "--tp must be a positive number of ranks, got 0"),
     (["summary", "gpt2", "--tp", "-2"], "--tp must be a positive number of ranks, got -2"),
     (["show", "llama-tiny", "--tp", "8"], "do not split across 8 ranks (more ranks than heads)"),
+    (["run", "llama-tiny", "--tp", "8"], "do not split across 8 ranks (more ranks than heads)"),
+    (["run", "gpt2", "--set", "layers=1", "--tp", "0"], "--tp must be a positive number of ranks, got 0"),
+    (["run", "bert-base", "--set", "layers=1", "--set", "vocab=256", "--tp", "8"],
+     "12 heads do not divide among 8 ranks (--tp must divide the heads and the K/V heads)"),
+    (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "3"], "does not divide by 3 ranks (pad it to a multiple of 3: --pad-vocab)"),
     (["run", "gpt2", "--set", "layers=1", "--tp", "2", "--backend", "ort"],
      "--tp runs each rank on PyTorch: give --backend torch-eager or torch-compile (not ort)"),
     (["run", "gpt2", "--tp", "2", "--fused-as", "contrib"], "backend 'torch-eager' does not take the option "

@@ -10,7 +10,8 @@ from blockc.errors import BlockcError
 from blockc.frontends import build_model, init_weights, trace
 from blockc.frontends.weights import save_weights
 from blockc.passes.shard import shard
-from blockc.parallel.worker import rank_env, read_rank_weights
+from blockc.parallel.rank_model import read_rank_weights
+from blockc.parallel.worker import rank_env
 
 
 def test_a_rank_reads_its_slices_of_a_safetensors_file(tmp_path):
