@@ -12,7 +12,8 @@ grows no transport of its own: the ranks talk through
 * a run past ``timeout`` seconds is stopped; a rank waits at most
   ``$BLOCKC_TP_TIMEOUT`` seconds in one collective (``worker.collective_timeout``),
   so a peer that hangs ends the run then;
-* a ``MASTER_PORT`` already in use is refused before any rank starts;
+* the ranks meet on ``$MASTER_PORT`` where set (as under torchrun), else
+  on a free port; one already in use is refused before any rank starts;
 * whatever ends the wait (an error, Ctrl-C), every rank started is killed
   with its process group (torch.compile's workers too) and reaped, so no
   process outlives the call.
@@ -43,6 +44,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((MASTER_ADDR, 0))
         return s.getsockname()[1]
+
+
+def master_port() -> int:
+    """The port the ranks meet on: ``$MASTER_PORT`` where set, as torchrun
+    reads it, else a free one."""
+    text = os.environ.get("MASTER_PORT", "").strip()
+    if not text:
+        return free_port()
+    try:
+        return int(text)
+    except ValueError:
+        raise LaunchError(f"MASTER_PORT={text!r} is not a port number (1 to 65535)") from None
 
 
 def check_port(port: int) -> None:
@@ -179,7 +192,7 @@ def _launch(cases, tp, timeout, port, on_start, read, watch=None, timing=None) -
     collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
     for case in cases:
         _check_shards(case, tp)
-    port = free_port() if port is None else port
+    port = master_port() if port is None else port
     check_port(port)
     with tempfile.TemporaryDirectory(prefix="blockc-tp-") as folder:
         write_job(cases, folder, timeout, timing)

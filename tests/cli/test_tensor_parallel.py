@@ -196,6 +196,26 @@ def test_compare_tp_fails_where_the_split_outputs_differ(monkeypatch, capsys):
                    "(more than 1e-05)\n")
 
 
+def test_a_master_port_in_use_is_refused_before_any_rank_starts(monkeypatch, capsys):
+    """``$MASTER_PORT``, as torchrun reads it, is where blockc's launcher meets its ranks too."""
+    import socket
+
+    from blockc.parallel import launch
+    started = []
+    monkeypatch.setattr(launch, "_start", lambda *a: started.append(a))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        code, _, err = run(capsys, "run", "llama-tiny", "--set", "layers=1", "--tp", "2")
+    one_line_error(code, err, f"port {port} on 127.0.0.1 is already in use: pick a free MASTER_PORT")
+    monkeypatch.setenv("MASTER_PORT", "twenty")
+    code, _, err = run(capsys, "run", "llama-tiny", "--set", "layers=1", "--tp", "2")
+    one_line_error(code, err, "MASTER_PORT='twenty' is not a port number (1 to 65535)")
+    assert not started
+
+
 def one_line_error(code, err, needle):
     assert code == 2 and err.startswith("blockc: error: ") and len(err.strip().splitlines()) == 1, err
     assert needle in err, err

@@ -113,12 +113,11 @@ def test_a_hung_rank_ends_the_run_within_the_collective_timeout(monkeypatch):
 
 def test_the_collective_timeout_is_read_and_checked(monkeypatch):
     from blockc.errors import BlockcError
-    from blockc.parallel.worker import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout, group_backend
+    from blockc.parallel.worker import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout
     monkeypatch.delenv("BLOCKC_TP_TIMEOUT", raising=False)
     assert collective_timeout() == DEFAULT_COLLECTIVE_TIMEOUT_S <= 60
     monkeypatch.setenv("BLOCKC_TP_TIMEOUT", "2.5")
     assert collective_timeout() == 2.5
-    assert (group_backend("cpu"), group_backend("cuda:1")) == ("gloo", "nccl")
     for bad in ("soon", "0", "-1", "inf"):
         monkeypatch.setenv("BLOCKC_TP_TIMEOUT", bad)
         started: list = []

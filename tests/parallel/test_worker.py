@@ -53,3 +53,11 @@ def test_weights_a_rank_cannot_read_in_slices_are_refused(tmp_path):
     save_weights(tmp_path / "few.safetensors", {"tok.weight": np.zeros((256, 64), np.float32)})
     with pytest.raises(WeightsError, match="has no tensor blocks.0"):
         read_rank_weights(str(tmp_path / "few.safetensors"), sharded, 0)
+
+
+def test_cuda_ranks_would_meet_on_nccl_and_cpu_ranks_on_gloo():
+    """The rule alone: no NCCL or GPU here, so the NCCL path is chosen by it
+    but never run (docs/PARALLEL.md says so); the ranks run on the CPU."""
+    from blockc.parallel.worker import RANK_DEVICE, group_backend
+    assert [group_backend(d) for d in ("cuda", "cuda:0", "cuda:7", "cpu")] == ["nccl", "nccl", "nccl", "gloo"]
+    assert group_backend(RANK_DEVICE) == "gloo"
