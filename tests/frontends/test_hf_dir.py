@@ -19,6 +19,7 @@ from blockc.errors import BlockcError, ModelError, WeightsError  # noqa: E402
 from blockc.frontends import build_model, init_weights  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
 from blockc.frontends import weights as weights_module  # noqa: E402
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 
 @pytest.fixture(scope="module")
@@ -186,12 +187,11 @@ def test_show_names_the_checkpoints_sizes(hf_dir, capsys):
 
 
 def test_export_runs_on_onnx_runtime_as_hugging_face(hf_dir, tmp_path, capsys):
-    import onnxruntime as ort
     path = hf_dir("bert")
     code, _, err = run(capsys, "export", path, "-o", tmp_path / "m.onnx")
     assert code == 0, err
     feeds = feeds_for(path)
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = peer_session(str(tmp_path / "m.onnx"))
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     for name, want in hugging_face_outputs(path, feeds).items():
         np.testing.assert_allclose(got[name], want, atol=1e-4, rtol=1e-4, err_msg=name)
