@@ -36,6 +36,7 @@ def hf_dir(tmp_path_factory):
 
 
 def run(capsys, *argv):
+    capsys.readouterr()   # what came before (transformers' progress, making a directory) is not the command's
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
@@ -310,8 +311,13 @@ def test_a_missing_shard_and_a_corrupt_index(hf_dir, tmp_path, capsys):
     shutil.copytree(hf_dir("llama", shard_size="100KB"), path)
     (path / "model-00002-of-00006.safetensors").unlink()
     refused(capsys, path, f"model.safetensors.index.json lists model-00002-of-00006.safetensors, not in {path}")
-    (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
-    refused(capsys, path, "model.safetensors.index.json is not a safetensors index")
+    index = path / "model.safetensors.index.json"
+    for text, says in (('{"metadata": {}}', f"{index} has no field weight_map"),
+                       ('{"weight_map": ["a"]}', f"{index}: weight_map is a list, not an object"),
+                       ("{bad", f"{index} is not valid JSON: "),
+                       ("[]", f"{index} holds a JSON list, not an object of tensors and their shards")):
+        index.write_text(text)
+        refused(capsys, path, says)
 
 
 def test_set_takes_only_what_a_directory_leaves_open(hf_dir, capsys):
