@@ -100,7 +100,8 @@ def genai_config_of_own_step(**model) -> dict:
     (json.dumps(genai_config_of_own_step(decoder={"num_hidden_layers": "2"})),
      "genai_config.json has no field model.decoder.inputs"),
     ("{bad", "genai_config.json is not valid JSON: "),
-    ("[]", "genai_config.json holds a JSON list, not an object of GenAI settings")])
+    ("[]", "genai_config.json holds a JSON list, not an object of GenAI settings")],
+    ids=["context_length-a-string", "no-decoder-inputs", "not-json", "a-list"])
 def test_a_broken_genai_config_is_refused_naming_the_file_and_field(own_step, tmp_path, text, says):
     import shutil
     shutil.copy(own_step[2], tmp_path / "step.onnx")
