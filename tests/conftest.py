@@ -37,18 +37,13 @@ def _one_thread_per_worker() -> None:
     PyTorch's OpenMP pool each size themselves to every core and spin while
     they wait, so two workers ran four spinning threads on two cores (a
     generate and backends subset: 29 s at -n 2 against 19 s with one thread
-    each). A test that asks for threads (``threads=2``) still gets them."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("MKL_NUM_THREADS", "1")
-    import onnxruntime
-
-    made = onnxruntime.SessionOptions
-
-    def one_thread_options():
-        options = made()
-        options.intra_op_num_threads = 1
-        return options
-    onnxruntime.SessionOptions = one_thread_options
+    each). ``BLOCKC_THREADS`` is blockc's own default for both
+    (``runtime/threads.py``), and the peer sessions tests make follow it
+    (``ort_sessions.peer_session``); OMP/MKL reach PyTorch's pools before
+    blockc sets a count. A test that asks for threads (``threads=2``) still
+    gets them; a value set by the user is kept."""
+    for variable in ("BLOCKC_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

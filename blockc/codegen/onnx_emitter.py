@@ -93,14 +93,18 @@ class OnnxEmitter:
         return outputs[0] if n == 1 else outputs
 
     def const(self, value) -> str:
-        """An initializer holding ``value``; identical values share one."""
+        """A constant holding ``value``; identical values share one (``hold``
+        says where it lives)."""
         array = np.asarray(value)
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._consts:
-            name = self.fresh("const")
-            self.initializers.append(numpy_helper.from_array(_contiguous(array), name))
-            self._consts[key] = name
+            self._consts[key] = self.fresh("const")
+            self.hold(self._consts[key], numpy_helper.from_array(_contiguous(array), self._consts[key]))
         return self._consts[key]
+
+    def hold(self, name: str, tensor) -> None:
+        """Keep the constant ``name`` (a ``TensorProto``): in a graph, an initializer."""
+        self.initializers.append(tensor)
 
     def dims(self, dims) -> str:
         """A 1-D int64 tensor of ``dims``: ints (including Reshape's 0 and -1)
@@ -187,16 +191,10 @@ class FunctionEmitter(OnnxEmitter):
     initializers, so constants are ``Constant`` nodes; symbolic dims are read
     from the shapes of the function's own inputs (``graph`` is the body)."""
 
-    def const(self, value) -> str:
-        array = np.asarray(value)
-        key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in self._consts:
-            name = self.fresh("const")
-            self._made_by_node.add(name)
-            self.nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                               value=numpy_helper.from_array(_contiguous(array), name)))
-            self._consts[key] = name
-        return self._consts[key]
+    def hold(self, name: str, tensor) -> None:
+        """A function has no initializers: the constant is a ``Constant`` node's output."""
+        self._made_by_node.add(name)
+        self.nodes.append(helper.make_node("Constant", [], [name], name=name, value=tensor))
 
 
 # -- driving the lowerings over a graph ------------------------------------------------

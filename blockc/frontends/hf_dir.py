@@ -21,7 +21,6 @@ file names: a directory with only that is refused, with how to convert it.
 """
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from .hf_bert import FAMILIES as BERT_FAMILIES, bert_config_from_hf, bert_layout
 from .hf_common import Layout, Take, plan_checkpoint
 from .hf_gpt2 import gpt2_config_from_hf, gpt2_layout
 from .hf_llama import FAMILIES as LLAMA_FAMILIES, llama_config_from_hf, llama_layout
+from .json_files import json_field, read_json
 from .models import DecoderLM, Encoder
 from .module import Model
 from .settings import convert_setting
@@ -118,35 +118,14 @@ def read_config(path: str) -> dict:
     return read_json(file, "settings")
 
 
-def read_json(file: str | os.PathLike, what: str) -> dict:
-    """A JSON object file of a model directory (``config.json``,
-    ``tokenizer_config.json``, ``generation_config.json``) as a dict, or a
-    ``ModelError`` naming the file and what is wrong: the one reader of them
-    all (``what`` says what the object holds: "settings")."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            value = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ModelError(f"{file} is not valid JSON: {e}") from None
-    except OSError as e:
-        raise ModelError(f"cannot read {file}: {e.strerror or e}") from None
-    if not isinstance(value, dict):
-        raise ModelError(f"{file} holds a JSON {type(value).__name__}, not an object of {what}")
-    return value
-
-
 def weight_files(path: str) -> list[str]:
     """The ``.safetensors`` files of the checkpoint in ``path``: its shards (in
     the index's order) or ``model.safetensors``."""
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            shards = list(dict.fromkeys(weight_map.values()))
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError, OSError) as e:
-            raise WeightsError(f"{index} is not a safetensors index (a JSON object whose weight_map maps each "
-                               f"tensor to its shard): {type(e).__name__}: {e}") from None
+        weight_map = json_field(read_json(index, "tensors and their shards", WeightsError), "weight_map", dict,
+                                file=index, error=WeightsError)
+        shards = list(dict.fromkeys(weight_map.values()))
         if not shards or not all(isinstance(s, str) for s in shards):
             raise WeightsError(f"{index}: weight_map names no shard files")
         missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]

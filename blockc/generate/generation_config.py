@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BlockcError
-from ..frontends.hf_dir import read_json
+from ..frontends.json_files import read_json
 from .processors import LogitsProcessor
 from .sampling import Sampler
 

@@ -47,7 +47,7 @@ from ..frontends.module import trace
 from ..frontends.onnx.decoder import OnnxDecoder
 from ..passes.forms import to_form
 from ..passes.shard import shard
-from ..runtime.backend import make_backend
+from ..runtime.backend import CompileHints, make_backend
 from .agreement import RankDecisions
 from .cache import CacheKind, cache_length, cache_names, into_cache
 from .decoder import as_decoder
@@ -237,8 +237,8 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     decode_graph, decode_weights, _ = _rank_part(decode_graph, weights, rank_of, pad_vocab, names.pairs, split) \
         if decode_graph is not None else (None, None, None)
     with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
-        # one prompt: each step multiplies one row by every weight, which needs no repacked copy of them
-        decode = target.compile(to_form(decode_graph, form), decode_weights, one_row=len(prompts) == 1) \
+        # each step multiplies one row a prompt by every weight: a backend may use that, or not
+        decode = target.compile_hinted(to_form(decode_graph, form), decode_weights, CompileHints(rows=len(prompts))) \
             if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0

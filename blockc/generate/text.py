@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import BlockcError
-from ..frontends.hf_dir import read_json
+from ..frontends.json_files import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"

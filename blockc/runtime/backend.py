@@ -35,8 +35,8 @@ from typing import Mapping, Sequence
 
 from ..errors import BlockcError
 from . import backends
-from .interface import (HOST_CLOCK, Backend, CachedStep, Compiled, Feeds, Outputs,  # noqa: F401  (re-exported)
-                        Registration)
+from .interface import (HOST_CLOCK, Backend, CachedStep, Compiled, CompileHints, Feeds,  # noqa: F401  (re-exported)
+                        Outputs, Registration)
 
 # ---- the registry ------------------------------------------------------------------------
 _REGISTRY: dict[str, Registration] = {}

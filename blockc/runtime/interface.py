@@ -166,6 +166,20 @@ class CachedStep:
         self.close()
 
 
+@dataclass(frozen=True)
+class CompileHints:
+    """What a caller knows of the runs to come, which a backend may use or
+    ignore: never needed to run right. A backend that can use them declares
+    a ``hints`` keyword on its ``compile``, and ``Backend.compile_hinted``
+    passes them to it alone; a backend without one compiles as it always
+    does (a backend written before a hint existed keeps working).
+
+    ``rows``: every run multiplies this many rows by each weight (a decode
+    step: one row a prompt); None: unknown, or many. ONNX Runtime skips
+    prepacking at one row (``runtime/backends/ort.py``)."""
+    rows: int | None = None
+
+
 class Backend:
     """Compiles graphs for one target. Subclass it, override ``compile`` (and
     what else differs), and ``register`` it under a name."""
@@ -233,18 +247,25 @@ class Backend:
         return True
 
     def compile(self, graph: Graph, weights: Mapping[str, np.ndarray], *, variant: str | None = None,
-                threads: int | None = None, count_kernels: bool = False, one_row: bool = False) -> Compiled:
+                threads: int | None = None, count_kernels: bool = False) -> Compiled:
         """``graph`` with ``weights``, ready to run. ``variant``: one of
         ``variants`` (None: the first); ``threads``: intra-op threads (None:
         the runtime's default); ``count_kernels``: the caller reads
         ``Compiled.kernels`` (compare does; a run or a generation does not).
         A backend whose count costs work (ONNX Runtime saves the model it
         optimized to count its nodes) does that work only when asked; one
-        whose count is free may always give it. ``one_row``: every run
-        multiplies one row by each weight (a decode step at batch 1), so a
-        backend may read its weights as they are rather than repack a copy
-        of them for many-row products (ONNX Runtime's prepacking)."""
+        whose count is free may always give it. A backend that can use
+        ``CompileHints`` adds a keyword ``hints`` (see ``compile_hinted``)."""
         raise NotImplementedError
+
+    def compile_hinted(self, graph: Graph, weights: Mapping[str, np.ndarray], hints: CompileHints,
+                       **options) -> Compiled:
+        """``compile(graph, weights, **options)``, with ``hints=hints`` where
+        this backend's ``compile`` declares that keyword: hints are optional
+        to a backend, so one that does not take them is never handed them."""
+        if "hints" in inspect.signature(self.compile).parameters:
+            options["hints"] = hints
+        return self.compile(graph, weights, **options)
 
     def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:
         """Compile ``graph``, run it once on ``feeds``, release it."""

@@ -24,6 +24,7 @@ from ..ir.printer import print_graph
 from ..version import code_version
 from .interface import CachedStep
 from .bindings import bind_inputs
+from .threads import intra_op_threads
 
 _CUDA, _CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 _LEVELS = ("disabled", "basic", "extended", "all")
@@ -44,7 +45,8 @@ def session_options(optimization: str = "basic", threads: int | None = None,
                     optimized_model_path: str | None = None, prepack: bool = True):
     """ONNX Runtime ``SessionOptions`` as blockc uses them everywhere: one of
     the graph optimization levels ``disabled``, ``basic``, ``extended``,
-    ``all``; ``threads`` intra-op threads (None: ONNX Runtime's default);
+    ``all``; ``threads`` intra-op threads (None: ``$BLOCKC_THREADS``, else
+    ONNX Runtime's default: ``threads.intra_op_threads``);
     ``prepack``: whether ONNX Runtime repacks each MatMul weight into a copy
     of its own, per session (2-3x faster products of many rows, measured
     with 128 and 4 rows; no faster with one row, where MLAS reads the weight
@@ -52,8 +54,7 @@ def session_options(optimization: str = "basic", threads: int | None = None,
     ort = _ort()
     if optimization not in _LEVELS:
         raise BlockcError(f"unknown optimization level {optimization!r}: use {', '.join(_LEVELS)}")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise BlockcError(f"threads must be a positive integer, got {threads!r}")
+    threads = intra_op_threads(threads)
     options = ort.SessionOptions()
     options.graph_optimization_level = {
         "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

@@ -32,6 +32,7 @@ from ..ops import registry
 from ..passes.legalize import legalize
 from ..ir.dims import is_plain_symbol
 from .bindings import bind_inputs, checked_weights
+from .threads import intra_op_threads
 
 
 def torch_available() -> tuple[bool, str]:
@@ -268,7 +269,8 @@ class TorchSession:
     a compile failure (no C++ compiler, ...) is a ``BlockcError`` saying why.
     ``threads`` sets torch's intra-op threads for the duration of each ``run``
     (and of the compile it triggers) and restores the previous count after;
-    None leaves torch's setting alone. Runs are under ``torch.inference_mode()``,
+    None: ``$BLOCKC_THREADS`` where set, else torch's setting is left alone
+    (``threads.intra_op_threads``). Runs are under ``torch.inference_mode()``,
     on the CPU. ``backend`` is ``torch.compile``'s (a name or a callable);
     ``fold_constants`` goes to ``lower_to_torch``.
     """
@@ -277,9 +279,7 @@ class TorchSession:
                  threads: int | None = None, dynamic: bool | None = False, backend="inductor",
                  fold_constants: bool = True):
         torch = _torch()
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise BlockcError(f"threads must be a positive integer, got {threads!r}")
-        self.graph, self.threads, self._torch = graph, threads, torch
+        self.graph, self.threads, self._torch = graph, intra_op_threads(threads), torch
         self.module = lower_to_torch(graph, weights, fold_constants=fold_constants).eval()
         self.compiled = None
         if compile:

@@ -13,7 +13,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import blockc
@@ -32,6 +31,7 @@ from blockc.passes.forms import to_form
 from blockc.passes.manager import optimize
 from blockc.runtime.ort_runner import OrtSession
 from blockc.runtime.reference import run_reference
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 MS = "com.microsoft"
 # the built-ins whose attention has fewer K/V heads than query heads (llama-tiny, qwen3-tiny)
@@ -45,9 +45,7 @@ def T(dtype, *shape) -> TensorType:
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict) -> dict:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    s = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    s = peer_session(model.SerializeToString())
     names = [o.name for o in s.get_outputs()]
     return dict(zip(names, s.run(names, feeds)))
 

@@ -13,7 +13,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from blockc.codegen import fused_encodings
@@ -26,6 +25,7 @@ from blockc.ir.types import TensorType
 from blockc.ops.fused import group_heads, ungroup_heads
 from blockc.ops.masking import DEFAULT_FILL, apply_masks, causal_mask_array
 from blockc.runtime.reference import run_reference
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 MS = "com.microsoft"
 F32, BOOL = DType.float32, DType.bool
@@ -104,9 +104,7 @@ def oracle(feeds: dict, name: str, heads: int, kv_heads: int) -> np.ndarray:
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict) -> dict:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    s = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    s = peer_session(model.SerializeToString())
     names = [o.name for o in s.get_outputs()]
     used = {i.name for i in s.get_inputs()}
     return dict(zip(names, s.run(names, {k: v for k, v in feeds.items() if k in used})))

@@ -21,6 +21,7 @@ from blockc.ir.graph import Graph
 from blockc.ir.types import TensorType
 from blockc.ops import registry
 from blockc.runtime.reference import run_reference
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 F32, F16, I64, BOOL = DType.float32, DType.float16, DType.int64, DType.bool
 BINDINGS = [{"batch": 2, "seq": 3, "past": 4}, {"batch": 1, "seq": 6, "past": 0}]
@@ -363,7 +364,7 @@ def make_feeds(g: Graph, bindings, rng, c: Case = Case(None)) -> dict:
 
 
 def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return peer_session(model.SerializeToString())
 
 
 def ort_run(sess, feeds) -> dict:
@@ -693,7 +694,7 @@ def _saved_case():
 
 
 def _run_file(path, g, weights):
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = peer_session(str(path))
     feeds = make_feeds(g, BINDINGS[1], np.random.default_rng(2))
     assert_matches_reference(g, weights, feeds, ort_run(sess, feeds), 2e-5)
 

@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from google.protobuf.message import EncodeError
 
@@ -21,6 +20,7 @@ from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
 from blockc.ir.types import TensorType
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 F32 = DType.float32
 
@@ -42,7 +42,7 @@ def weights(seed: int, n: int = 32) -> dict:
 def run(path, w) -> None:
     """The model at ``path`` runs on ONNX Runtime and computes ``x @ w + b`` with ``w``."""
     x = np.random.default_rng(9).standard_normal((3, 32)).astype(np.float32)
-    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (y,) = peer_session(str(path)).run(None, {"x": x})
     np.testing.assert_allclose(y, x @ w["w"] + w["b"], rtol=1e-5, atol=1e-5)
 
 
@@ -94,7 +94,7 @@ def test_a_weightless_export_never_pairs_with_a_stale_data_file(tmp_path):
     save_onnx(matmul(), None, path)  # the layout of another export: removed, not reused
     assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
     with pytest.raises(Exception):
-        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        peer_session(str(path))
     save_onnx_weights(path, weights(2))
     run(path, weights(2))
 

@@ -8,7 +8,6 @@ import tracemalloc
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
@@ -21,6 +20,7 @@ from blockc.ir.dims import parse_dim
 from blockc.ir.dtypes import DType
 from blockc.ir.graph import Graph
 from blockc.ir.types import TensorType
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 F32 = DType.float32
 
@@ -40,7 +40,7 @@ def feeds(model):
 
 
 def run(path, inputs) -> list[np.ndarray]:
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = peer_session(str(path))
     return sess.run(None, inputs)
 
 

@@ -19,6 +19,7 @@ from blockc.errors import BlockcError, ModelError, WeightsError  # noqa: E402
 from blockc.frontends import build_model, init_weights  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
 from blockc.frontends import weights as weights_module  # noqa: E402
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,7 @@ def hf_dir(tmp_path_factory):
 
 
 def run(capsys, *argv):
+    capsys.readouterr()   # what came before (transformers' progress, making a directory) is not the command's
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
@@ -186,12 +188,11 @@ def test_show_names_the_checkpoints_sizes(hf_dir, capsys):
 
 
 def test_export_runs_on_onnx_runtime_as_hugging_face(hf_dir, tmp_path, capsys):
-    import onnxruntime as ort
     path = hf_dir("bert")
     code, _, err = run(capsys, "export", path, "-o", tmp_path / "m.onnx")
     assert code == 0, err
     feeds = feeds_for(path)
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = peer_session(str(tmp_path / "m.onnx"))
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     for name, want in hugging_face_outputs(path, feeds).items():
         np.testing.assert_allclose(got[name], want, atol=1e-4, rtol=1e-4, err_msg=name)
@@ -310,8 +311,13 @@ def test_a_missing_shard_and_a_corrupt_index(hf_dir, tmp_path, capsys):
     shutil.copytree(hf_dir("llama", shard_size="100KB"), path)
     (path / "model-00002-of-00006.safetensors").unlink()
     refused(capsys, path, f"model.safetensors.index.json lists model-00002-of-00006.safetensors, not in {path}")
-    (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
-    refused(capsys, path, "model.safetensors.index.json is not a safetensors index")
+    index = path / "model.safetensors.index.json"
+    for text, says in (('{"metadata": {}}', f"{index} has no field weight_map"),
+                       ('{"weight_map": ["a"]}', f"{index}: weight_map is a list, not an object"),
+                       ("{bad", f"{index} is not valid JSON: "),
+                       ("[]", f"{index} holds a JSON list, not an object of tensors and their shards")):
+        index.write_text(text)
+        refused(capsys, path, says)
 
 
 def test_set_takes_only_what_a_directory_leaves_open(hf_dir, capsys):

@@ -20,8 +20,8 @@ from blockc.frontends.onnx import load_onnx
 from blockc.ops.registry import fused_ops
 from blockc.passes.manager import optimize
 from blockc.runtime.reference import run_reference
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
-ort = pytest.importorskip("onnxruntime")
 
 MODELS = {"tiny": {}, "gpt2": {"layers": "1"}, "bert-base": {"layers": "1"}, "llama-tiny": {}, "qwen3-tiny": {}}
 TOL = 1e-4
@@ -32,9 +32,7 @@ def fused_counts(graph) -> Counter:
 
 
 def ort_run(path, feeds: dict) -> dict:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    s = peer_session(str(path))
     names = [o.name for o in s.get_outputs()]
     return dict(zip(names, s.run(names, feeds)))
 

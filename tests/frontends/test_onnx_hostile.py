@@ -14,6 +14,7 @@ from blockc.errors import OnnxFileError
 from blockc.frontends.onnx import OnnxModel, safe_load
 from blockc.ir.parser import parse_graph
 from blockc.ir.printer import print_graph
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 
 def _model(weight: TensorProto, tmp_path, name="m.onnx"):
@@ -186,8 +187,7 @@ def test_hostile_names_are_labels(tmp_path):
     assert print_graph(parse_graph(text)) == text
     feeds = {"in": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
     ours = run_reference(graph, init_weights(model), feeds)["out */"]
-    ort = pytest.importorskip("onnxruntime")
-    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    theirs = peer_session(str(path)).run(None, feeds)[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)
 
 

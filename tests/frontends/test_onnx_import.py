@@ -20,8 +20,8 @@ from blockc.ir.printer import print_graph
 from blockc.runtime.backend import make_backend
 
 from hf_testing import randomise
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
-ort = pytest.importorskip("onnxruntime")
 
 
 def _feeds(model, graph, seq, batch=2, seed=0, dims=None):
@@ -54,7 +54,7 @@ def check_against_ort(path, seqs=(5, 11), tol=1e-4, run="reference", dims=None):
     model = OnnxModel(path)
     graph = trace(model)
     weights = materialize(init_weights(model))
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = peer_session(str(path))
     names = [o.name for o in session.get_outputs()]
     with backend.compile(optimize(graph).graph if optimized else graph, weights) as compiled:
         for seq in seqs:
@@ -275,7 +275,7 @@ def test_every_command_on_a_file_with_external_data(tmp_path, capsys):
     assert main(["export", str(path), "--form", "fused", "-o", str(fused)]) == 0
     assert "fused ops as" in capsys.readouterr().out
     feeds = _feeds(OnnxModel(path), trace(OnnxModel(path)), seq=7)
-    want, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)
+    want, got = (peer_session(str(p)).run(None, feeds)
                  for p in (path, fused))
     np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-4)
     build = tmp_path / "cuda"
@@ -394,7 +394,7 @@ def test_an_index_past_its_own_axis_is_refused(op, data_shape, idx_shape, attrs,
     if not ok:
         pytest.skip(why)
     path = _index_file(tmp_path, op, data_shape, idx_shape, **attrs)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = peer_session(str(path))
     x = np.arange(np.prod(data_shape), dtype=np.float32).reshape(data_shape)
     graph = optimize(trace(OnnxModel(path))).graph
     with b.compile(graph, {}) as compiled:

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper
 from blockc.cli import main
 from blockc.errors import OnnxFileError
 from blockc.frontends.onnx import OnnxModel
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
-ort = pytest.importorskip("onnxruntime")
 
 
 def merged_file(path, extra_op: str | None = None):
@@ -43,7 +43,7 @@ MESSAGE = ("node 'optimum::if' (If): chooses between two subgraphs by 'use_cache
 
 
 def test_the_file_is_one_onnx_runtime_runs(tmp_path):
-    session = ort.InferenceSession(str(merged_file(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
+    session = peer_session(str(merged_file(tmp_path / "m.onnx")))
     x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
     for flag, want in ((True, np.maximum(x, 0)), (False, -x)):
         np.testing.assert_array_equal(session.run(None, {"x": x, "use_cache_branch": np.array([flag])})[0], want)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -81,7 +82,40 @@ def test_a_genai_config_without_the_cache_names_is_refused_naming_it(own_step, t
     (tmp_path / "genai_config.json").write_text('{"model": {}}')
     assert main(["show", str(tmp_path / "step.onnx")]) == 2
     err = capsys.readouterr().err
-    assert "genai_config.json: cannot read the decoder's cache names" in err and err.count("\n") == 1, err
+    assert f"{tmp_path / 'genai_config.json'} has no field model.decoder.inputs" in err and err.count("\n") == 1, err
+
+
+def genai_config_of_own_step(**model) -> dict:
+    """A ``genai_config.json`` naming blockc's own step's cache (llama-tiny: 2 layers, 2 kv heads of 16)."""
+    decoder = {"inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                          "past_key_names": "past.%d.key", "past_value_names": "past.%d.value"},
+               "outputs": {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+               "num_hidden_layers": 2, "num_key_value_heads": 2, "head_size": 16}
+    return {"model": {"decoder": decoder, **model}}
+
+
+@pytest.mark.parametrize("text, says", [
+    (json.dumps(genai_config_of_own_step(context_length="long")),
+     "genai_config.json: model.context_length is a string ('long'), not an integer"),
+    (json.dumps(genai_config_of_own_step(decoder={"num_hidden_layers": "2"})),
+     "genai_config.json has no field model.decoder.inputs"),
+    ("{bad", "genai_config.json is not valid JSON: "),
+    ("[]", "genai_config.json holds a JSON list, not an object of GenAI settings")],
+    ids=["context_length-a-string", "no-decoder-inputs", "not-json", "a-list"])
+def test_a_broken_genai_config_is_refused_naming_the_file_and_field(own_step, tmp_path, text, says):
+    import shutil
+    shutil.copy(own_step[2], tmp_path / "step.onnx")
+    (tmp_path / "genai_config.json").write_text(text)
+    with pytest.raises(OnnxFileError, match=f"^{re.escape(str(tmp_path))}/{re.escape(says)}"):
+        OnnxDecoder(tmp_path / "step.onnx")
+
+
+def test_a_genai_config_gives_the_context_length(own_step, tmp_path):
+    import shutil
+    shutil.copy(own_step[2], tmp_path / "step.onnx")
+    (tmp_path / "genai_config.json").write_text(json.dumps(genai_config_of_own_step(context_length=96)))
+    decoder = OnnxDecoder(tmp_path / "step.onnx")
+    assert decoder.cfg.max_positions == 96 and decoder.cache.pairs[0] == ("past.0.key", "present.0.key")
 
 
 def test_generate_refuses_a_model_file_with_no_cache(tmp_path, capsys):

@@ -8,7 +8,6 @@ another activation's op (it wrote ``FastGelu`` for any it did not know)."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from blockc.codegen.onnx_export import export_onnx_decided
@@ -21,6 +20,7 @@ from blockc.ops.activations import ACTIVATIONS, Activation
 from blockc.passes.manager import optimize
 from blockc.runtime.backend import make_backend
 from blockc.runtime.reference import run_reference
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
 
 F32 = DType.float32
 BACKENDS = ["reference", "ort-cpu", "torch-eager", "cuda-emu"]
@@ -93,7 +93,7 @@ def test_an_encoding_declines_an_activation_it_has_no_op_for(request, name):
         assert decision["form"] == "function" and decision["reason"].startswith(f"{encoding} declined"), decision
         assert encoding != "contrib" or f"no bias + {act.title} op" in decision["reason"]
         assert not any(n.domain == "com.microsoft" for n in model.graph.node)
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = peer_session(model.SerializeToString())
         assert relative_error(session.run(None, feeds)[0], want) < 1e-5
 
 

@@ -11,7 +11,7 @@ import blockc
 from blockc.cli import main
 from blockc.compare import CompareOptions, plan_comparison, run_comparison
 from blockc.errors import BlockcError
-from blockc.runtime.backend import (Backend, Compiled, backend_names, backend_options, check_distinct,
+from blockc.runtime.backend import (Backend, Compiled, CompileHints, backend_names, backend_options, check_distinct,
                                     compare_backends, make_backend, register, split_options, unregister)
 from blockc.runtime.reference import run_reference
 from blockc.runtime.timing import Timing
@@ -97,6 +97,30 @@ def test_compare_uses_a_registered_backend(twin):
     assert "the twin's own clock" in report["timing"]["clock"]
     nowhere = next(b for b in report["backends"] if b["name"] == "nowhere")
     assert not nowhere["available"] and nowhere["reason"] == "it needs a machine that does not exist"
+
+
+def test_generate_runs_a_registered_backend_that_takes_no_hints(twin):
+    """The twin's ``compile`` declares no ``hints`` (it was written before
+    them): generation runs on it, and picks what the reference picks."""
+    from blockc.frontends import build_model, init_weights
+    from blockc.generate import generate
+    model = build_model("tiny", {"layers": "1"})
+    weights = init_weights(model, seed=3)
+    got = generate(model, weights, [[5, 17, 9]], 3, backend="numpy-twin")
+    assert got.tokens == generate(model, weights, [[5, 17, 9]], 3, backend="reference").tokens
+
+
+def test_hints_reach_only_a_backend_that_declares_them():
+    seen = []
+
+    class Hinted(NumpyTwin):
+        def compile(self, graph, weights, *, hints=CompileHints(), **options):
+            seen.append(hints)
+            return super().compile(graph, weights, **options)
+    graph, hints = blockc.trace(blockc.build_model("tiny", {"layers": "1"})), CompileHints(rows=1)
+    Hinted().compile_hinted(graph, {}, hints, variant="a").close()
+    NumpyTwin().compile_hinted(graph, {}, hints, variant="a").close()   # no hints keyword: none given
+    assert seen == [hints]
 
 
 def test_an_unavailable_backend_says_why(twin, capsys):

@@ -30,7 +30,6 @@ terms' symbols, beside the step's dims).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Sequence
 
 from ...errors import OnnxFileError
 from ...ir.dims import Dim, Sym
+from ..json_files import json_field, read_json
 from .safe_load import label
 
 _BY_NAME = re.compile(r"^(?:past_key_values|past)\.(\d+)\.(key|value)$")
@@ -77,20 +77,36 @@ def _shape(value) -> list:
             (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim]
 
 
-def _genai_pairs(path: str, config_path: str) -> tuple[list[tuple[str, str]], dict, dict]:
+GENAI_CONFIG = "genai_config.json"
+
+
+def genai_config_path(path: str | os.PathLike) -> str:
+    """Where ONNX Runtime GenAI's config of the decoder file at ``path`` lies: beside it."""
+    return os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), GENAI_CONFIG)
+
+
+def genai_config(path: str | os.PathLike) -> tuple[str, dict] | None:
+    """The ``genai_config.json`` beside the decoder file at ``path``, as its
+    path and its object (read by the one JSON reader, ``json_files``), or
+    None where there is none."""
+    config = genai_config_path(path)
+    return (config, read_json(config, "GenAI settings", OnnxFileError)) if os.path.isfile(config) else None
+
+
+def _genai_pairs(config_path: str, config: dict) -> tuple[list[tuple[str, str]], dict, dict]:
     """The pairs ``genai_config.json`` names, its decoder's input names, and the
     sizes of the cache's heads (``num_key_value_heads``, ``head_size``) by axis."""
+    def field(name: str, kind):
+        return json_field(config, f"model.decoder.{name}", kind, file=config_path, error=OnnxFileError)
+    ins, layers = field("inputs", dict), field("num_hidden_layers", int)
+    patterns = {kv: (field(f"inputs.past_{kv}_names", str), field(f"outputs.present_{kv}_names", str))
+                for kv in ("key", "value")}
     try:
-        with open(config_path, encoding="utf-8") as f:
-            decoder = json.load(f)["model"]["decoder"]
-        ins, outs, layers = decoder["inputs"], decoder["outputs"], int(decoder["num_hidden_layers"])
-        pairs = [(ins[f"past_{kv}_names"] % i, outs[f"present_{kv}_names"] % i)
-                 for i in range(layers) for kv in ("key", "value")]
-        sizes = {1: int(decoder["num_key_value_heads"]), 3: int(decoder["head_size"])}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OnnxFileError(f"{config_path}: cannot read the decoder's cache names (decoder.inputs."
-                            f"past_key_names, decoder.outputs.present_key_names, num_hidden_layers): "
-                            f"{type(e).__name__}: {e}") from None
+        pairs = [(patterns[kv][0] % i, patterns[kv][1] % i) for i in range(layers) for kv in ("key", "value")]
+    except (TypeError, ValueError) as e:
+        raise OnnxFileError(f"{config_path}: model.decoder's past_key_names, present_key_names (and value) are "
+                            f"names with one %d for the layer: {e}") from None
+    sizes = {1: field("num_key_value_heads", int), 3: field("head_size", int)}
     return pairs, ins, sizes
 
 
@@ -110,9 +126,9 @@ def find_cache(path: str | os.PathLike, graph, pairs: Sequence[tuple[str, str]] 
     inputs = {v.name: v for v in graph.input}
     outputs = {v.name: v for v in graph.output}
     names, sizes = {}, {}
-    config = os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")
-    if pairs is None and os.path.isfile(config):
-        pairs, names, sizes = _genai_pairs(path, config)
+    config = genai_config(path) if pairs is None else None
+    if config is not None:
+        pairs, names, sizes = _genai_pairs(*config)
     elif pairs is None:
         pairs = _by_name(inputs, outputs)
     if not pairs:
@@ -164,8 +180,7 @@ def step_dims(path: str | os.PathLike, graph) -> dict[str, Dim]:
     """The dims of a cached step (``total = past + seq``) where the file at
     ``path`` carries a cache found by name or by its ``genai_config.json``;
     none where it carries none (an error where that config does not fit)."""
-    config = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), "genai_config.json")
-    if os.path.isfile(config):
+    if os.path.isfile(genai_config_path(path)):
         return find_cache(path, graph).dims()
     try:   # found by name alone: a file whose names only look so is imported as its dims say
         return find_cache(path, graph).dims()

@@ -17,7 +17,6 @@ bound the graph's limits enforce at run time) and the layers.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,7 +25,8 @@ import numpy as np
 
 from ...errors import BlockcError, OnnxFileError
 from ..module import trace
-from .cache_io import CacheIO, find_cache
+from ..json_files import json_field
+from .cache_io import CacheIO, find_cache, genai_config
 from .model import OnnxModel
 from .safe_load import label
 
@@ -97,9 +97,9 @@ class OnnxDecoder:
 
 
 def _context_length(path: str) -> int:
-    config = os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")
-    try:
-        with open(config, encoding="utf-8") as f:
-            return int(json.load(f)["model"]["context_length"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """The longest sequence ``genai_config.json`` gives the file (``model.context_length``), else ``UNBOUNDED``."""
+    config = genai_config(path)
+    if config is None:
         return UNBOUNDED
+    file, fields = config
+    return json_field(fields, "model.context_length", int, file=file, error=OnnxFileError, default=UNBOUNDED)

@@ -162,7 +162,7 @@ class CudaBackend(GeneratedCuda):
         return f"blockc's generated CUDA, --gemm {self.gemm}{' --tf32' if self.choice.tf32 else ''}, sm_80/sm_90, " \
                "one stream, a CUDA graph per shape; per-run times from CUDA events"
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False, one_row=False):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         from ...codegen.cuda.lower import generate
         from ..cuda_runner import gpu_library
         model = generate(graph, weights, gemm=self.choice.kind, tf32=self.choice.tf32)
@@ -199,7 +199,7 @@ class CudaEmuBackend(GeneratedCuda):
         return "blockc's generated CUDA, --gemm tiled, emulated on the CPU (g++, one fiber per CUDA thread); " \
                "per-run times from CUDA events (emulated: host time)"
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False, one_row=False):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         from ...codegen.cuda.lower import generate
         from ..cuda_runner import emulated_library
         model = generate(graph, weights, gemm=self.gemm)

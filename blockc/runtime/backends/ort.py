@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ..interface import Backend, Compiled, Registration
+from ..interface import Backend, Compiled, CompileHints, Registration
 
 # ONNX Runtime and the exporter are imported when used: registering this
 # backend (every CLI start) costs nothing.
@@ -89,10 +89,12 @@ class OrtBackend(Backend):
                 f"graph optimization level basic and all; fused ops written as --fused-as {self.fused_as}"
                 + ("; run() includes host-device copies" if self.provider == "cuda" else ""))
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False, one_row=False):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False,
+                hints=CompileHints()):
         from ..ort_runner import OrtSession
+        # one row a run reads each weight as it is: a prepacked copy of every MatMul weight only costs then
         options = dict(provider=self.provider, optimization=variant or self.variants[0], threads=threads,
-                       fused_as=self.fused_as, prepack=not one_row)
+                       fused_as=self.fused_as, prepack=hints.rows != 1)
         if not count_kernels:   # saving the optimized model was a third of a GPT-2's start: only when asked
             session = OrtSession(graph, weights, **options)
             return OrtCompiled(session, graph=graph, close=session.close)

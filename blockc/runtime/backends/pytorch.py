@@ -40,7 +40,7 @@ class TorchBackend(Backend):
         how = "torch.compile (inductor, one compile per shape)" if self.compile_module else "eager"
         return f"torch {torch.__version__} on the CPU, {how}, {threads} intra-op threads, inference_mode; {self.runs}"
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False, one_row=False):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         from ..torch_runner import TorchSession
         session = TorchSession(graph, weights, compile=self.compile_module, threads=threads)
         return Compiled(session.run_unchecked, graph=graph)

@@ -24,7 +24,7 @@ class ReferenceBackend(Backend):
         return "blockc's numpy interpreter in the model's dtype (the float64 oracle's float32 twin), one numpy " \
                "call per IR node; numpy's BLAS picks its own thread count"
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False, one_row=False):
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
         return ReferenceCompiled(graph, weights, float64=self.float64)
 
 
