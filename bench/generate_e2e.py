@@ -130,16 +130,9 @@ def make_dirs(work: str, names: list[str], genai: bool) -> dict[str, dict]:
 
 
 def build_genai(hf: str, out: str, cache: str) -> None:
-    """GenAI's builder, fp32 CPU, in this Python (it needs transformers 5)
-    with only the ``onnxruntime_genai`` package of ``BLOCKC_GENAI_PYTHON``."""
-    where = subprocess.run([GENAI_PYTHON, "-c", "import onnxruntime_genai, os; "
-                            "print(os.path.dirname(os.path.dirname(onnxruntime_genai.__file__)))"],
-                           check=True, capture_output=True, text=True).stdout.strip()
-    path = tempfile.mkdtemp(prefix="genai-pkg-")
-    os.symlink(os.path.join(where, "onnxruntime_genai"), os.path.join(path, "onnxruntime_genai"))
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", hf, "-i", hf, "-o", out,
-                    "-p", "fp32", "-e", "cpu", "-c", cache], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": path})
+    """GenAI's builder, fp32 CPU (``tests/frontends/genai_builder``)."""
+    from genai_builder import build_genai as build
+    build(GENAI_PYTHON, hf, out, cache)
 
 
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, str]:

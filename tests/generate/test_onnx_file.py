@@ -7,9 +7,10 @@ written in place.
 Checked against the peers: ONNX Runtime GenAI's model builder makes the file
 from a random Hugging Face directory, and ``og.Generator`` running that file
 and Hugging Face's ``generate`` on the directory pick the same greedy tokens
-as blockc. Those tests need an interpreter with ``onnxruntime-genai`` (and a
-transformers its builder imports), named by ``BLOCKC_GENAI_PYTHON``; without
-it they skip saying so. blockc's own exported step needs no peer: it
+as blockc. Those tests need an interpreter with ``onnxruntime-genai``, named
+by ``BLOCKC_GENAI_PYTHON`` (its builder runs in this Python, which has the
+transformers it needs: ``tests/frontends/genai_builder``); without it they
+skip saying so. blockc's own exported step needs no peer: it
 generates what blockc generates from the model itself."""
 from __future__ import annotations
 
@@ -161,8 +162,8 @@ def genai_model(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"genai-{request.param}")
     hf = save_hf_dir(request.param, root / "hf", seed=0)
     out = root / "og"
-    _genai("-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf), "-o", str(out),
-           "-p", "fp32", "-e", "cpu", "-c", str(root / "cache"))
+    from genai_builder import build_genai
+    build_genai(GENAI_PYTHON, hf, out, root / "cache")
     return hf, out
 
 
