@@ -284,12 +284,18 @@ def _steps(model, prompts, length: int | None, decodes: bool) -> tuple[list, Ste
         c = model.cache
         names = StepNames(list(c.pairs), c.input_ids, c.attention_mask, model.position_ids,
                           model.empty_past(len(prompts), model.model.dtype.numpy))
-        return [Step(None, model.step), Step(None, lambda: model.step(length)) if decodes else None], names
+        return [_file_step(model, None), _file_step(model, length) if decodes else None], names
     pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
     prefill = model.for_cache("prefill", padded=pads)
     decode = model.for_cache("decode", cache_len=length, padded=pads) if decodes else None
     return [Step(trace_key(m), lambda m=m: trace(m)) if m is not None else None for m in (prefill, decode)], \
         StepNames(cache_names(model.cfg.layers))
+
+
+def _file_step(model: OnnxDecoder, cache_len: int | None) -> Step:
+    """An ONNX decoder file's step: its own graph, a buffer past of ``cache_len`` rows or none."""
+    step = model.step_model(cache_len)
+    return Step(trace_key(step), lambda: model.traced(step, cache_len))
 
 
 def _graphs(steps: list, weights: dict, form: str, pairs: list, rank_of, pad_vocab: bool) -> list:

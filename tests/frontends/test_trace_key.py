@@ -24,3 +24,42 @@ def test_a_subclass_or_a_users_model_has_none():
     class Mine(DecoderLM):   # may trace otherwise under the same config
         pass
     assert trace_key(Mine(tiny().cfg)) is None
+
+
+def test_an_onnx_files_key_is_its_graph_without_its_weights(tmp_path):
+    """Weights changed in the file keep the key (they are bound at load); a
+    changed node or constant, or other dims for its inputs, change it."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from blockc.codegen.onnx_export import export_onnx
+    from blockc.frontends import init_weights
+    from blockc.frontends.onnx.model import OnnxModel
+    model = tiny()
+    proto = export_onnx(trace(model), dict(init_weights(model, seed=0)))
+
+    def key(folder, change=None, **kw):   # one file name in every folder: the name is part of the key
+        p = onnx.ModelProto()
+        p.CopyFrom(proto)
+        if change:
+            change(p)
+        (tmp_path / folder).mkdir(exist_ok=True)
+        onnx.save(p, tmp_path / folder / "m.onnx")
+        return trace_key(OnnxModel(tmp_path / folder / "m.onnx", **kw))
+
+    def add_one(p, picked):
+        t = next(t for t in p.graph.initializer if picked(t))
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) + 1, t.name))
+
+    def weights(p):
+        add_one(p, lambda t: t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) > 1)
+
+    def constant(p):   # an int64 shape or index: read as part of the graph
+        add_one(p, lambda t: t.data_type == onnx.TensorProto.INT64)
+
+    def node(p):
+        p.graph.node[-1].name += "x"
+    base = key("base")
+    assert key("weights", weights) == base
+    assert len({base, key("constant", constant), key("node", node), key("dims", dims={"seq": 5})}) == 4

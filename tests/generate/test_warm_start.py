@@ -116,3 +116,25 @@ def test_a_damaged_entry_is_rebuilt(llama, traces, damage):
     files.CACHE_COUNTS.clear()
     assert run(llama) == first
     assert len(traces) == 4 and files.CACHE_COUNTS["model", "miss"] == 2
+
+
+def test_a_second_generation_from_an_onnx_decoder_file_does_not_trace(tmp_path, monkeypatch):
+    """The file's step keyed by its graph without its weights (``trace_key``)."""
+    import onnx
+
+    import blockc
+    from blockc.codegen.onnx_export import export_onnx
+    from blockc.frontends.onnx import decoder as onnx_decoder
+    from blockc.passes.manager import optimize
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    model = blockc.build_model("llama-tiny", {"layers": "1"})
+    weights = dict(init_weights(model, seed=3))
+    path = tmp_path / "step.onnx"
+    onnx.save(export_onnx(optimize(blockc.trace(model.for_cache("decode"))).graph, weights), str(path))
+    want = generate(model, weights, PROMPT, NEW).tokens
+    made, real = [], onnx_decoder.trace
+    monkeypatch.setattr(onnx_decoder, "trace", lambda m: made.append(m.name) or real(m))
+    for _ in range(2):
+        decoder = onnx_decoder.OnnxDecoder(path)
+        assert generate(decoder, decoder.init_weights(), PROMPT, NEW, cache="concat").tokens == want
+    assert made == ["step.onnx"]   # the concat cache's prefill and decode are one step: traced once, ever
