@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+from cache_testing import DAMAGES, damage
 
 from blockc import files
 from blockc.frontends import build_model, init_weights
@@ -101,18 +102,13 @@ def test_a_changed_option_or_version_misses(llama, monkeypatch):
     assert len(traced) == 3
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage, recorded as intact"])
-def test_a_damaged_entry_is_rebuilt(llama, traces, damage):
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_entry_is_rebuilt(llama, traces, how):
     first = run(llama)
     entries = list((llama.parent / "cache" / "model").glob("*/fused.json"))
     assert len(entries) == 2
     for entry in entries:
-        data = entry.read_bytes()
-        if damage == "truncated":   # a build killed mid-write whose record survived
-            entry.write_bytes(data[: len(data) // 2])
-        else:                       # its record matches: only reading it back can tell
-            entry.write_bytes(b"\x00garbage" * 10)
-            entry.with_name(entry.name + ".ok").write_text(json.dumps(files._fingerprint(entry)))
+        damage(entry, how)
     files.CACHE_COUNTS.clear()
     assert run(llama) == first
     assert len(traces) == 4 and files.CACHE_COUNTS["model", "miss"] == 2
