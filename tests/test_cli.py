@@ -503,8 +503,12 @@ def test_generate_prints_each_prompts_ids_and_the_timings(capsys, tmp_path):
 
 def test_generate_runs_the_fused_graphs_unless_form_says_otherwise(capsys, monkeypatch):
     import blockc.generate.loop as loop
-    asked, real = [], loop.to_form
-    monkeypatch.setattr(loop, "to_form", lambda graph, form, **kw: asked.append(form) or real(graph, form, **kw))
+    asked, real = [], loop.form_of
+
+    def counted(source, make, form, **kw):
+        asked.append(form)
+        return real(source, make, form, **kw)
+    monkeypatch.setattr(loop, "form_of", counted)
     args = ["generate", "tiny", "--set", "layers=1", "--prompt-ids", "1,2,3", "--max-new", "2"]
     for extra, form in (([], "fused"), (["--form", "standard"], "standard"), (["--form", "decomposed"], "decomposed")):
         asked.clear()

@@ -34,15 +34,20 @@ def trace_model(args, progress=None):
 
 
 def make_graph(args, progress=None):
-    from ..passes.forms import to_form
+    """The model and its graph in the asked form: from the compile cache
+    without tracing where a built-in model's form was kept (``form_of``)."""
+    from ..frontends import trace
+    from ..frontends.trace_key import trace_key
+    from ..passes.forms import form_of
     from ..ir.verify import verify
 
-    model, traced = trace_model(args, progress)
+    model = load_model(args)
     form = getattr(args, "form", "standard")
     if form != "fused" and (getattr(args, "disable", None) or getattr(args, "print_after", None)
                             or getattr(args, "print_after_all", False)):
         raise BlockcError("--disable/--print-after apply to --form fused")
-    graph = to_form(traced, form, progress=progress, **(optimize_options(args) if form == "fused" else {}))
+    graph = form_of(trace_key(model), lambda: trace(model, progress=progress), form, progress=progress,
+                    **(optimize_options(args) if form == "fused" else {}))
     verify(graph)
     return model, graph
 

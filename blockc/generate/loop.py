@@ -44,8 +44,10 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends.models import DecoderLM
 from ..frontends.module import trace
+from ..frontends.trace_key import trace_key
+from ..ir.graph import Graph
 from ..frontends.onnx.decoder import OnnxDecoder
-from ..passes.forms import to_form
+from ..passes.forms import form_of, to_form
 from ..passes.shard import shard
 from ..runtime.backend import CompileHints, make_backend
 from .agreement import RankDecisions
@@ -232,13 +234,12 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     target.require()
     t0 = time.perf_counter()
     weights = dict(weights)   # made once (seeded weights are made on access) for both graphs
-    prefill_graph, decode_graph, names = _step_graphs(model, prompts, length, max_new > 1)
-    prefill_graph, prefill_weights, split = _rank_part(prefill_graph, weights, rank_of, pad_vocab, names.pairs)
-    decode_graph, decode_weights, _ = _rank_part(decode_graph, weights, rank_of, pad_vocab, names.pairs, split) \
-        if decode_graph is not None else (None, None, None)
-    with target.compile(to_form(prefill_graph, form), prefill_weights) as prefill:
+    steps, names = _steps(model, prompts, length, max_new > 1)
+    (prefill_graph, prefill_weights), (decode_graph, decode_weights) = \
+        _graphs(steps, weights, form, names.pairs, rank_of, pad_vocab)
+    with target.compile(prefill_graph, prefill_weights) as prefill:
         # each step multiplies one row a prompt by every weight: a backend may use that, or not
-        decode = target.compile_hinted(to_form(decode_graph, form), decode_weights, CompileHints(rows=len(prompts))) \
+        decode = target.compile_hinted(decode_graph, decode_weights, CompileHints(rows=len(prompts))) \
             if decode_graph is not None else None
         try:
             compile_s = time.perf_counter() - t0
@@ -266,20 +267,53 @@ def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, names: list, spli
     return sharded.graphs[rank], sharded.rank_weights(weights, rank), sharded.outputs
 
 
-def _step_graphs(model, prompts, length: int | None, decodes: bool):
-    """The prefill's and the decode step's graphs, traced (no decode graph
-    where one token is asked for), and the names they take."""
+@dataclass(frozen=True)
+class Step:
+    """A step graph not yet traced: ``trace()`` makes it; ``source`` says
+    what it depends on, before tracing (``frontends.trace_key``; None where
+    only the trace can tell), so a compile-cache hit need not trace."""
+
+    source: str | None
+    trace: Callable[[], Graph]
+
+
+def _steps(model, prompts, length: int | None, decodes: bool) -> tuple[list, StepNames]:
+    """The prefill's and the decode step's graphs, to be traced (no decode
+    graph where one token is asked for: None), and the names they take."""
     if isinstance(model, OnnxDecoder):   # the file's own step, with a past of 0 rows for the prefill
         c = model.cache
         names = StepNames(list(c.pairs), c.input_ids, c.attention_mask, model.position_ids,
                           model.empty_past(len(prompts), model.model.dtype.numpy))
-        decode = model.step(length) if decodes else None
-        return model.step(), decode, names
+        return [_file_step(model, None), _file_step(model, length) if decodes else None], names
     pads = padded(prompts)   # none: the unpadded graphs, no key mask to build and apply
-    names = StepNames(cache_names(model.cfg.layers))
     prefill = model.for_cache("prefill", padded=pads)
     decode = model.for_cache("decode", cache_len=length, padded=pads) if decodes else None
-    return trace(prefill), trace(decode) if decode is not None else None, names
+    return [Step(trace_key(m), lambda m=m: trace(m)) if m is not None else None for m in (prefill, decode)], \
+        StepNames(cache_names(model.cfg.layers))
+
+
+def _file_step(model: OnnxDecoder, cache_len: int | None) -> Step:
+    """An ONNX decoder file's step: its own graph, a buffer past of ``cache_len`` rows or none."""
+    step = model.step_model(cache_len)
+    return Step(trace_key(step), lambda: model.traced(step, cache_len))
+
+
+def _graphs(steps: list, weights: dict, form: str, pairs: list, rank_of, pad_vocab: bool) -> list:
+    """Each step's graph in ``form`` and the weights it runs on (``(None,
+    None)`` for a step not taken): from the compile cache without tracing
+    where it can be (``passes.forms.form_of``), or this rank's part of it
+    (``_rank_part``), sharded after tracing and before the form."""
+    if rank_of is None:
+        return [(form_of(s.source, s.trace, form), weights) if s is not None else (None, None) for s in steps]
+    out, split = [], None
+    for step in steps:
+        if step is None:
+            out.append((None, None))
+            continue
+        graph, part, made = _rank_part(step.trace(), weights, rank_of, pad_vocab, pairs, split)
+        split = made if split is None else split
+        out.append((to_form(graph, form), part))
+    return out
 
 
 @dataclass(frozen=True)

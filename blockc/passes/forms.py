@@ -10,10 +10,16 @@ origin, keyed by the traced graph's printed IR, the optimizer's options and
 ``version.code_version()``. A second optimization of the same trace by the
 same code parses it back instead. Weights are never part of it: a graph
 names its parameters, their values are bound when it is compiled.
+
+A warm start need not even trace: ``form_of`` keys the same entry (under
+``$BLOCKC_CACHE/model``) by a description of the model known before tracing
+(``frontends/trace_key.py``: a built-in model's class, name, config and
+step), the options and the code version, and traces only on a miss.
 """
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from ..errors import BlockcError
 from ..files import cache_key, cached_value
@@ -54,15 +60,35 @@ def optimized(graph: Graph, progress: Progress | None = None, **optimize_options
     """``optimize(graph).graph``, from the compile cache when this trace was
     optimized with these options by this code before (see the module
     docstring); made and kept there otherwise."""
+    return _kept("ir", print_graph(graph), optimize_options,
+                 lambda: optimize(graph, progress=progress, **optimize_options).graph)
+
+
+def form_of(source: str | None, make_trace: Callable[[], Graph], form: str, *, progress: Progress | None = None,
+            **optimize_options) -> Graph:
+    """``to_form(make_trace(), form, ...)``, without calling ``make_trace``
+    where this form of the model ``source`` describes was kept before (the
+    fused form, with options that change only the result: see the module
+    docstring). ``source``: ``frontends.trace_key`` of the model traced,
+    None where only its trace can say what it is (then it is traced)."""
+    if source is None or form != "fused" or set(optimize_options) - _CACHED_OPTIONS:
+        return to_form(make_trace(), form, progress=progress, **optimize_options)
+    return _kept("model", source, optimize_options, lambda: optimized(make_trace(), progress, **optimize_options))
+
+
+def _kept(kind: str, source: str, optimize_options: dict, make: Callable[[], Graph]) -> Graph:
+    """``make()``, the fused graph of what ``source`` names, kept in the cache
+    as ``KIND/KEY/fused.json`` under a key of ``source``, the options that
+    change the result and the code version; made now, the graph itself
+    (what it would be without a cache), else the one read back."""
     options = {"disable": sorted(optimize_options.get("disable", ())), "check": optimize_options.get("check", True)}
-    key = cache_key(print_graph(graph), json.dumps(options), code_version())
     fresh = []
 
-    def make() -> bytes:
-        fresh.append(optimize(graph, progress=progress, **optimize_options).graph)
+    def dump() -> bytes:
+        fresh.append(make())
         return _dump(fresh[0])
-    loaded = cached_value("ir", key, "fused.json", make, _load)
-    return fresh[0] if fresh else loaded   # made now: the graph itself (what it would be without a cache)
+    loaded = cached_value(kind, cache_key(source, json.dumps(options), code_version()), "fused.json", dump, _load)
+    return fresh[0] if fresh else loaded
 
 
 def _dump(graph: Graph) -> bytes:

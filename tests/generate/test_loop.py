@@ -134,8 +134,12 @@ def test_generate_works_for_every_dtype_that_run_does(dtype, backend):
 def test_generate_compiles_the_fused_graphs_unless_told(monkeypatch):
     # the graphs docs/PERFORMANCE.md measures; form= picks another
     import blockc.generate.loop as loop
-    asked, real = [], loop.to_form
-    monkeypatch.setattr(loop, "to_form", lambda graph, form, **kw: asked.append(form) or real(graph, form, **kw))
+    asked, real = [], loop.form_of
+
+    def counted(source, make, form, **kw):
+        asked.append(form)
+        return real(source, make, form, **kw)
+    monkeypatch.setattr(loop, "form_of", counted)
     model = build_model("tiny", {"layers": "1"})
     weights = weights_of(model)
     assert generate(model, weights, PROMPTS, 2).form == "fused" and asked == ["fused", "fused"]

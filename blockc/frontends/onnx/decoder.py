@@ -77,18 +77,34 @@ class OnnxDecoder:
         ``cache_len`` rows, where the file's attention writes its rows into
         the past (else a ``BlockcError``: a file that appends to its past,
         as blockc's own concat step and most exporters' do, has no in-place step)."""
+        return self.traced(self.step_model(cache_len), cache_len)
+
+    def step_model(self, cache_len: int | None = None) -> OnnxModel:
+        """The model ``step(cache_len)`` traces (its ``trace_key`` says what it is without tracing)."""
         if cache_len is None:
-            return trace(self.model)
-        refusal = (f"{self.path}: its cache cannot be written in place (each present is its past with the step "
-                   f"appended, not a buffer of {cache_len} rows): generate with the concat cache (cache='concat', --cache concat)")
+            return self.model
         try:
-            graph = trace(OnnxModel(self.path, dims=self.cache.dims(cache_len)))
+            return OnnxModel(self.path, dims=self.cache.dims(cache_len))
         except OnnxFileError:   # the file's own shapes disagree with a buffer past
-            raise BlockcError(refusal) from None
+            raise BlockcError(self._in_place_refusal(cache_len)) from None
+
+    def traced(self, model: OnnxModel, cache_len: int | None = None):
+        """``model`` (``step_model(cache_len)``) traced, and its presents checked to be ``cache_len`` rows."""
+        if cache_len is None:
+            return trace(model)
+        try:
+            graph = trace(model)
+        except OnnxFileError:
+            raise BlockcError(self._in_place_refusal(cache_len)) from None
         rows = {str(v.shape[2]) for name, v in graph.outputs if name in {q for _, q in self.cache.pairs}}
         if rows != {str(cache_len)}:
-            raise BlockcError(refusal)
+            raise BlockcError(self._in_place_refusal(cache_len))
         return graph
+
+    def _in_place_refusal(self, cache_len: int) -> str:
+        return (f"{self.path}: its cache cannot be written in place (each present is its past with the step "
+                f"appended, not a buffer of {cache_len} rows): generate with the concat cache (cache='concat', "
+                f"--cache concat)")
 
     def empty_past(self, batch: int, dtype) -> dict[str, np.ndarray]:
         """Each past of 0 rows: what the prefill reads."""

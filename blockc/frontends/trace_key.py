@@ -1,0 +1,64 @@
+"""What a model's trace depends on, said without tracing it.
+
+``trace(model)`` of a built-in model class is a function of the class, the
+model's name, its config (every size and setting, the dtype included) and
+the step it traces (``DecoderLM.for_cache``: prefill or decode, the cache
+length, padded or not), given the code (``version.code_version()``). So that
+description, not the traced graph, can name a compile-cache entry
+(``passes/forms.form_of``), and a warm start need not trace at all.
+
+A Hugging Face directory's model is a ``DecoderLM`` or ``Encoder`` whose
+config is made from its ``config.json`` and the checkpoint's dtype (the
+safetensors headers, checked against the model when it is built): its key is
+that config, and never a weight byte, so weights changed in place are still
+bound at load. An ONNX file's model (``OnnxModel``) is keyed by the file's graph without
+the values of its parameters (their names, shapes and dtypes kept; the
+small constants it reads as part of the graph kept whole), its functions and
+opsets, its name and the inputs as this model takes them (the dims a step
+binds). A user's own class (or a subclass of a built-in one, whose
+``forward`` may differ) has no such description: ``None``, and its callers
+trace and key on the printed graph instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import onnx
+
+from ..files import cache_key
+from .models import BlockModel, DecoderLM, Encoder
+from .module import Model
+from .onnx.model import OnnxModel
+
+_KEYED = (DecoderLM, Encoder, BlockModel)   # built-in classes whose trace their config determines
+_STEP = ("cache", "cache_len", "padded")     # DecoderLM's step settings (absent on the others)
+
+
+def trace_key(model: Model) -> str | None:
+    """Everything ``trace(model)`` depends on besides blockc's code, as text;
+    ``None`` where only tracing can tell (see the module docstring)."""
+    if type(model) is OnnxModel:
+        return _file_key(model)
+    if type(model) not in _KEYED:
+        return None
+    step = {name: getattr(model, name) for name in _STEP if hasattr(model, name)}
+    return json.dumps({"class": type(model).__name__, "name": model.name, "config": dataclasses.asdict(model.cfg),
+                       "step": step}, sort_keys=True)
+
+
+def _file_key(model: OnnxModel) -> str:
+    """An ONNX file's model, its parameters' values left out (see the module docstring)."""
+    proto = model.file.model
+    graph = onnx.GraphProto()
+    for field in ("node", "input", "output", "value_info"):
+        getattr(graph, field).extend(getattr(proto.graph, field))
+    for t in proto.graph.initializer:   # names, shapes, dtypes: a parameter's values are bound at load
+        graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
+    constants = [part for name in sorted(model.constants)   # read from the file, inline or not: part of the graph
+                 for part in (name, str(model.constants[name].dtype), model.constants[name].tobytes())]
+    digest = cache_key(graph.SerializeToString(deterministic=True), *constants,
+                       *(f.SerializeToString(deterministic=True) for f in proto.functions))
+    opsets = sorted((o.domain, o.version) for o in proto.opset_import)
+    return json.dumps({"class": "OnnxModel", "name": model.name, "graph": digest, "opsets": opsets,
+                       "inputs": [repr(spec) for spec in model.inputs()]}, sort_keys=True)

@@ -1,0 +1,65 @@
+"""What a model's trace depends on, said before tracing (``frontends/trace_key.py``):
+equal for models that trace alike, different for any setting or step that
+changes the graph, and None where only the trace can tell."""
+from blockc.frontends import build_model, trace
+from blockc.frontends.models import DecoderLM
+from blockc.frontends.trace_key import trace_key
+from blockc.ir.printer import print_graph
+
+
+def tiny(**sets):
+    return build_model("tiny", {"layers": "1", **sets})
+
+
+def test_models_that_trace_alike_have_one_key_and_a_setting_or_step_changes_it():
+    a, b = tiny(), tiny()
+    assert trace_key(a) == trace_key(b) and print_graph(trace(a)) == print_graph(trace(b))
+    keys = {trace_key(m) for m in (a, tiny(eps="1e-6"), tiny(dtype="float16"), a.for_cache("prefill"),
+                                   a.for_cache("prefill", padded=False), a.for_cache("decode", cache_len=8),
+                                   a.for_cache("decode", cache_len=9), build_model("gpt2-block", {}))}
+    assert len(keys) == 8 and None not in keys
+
+
+def test_a_subclass_or_a_users_model_has_none():
+    class Mine(DecoderLM):   # may trace otherwise under the same config
+        pass
+    assert trace_key(Mine(tiny().cfg)) is None
+
+
+def test_an_onnx_files_key_is_its_graph_without_its_weights(tmp_path):
+    """Weights changed in the file keep the key (they are bound at load); a
+    changed node or constant, or other dims for its inputs, change it."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from blockc.codegen.onnx_export import export_onnx
+    from blockc.frontends import init_weights
+    from blockc.frontends.onnx.model import OnnxModel
+    model = tiny()
+    proto = export_onnx(trace(model), dict(init_weights(model, seed=0)))
+
+    def key(folder, change=None, **kw):   # one file name in every folder: the name is part of the key
+        p = onnx.ModelProto()
+        p.CopyFrom(proto)
+        if change:
+            change(p)
+        (tmp_path / folder).mkdir(exist_ok=True)
+        onnx.save(p, tmp_path / folder / "m.onnx")
+        return trace_key(OnnxModel(tmp_path / folder / "m.onnx", **kw))
+
+    def add_one(p, picked):
+        t = next(t for t in p.graph.initializer if picked(t))
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) + 1, t.name))
+
+    def weights(p):
+        add_one(p, lambda t: t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) > 1)
+
+    def constant(p):   # an int64 shape or index: read as part of the graph
+        add_one(p, lambda t: t.data_type == onnx.TensorProto.INT64)
+
+    def node(p):
+        p.graph.node[-1].name += "x"
+    base = key("base")
+    assert key("weights", weights) == base
+    assert len({base, key("constant", constant), key("node", node), key("dims", dims={"seq": 5})}) == 4
