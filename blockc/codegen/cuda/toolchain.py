@@ -565,6 +565,8 @@ def compile_emulated(sources: Sequence[str | os.PathLike], out_so: str | os.Path
     ``racecheck`` (default: on unless ``sanitize``) checks every shared-memory access
     for races and reads of what the block never wrote (emu/cuda_emu_racecheck.cpp);
     it borrows g++'s ThreadSanitizer instrumentation, so no sanitizer can join it.
+    ``extra_flags`` (``-DNAME``, ``-IDIR``) join the sources' command; the runtime's takes them
+    less the ``-IDIR`` folders, which only the sources read.
     Sources compile in parallel; the emulator's runtime is compiled once per set of flags
     and cached (in ``files.cache_root()``: ``$BLOCKC_CACHE``, else ``~/.cache/blockc``). Raises ToolchainError with
     the compiler's output when the build fails.
