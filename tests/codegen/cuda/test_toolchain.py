@@ -362,3 +362,19 @@ def test_kernels_compile_against_the_cached_precompiled_emulator_header(tmp_path
     said = run_command([*kernel[:-2], "-H", "-o", str(tmp_path / "again.o")], timeout=600)
     assert said.returncode == 0, said.stderr
     assert f"! {header}.gch" in said.stderr.splitlines()
+
+
+@pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++")
+def test_the_emulators_runtime_is_compiled_once_whatever_folders_a_build_includes(tmp_path, monkeypatch):
+    """Each model's build includes its own folder (-I, one per model); the runtime's
+    sources include none of it, so its cached objects serve every model's build."""
+    made = []
+    real_run = toolchain._run
+    monkeypatch.setattr(toolchain, "_run", lambda cmd, what, timeout: (made.append(what), real_run(cmd, what, timeout)))
+    for model in ("a", "b"):
+        folder = tmp_path / model
+        folder.mkdir()
+        (folder / "k.cu").write_text("__global__ void fill(float* x) { x[threadIdx.x] = 1.0f; }\n")
+        made.clear()
+        toolchain.compile_emulated([folder / "k.cu"], folder / "k.so", extra_flags=["-DBLOCKC_EMULATE", f"-I{folder}"])
+    assert made == ["compile k.cu", "link k.so"]
