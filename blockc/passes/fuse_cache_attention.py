@@ -27,6 +27,7 @@ past every step on ONNX Runtime, and ``GroupQueryAttention`` (the op's
 from __future__ import annotations
 
 from ..ir.graph import Graph
+from ..ops.fused import ATTENTION_ATTRS
 from .base import PassResult
 from .rewrite import Op, Or, Rule, Var, apply_rules
 
@@ -75,7 +76,7 @@ def _check(m):
 
 def _rewrite(b, m):
     att = m["root"]
-    attrs = {k: att.attrs[k] for k in ("scale", "mask", "causal", "fill")}
+    attrs = {k: att.attrs[k] for k in ATTENTION_ATTRS}
     node = b.node("cache_attention", m["q"], m["k_new"], m["v_new"], m["k_cache"], m["v_cache"], *att.inputs[3:],
                   start=m["k_write"].attrs["start"], **attrs)
     out, k_cache, v_cache = node.outputs

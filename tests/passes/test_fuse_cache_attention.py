@@ -12,7 +12,7 @@ IN_PLACE = """
       %1:f32[b,4,64,16] = cache_write %cv, %v {axis=2, start=past}
       %2:f32[b,4,past+seq,16] = slice %0 {axis=2, start=0, end=past+seq}
       %3:f32[b,4,past+seq,16] = slice %1 {axis=2, start=0, end=past+seq}
-      %4:f32[b,4,seq,16] = attention %q, %2, %3 {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38}
+      %4:f32[b,4,seq,16] = attention %q, %2, %3 {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38, guarded=false}
       return y=%4, pk=%0, pv=%1
     }
 """
@@ -21,7 +21,7 @@ IN_PLACE = """
 def test_in_place_cache_fuses():
     check_golden(fuse_cache_attention, IN_PLACE, """
     graph g(%q: f32[b,4,seq,16], %k: f32[b,4,seq,16], %v: f32[b,4,seq,16], %ck: f32[b,4,64,16], %cv: f32[b,4,64,16]) {
-      %0:f32[b,4,seq,16], %1:f32[b,4,64,16], %2:f32[b,4,64,16] = cache_attention %q, %k, %v, %ck, %cv {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38, start=past}
+      %0:f32[b,4,seq,16], %1:f32[b,4,64,16], %2:f32[b,4,64,16] = cache_attention %q, %k, %v, %ck, %cv {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38, guarded=false, start=past}
       return y=%0, pk=%1, pv=%2
     }
     """, numbers=False)
@@ -31,7 +31,7 @@ APPENDED = """
     graph g(%q: f32[b,4,seq,16], %k: f32[b,4,seq,16], %v: f32[b,4,seq,16], %pk: f32[b,4,past,16], %pv: f32[b,4,past,16]) {
       %0:f32[b,4,past+seq,16] = concat %pk, %k {axis=AXIS}
       %1:f32[b,4,past+seq,16] = concat %pv, %v {axis=2}
-      %2:f32[b,4,seq,16] = attention %q, %0, %1 {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38}
+      %2:f32[b,4,seq,16] = attention %q, %0, %1 {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38, guarded=false}
       return y=%2, present_k=%0, present_v=%1
     }
 """
@@ -57,7 +57,7 @@ def test_concat_off_the_rows_is_no_cache():
         graph g(%q: f32[b,4,seq,16], %k: f32[b,4,seq,8], %v: f32[b,4,seq,8], %pk: f32[b,4,seq,8], %pv: f32[b,4,seq,8]) {
           %0:f32[b,4,seq,16] = concat %pk, %k {axis=3}
           %1:f32[b,4,seq,16] = concat %pv, %v {axis=3}
-          %2:f32[b,4,seq,16] = attention %q, %0, %1 {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38}
+          %2:f32[b,4,seq,16] = attention %q, %0, %1 {scale=0.25, mask="none", causal=true, fill=-3.4028234663852886e+38, guarded=false}
           return y=%2
         }
     """) == "the k read is a concat along axis 3"

@@ -25,12 +25,12 @@ LOWEST = "-3.4028234663852886e+38"
 # token's step, a few for a short continuation). d=64: 32-key tiles, so
 # past 100 makes 4 tiles (2 runs) and past 1000 32 tiles (16 runs).
 DECODE = f"""graph g(%q: f32[2,3,1,64], %k: f32[2,3,past,64], %v: f32[2,3,past,64], %keep: bool[2,1,1,past], %bias: f32[2,1,rows,past], %qr: f32[2,3,rows,64], %qg: f32[1,2,4,1,64], %kg: f32[1,2,1,past,64], %vg: f32[1,2,1,past,64], %qh: f16[1,2,1,128], %kh: f16[1,2,past,128], %vh: f16[1,2,past,128], %qb: bf16[1,2,1,64], %kb: bf16[1,2,past,64], %vb: bf16[1,2,past,64]) {{
-  %0:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=true, fill={LOWEST}}}
-  %1:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=false, fill=-inf}}
-  %2:f32[2,3,rows,64] = attention %qr, %k, %v, %bias {{scale=0.125, mask="additive", causal=true, fill={LOWEST}}}
-  %3:f32[1,2,4,1,64] = attention %qg, %kg, %vg {{scale=0.125, mask="none", causal=true, fill={LOWEST}}}
-  %4:f16[1,2,1,128] = attention %qh, %kh, %vh {{scale=0.088, mask="none", causal=true, fill=-65504.0}}
-  %5:bf16[1,2,1,64] = attention %qb, %kb, %vb {{scale=0.125, mask="none", causal=false, fill=-1e+30}}
+  %0:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=true, fill={LOWEST}, guarded=false}}
+  %1:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=false, fill=-inf, guarded=false}}
+  %2:f32[2,3,rows,64] = attention %qr, %k, %v, %bias {{scale=0.125, mask="additive", causal=true, fill={LOWEST}, guarded=false}}
+  %3:f32[1,2,4,1,64] = attention %qg, %kg, %vg {{scale=0.125, mask="none", causal=true, fill={LOWEST}, guarded=false}}
+  %4:f16[1,2,1,128] = attention %qh, %kh, %vh {{scale=0.088, mask="none", causal=true, fill=-65504.0, guarded=false}}
+  %5:bf16[1,2,1,64] = attention %qb, %kb, %vb {{scale=0.125, mask="none", causal=false, fill=-1e+30, guarded=false}}
   return padded=%0, padded_inf=%1, rows=%2, gqa=%3, half=%4, bf16=%5
 }}
 """
@@ -92,8 +92,8 @@ def test_every_decode_attention_has_a_split_path():
 def test_prefill_shapes_have_no_split_path():
     # 33 rows do not fit one query tile, and 40 keys make two tiles: neither step can split
     g = blockc.parse_graph("""graph g(%q: f32[1,2,33,64], %k: f32[1,2,33,64], %qs: f32[1,2,1,64], %ks: f32[1,2,40,64]) {
-  %0:f32[1,2,33,64] = attention %q, %k, %k {scale=0.125, mask="none", causal=true, fill=-1e+30}
-  %1:f32[1,2,1,64] = attention %qs, %ks, %ks {scale=0.125, mask="none", causal=true, fill=-1e+30}
+  %0:f32[1,2,33,64] = attention %q, %k, %k {scale=0.125, mask="none", causal=true, fill=-1e+30, guarded=false}
+  %1:f32[1,2,1,64] = attention %qs, %ks, %ks {scale=0.125, mask="none", causal=true, fill=-1e+30, guarded=false}
   return a=%0, b=%1
 }
 """)
