@@ -128,12 +128,15 @@ def _(b, node, xs):
 
 
 # ---- attention ------------------------------------------------------------------------
+def attention_flops(q, keys, dv, bindings) -> int:
+    """QKᵀ and PV, plus the masked softmax on the scores, of queries of shape
+    ``q`` over ``keys`` keys with values ``dv`` wide."""
+    scores = numel(q[:-1], bindings) * evaluate(keys, bindings)
+    return scores * (2 * evaluate(q[-1], bindings) + 2 * evaluate(dv, bindings) + MASKED_SOFTMAX_FLOPS)
+
+
 def _attention_flops(node, bindings) -> int:
-    # QKᵀ and PV, plus the masked softmax on the scores
-    q, k = node.inputs[0].shape, node.inputs[1].shape
-    scores = numel(q[:-1], bindings) * evaluate(k[-2], bindings)
-    return scores * (2 * evaluate(q[-1], bindings) + 2 * evaluate(node.outputs[0].shape[-1], bindings)
-                     + MASKED_SOFTMAX_FLOPS)
+    return attention_flops(node.inputs[0].shape, node.inputs[1].shape[-2], node.outputs[0].shape[-1], bindings)
 
 
 attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(ATTENTION_ATTRS),

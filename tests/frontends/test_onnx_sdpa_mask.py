@@ -112,3 +112,19 @@ RUNS = ["reference", "fused-reference", "fused-ort-function", "fused-ort-contrib
 def test_sdpa_mask_matches_ort_with_rows_padded_whole(tmp_path, run):
     check_against_ort(sdpa_file(tmp_path / "sdpa.onnx"), run=run)
 
+
+# ---- the cache step: k and v appended to the past -------------------------------------------
+def test_appended_cache_fuses_to_one_cache_step(tmp_path):
+    graph = optimize(trace(OnnxModel(sdpa_file(tmp_path / "past.onnx", past=True)))).graph
+    ops = graph.op_counts()
+    assert ops.get("append_attention") == 1 and not {"attention", "concat", "softmax"} & set(ops), ops
+    (step,) = [n for n in graph.nodes if n.op == "append_attention"]
+    assert step.attrs["guarded"] and step.attrs["mask"] == "bool"
+
+
+# (PyTorch and CUDA run the step decomposed: concat and the guarded attention checked above)
+@pytest.mark.parametrize("run", [r for r in RUNS if r not in ("fused-torch-eager", "fused-cuda-emu")])
+def test_appended_cache_matches_ort_at_two_pasts(tmp_path, run):
+    # a past of 0 at 5 new rows, of 3 at 11; the mask's rows left-padded and padded whole
+    check_against_ort(sdpa_file(tmp_path / "past.onnx", past=True), run=run,
+                      dims=lambda seq: {"past_sequence_length": 0 if seq == 5 else 3})
