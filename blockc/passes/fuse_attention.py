@@ -170,7 +170,8 @@ def _rewrite(b, m):
         return {"root": b.op("attention", m["q"], _key(b, m), m["v"], *masks, **attrs)}
     cond, allows = boolean
     allowed = cond if allows else b.op("logical_not", cond)
-    return {"root": b.op("attention", m["q"], _key(b, m), m["v"], allowed, **{**attrs, "mask": "bool", "guarded": True})}
+    attrs = {**attrs, "mask": "bool", "guarded": True}   # a row with no key gives zeros, as the NaN guard did
+    return {"root": b.op("attention", m["q"], _key(b, m), m["v"], allowed, **attrs)}
 
 
 RULES = [Rule("attention core", PATTERN, _rewrite, _check, "attention")]
