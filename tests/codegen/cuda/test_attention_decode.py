@@ -31,10 +31,11 @@ DECODE = f"""graph g(%q: f32[2,3,1,64], %k: f32[2,3,past,64], %v: f32[2,3,past,6
   %3:f32[1,2,4,1,64] = attention %qg, %kg, %vg {{scale=0.125, mask="none", causal=true, fill={LOWEST}, guarded=false}}
   %4:f16[1,2,1,128] = attention %qh, %kh, %vh {{scale=0.088, mask="none", causal=true, fill=-65504.0, guarded=false}}
   %5:bf16[1,2,1,64] = attention %qb, %kb, %vb {{scale=0.125, mask="none", causal=false, fill=-1e+30, guarded=false}}
-  return padded=%0, padded_inf=%1, rows=%2, gqa=%3, half=%4, bf16=%5
+  %6:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=true, fill={LOWEST}, guarded=true}}
+  return padded=%0, padded_inf=%1, rows=%2, gqa=%3, half=%4, bf16=%5, guarded=%6
 }}
 """
-ATTENTIONS = 6
+ATTENTIONS = 7
 
 
 def feeds(past: int, rows: int = 3, seed: int = 0) -> dict:
@@ -111,8 +112,10 @@ def test_decode_matches_the_reference_split_or_not(decode_model, past, launches)
     # one launch per attention at past 5 (one key tile); split and combine from 4 tiles on
     assert result.counters["kernel_launches"] == ATTENTIONS * launches
     out, ref = result.outputs, reference(g, f)
-    for name in ("padded", "rows", "gqa"):
+    for name in ("padded", "rows", "gqa", "guarded"):
         assert rel_err(out[name], ref[name]) <= 1e-5, (name, past)
+    # guarded: the same, but batch 1's rows, which see no key, are zero
+    assert not out["guarded"][1].any() and rel_err(out["guarded"][0], out["padded"][0]) <= 1e-6
     # batch 1 masks every key: the reference averages v, and so do the split runs
     mean = f["v"][1].mean(axis=-2, keepdims=True)
     np.testing.assert_allclose(out["padded"][1], np.broadcast_to(mean, out["padded"][1].shape), rtol=1e-5, atol=1e-6)
