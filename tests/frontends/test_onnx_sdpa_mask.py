@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from blockc import optimize
+from blockc.codegen.onnx_export import export_onnx_decided
 from blockc.frontends import trace
 from blockc.frontends.onnx import OnnxModel
 from blockc.ir.parser import parse_graph
@@ -120,6 +121,13 @@ def test_appended_cache_fuses_to_one_cache_step(tmp_path):
     assert ops.get("append_attention") == 1 and not {"attention", "concat", "softmax"} & set(ops), ops
     (step,) = [n for n in graph.nodes if n.op == "append_attention"]
     assert step.attrs["guarded"] and step.attrs["mask"] == "bool"
+    forms = {}
+    for form in ("function", "contrib", "onnx23"):
+        (decision,) = export_onnx_decided(graph, {}, fused_as=form).decisions
+        forms[form] = (decision["form"], decision["reason"])
+    assert forms["contrib"] == ("contrib", "requested") and forms["onnx23"] == ("onnx23", "requested")
+    # a function's inputs have dims of their own: the mask's past+seq is written in place instead
+    assert forms["function"][0] == "function" and "inline, not a function" in forms["function"][1]
 
 
 # (PyTorch and CUDA run the step decomposed: concat and the guarded attention checked above)
