@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import onnxruntime as ort  # noqa: E402
 
 from blockc.codegen.fused_encodings import TABLE_PATH  # noqa: E402
-from blockc.codegen.onnx_export import export_onnx  # noqa: E402
+from blockc.codegen.onnx_export import export_onnx_decided  # noqa: E402
 from blockc.frontends.rotary import rope_table  # noqa: E402
 from blockc.ir.dims import parse_dim  # noqa: E402
 from blockc.ir.dtypes import DType  # noqa: E402
@@ -130,6 +130,21 @@ def cache_attention(heads: int, kv_heads: int, head: int, past: int, buffer: int
                 carry={"present_k": "cache_k", "present_v": "cache_v"}, state=state)
 
 
+def append_attention(heads: int, kv_heads: int, head: int, past: int):
+    """One decode step (one query row, batch 1) of an exporter's cache: its
+    keys and values appended to a ``past``-row past, the presents new tensors."""
+    g = Graph("append_attention")
+    group = heads // kv_heads
+    q = g.add_input("q", _t("batch", kv_heads, group, 1, head) if group > 1 else _t("batch", heads, 1, head))
+    k, v = (g.add_input(n, _t("batch", kv_heads, 1, head)) for n in "kv")
+    pasts = [g.add_input(n, _t("batch", kv_heads, "past", head)) for n in ("past_k", "past_v")]
+    y, present_k, present_v = g.add_node("append_attention", [q, k, v, *pasts], {
+        "scale": 1 / math.sqrt(head), "causal": True}).outputs
+    g.set_outputs([("y", y), ("present_k", present_k), ("present_v", present_v)])
+    layout = f"{heads} heads" if group == 1 else f"{heads} on {kv_heads} K/V heads"
+    return Case("append_attention", f"{layout} of {head}, past {past}", g, {"batch": 1, "past": past})
+
+
 def qkv_attention(batch: int, seq: int, hidden: int, heads: int):
     g = Graph("qkv_attention")
     x = g.add_input("x", _t("batch", "seq", hidden))
@@ -189,6 +204,8 @@ def cases():
     for heads, kv_heads, head in ((12, 12, 64), (32, 8, 128)):
         for past in (64, 512, 1000):
             yield cache_attention(heads, kv_heads, head, past)
+        for past in (64, 512):
+            yield append_attention(heads, kv_heads, head, past)
 
 
 # ---- measuring ------------------------------------------------------------------------
@@ -215,8 +232,7 @@ def measure_case(case: Case, provider: str, threads: int, min_time: float) -> di
     compiled, runners, declined, reference = {}, {}, {}, None
     try:
         for form in FORMS:
-            decisions: list = []
-            export_onnx(graph, weights, fused_as=form, provider=provider, decisions=decisions)
+            decisions = export_onnx_decided(graph, weights, fused_as=form, provider=provider).decisions
             if decisions[0]["form"] != form:
                 declined[form] = decisions[0]["reason"]
                 continue

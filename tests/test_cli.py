@@ -293,12 +293,13 @@ def test_fusions_give_every_site_that_does_not_fuse_a_reason(name, tmp_path, cap
     report = json.loads(path.read_text())
     # per layer: Q/K/V merged and SwiGLU's gate/up merged (fuse_qkv takes any sibling projections),
     # the queries' and the keys' rotary embeddings, the attention core, and the residual add into
-    # the next RMSNorm (block 0's first norm reads no add); cache_attention needs a decode graph with a
-    # preallocated cache: none in the plain forward; grouped_attention (fuse_repeat_kv) finds K/V
+    # the next RMSNorm (block 0's first norm reads no add); cache_attention and append_attention need a
+    # decode graph's cache: none in the plain forward; grouped_attention (fuse_repeat_kv) finds K/V
     # repeated per query head only in exported graphs: the DSL groups its heads itself; SwiGLU's silu
     # is an activation site that finds no bias to fuse (its input is the merged gate/up's split)
     assert fused_counts(report) == {"qkv": 4, "rotary": 4, "masked_softmax": 2, "attention": 2,
-                                    "grouped_attention": 0, "cache_attention": 0, "qkv_attention": 0,
+                                    "grouped_attention": 0, "cache_attention": 0, "append_attention": 0,
+                                    "qkv_attention": 0,
                                     "add_rmsnorm": 4, "bias_activation": 0}
     rejected = [s for s in report["sites"] if s["status"] != "fused"]
     assert rejected and all(s["reason"] for s in rejected)

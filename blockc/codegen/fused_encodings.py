@@ -48,7 +48,7 @@ import os
 import onnx
 from onnx import helper
 
-from ..errors import BlockcError
+from ..errors import BlockcError, ShapeError
 from ..ir.builder import Builder
 from ..ir.dims import Sym
 from ..ir.graph import Graph, Node
@@ -180,7 +180,13 @@ class FusedLowering:
             outs = _inline(e, node, ins)
             reason = f"{reason}; inline, not a function: its attributes hold symbols"
         elif outs is None:
-            outs = self.functions.call(e, node, ins)
+            try:
+                outs = self.functions.call(e, node, ins)
+            except ShapeError as why:
+                # A function's inputs have dims of their own (d0, d1, ...): where the body needs two to
+                # agree (append_attention's mask is as long as past+seq), it is written in place instead.
+                outs = _inline(e, node, ins)
+                reason = f"{reason}; inline, not a function: its body needs its inputs' dims to agree ({why})"
         self.decisions.append({"nodes": list(node.origin), "node": index, "op": node.op, "kind": table_key(node),
                                "requested": requested, "form": form, "reason": reason})
         return outs

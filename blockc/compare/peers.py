@@ -56,7 +56,8 @@ def attention_shape(fused: Graph) -> tuple[str, int, int]:
         if n.op == "qkv_attention":
             return model_type, n.attrs["heads"], n.attrs["sizes"][0]
         q = n.inputs[0].type.shape
-        if n.op == "attention" and len(q) >= 4 and all(isinstance(d, int) for d in q[1:-2] + q[-1:]):
+        fixed = all(isinstance(d, int) for d in q[1:-2] + q[-1:])
+        if n.op in ("attention", "append_attention") and len(q) >= 4 and fixed:
             heads = math.prod(q[1:-2])
             return model_type, heads, heads * q[-1]
         return model_type, 0, 0

@@ -18,7 +18,7 @@ from ..ir.dtypes import DType
 from ..ir.types import TensorType
 from ._rules import broadcast_shapes, elementwise, fmt, matmul_flops, numel, same_dtype
 from .activations import ACTIVATIONS
-from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, causal_visible, fill_for
+from .masking import DEFAULT_FILL, apply_masks, causal_mask_array, causal_visible, fill_for, guard_rows
 from .nn import layernorm_numpy, rmsnorm_numpy, torch_causal_mask, torch_layernorm, torch_rmsnorm
 from .registry import BOOL, DIMS, FLOAT, INT, REQUIRED, STR, define, get
 
@@ -70,6 +70,9 @@ def _softmax_last(s):
 
 _MASK_ATTRS = {"scale": (FLOAT, 1.0), "mask": (STR, "none"), "causal": (BOOL, False),
                "fill": (FLOAT, DEFAULT_FILL)}
+# The attention ops add ``guarded``: a query row with no key to attend gives
+# zeros (masking.guard_rows), as PyTorch's SDPA and the files it exports do.
+ATTENTION_ATTRS = {**_MASK_ATTRS, "guarded": (BOOL, False)}
 MASKED_SOFTMAX_FLOPS = 6  # per score: scale, mask, max, subtract, exp, sum, divide
 
 # ---- masked_softmax ------------------------------------------------------------
@@ -125,16 +128,20 @@ def _(b, node, xs):
 
 
 # ---- attention ------------------------------------------------------------------------
+def attention_flops(q, keys, dv, bindings) -> int:
+    """QKᵀ and PV, plus the masked softmax on the scores, of queries of shape
+    ``q`` over ``keys`` keys with values ``dv`` wide."""
+    scores = numel(q[:-1], bindings) * evaluate(keys, bindings)
+    return scores * (2 * evaluate(q[-1], bindings) + 2 * evaluate(dv, bindings) + MASKED_SOFTMAX_FLOPS)
+
+
 def _attention_flops(node, bindings) -> int:
-    # QKᵀ and PV, plus the masked softmax on the scores
-    q, k = node.inputs[0].shape, node.inputs[1].shape
-    scores = numel(q[:-1], bindings) * evaluate(k[-2], bindings)
-    return scores * (2 * evaluate(q[-1], bindings) + 2 * evaluate(node.outputs[0].shape[-1], bindings)
-                     + MASKED_SOFTMAX_FLOPS)
+    return attention_flops(node.inputs[0].shape, node.inputs[1].shape[-2], node.outputs[0].shape[-1], bindings)
 
 
-attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(_MASK_ATTRS),
-                   doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]",
+attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(ATTENTION_ATTRS),
+                   doc="softmax(mask(q kᵀ * scale)) v over the last two axes; k is [..., k_len, d_k]; guarded: "
+                       "a query row with no key to attend gives zeros, not the mean of v",
                    fused=True, colour="#F58518", cuda="attention", flops=_attention_flops,
                    traffic=causal_traffic(3, lambda node: (node.inputs[0].shape[-2], node.inputs[1].shape[-2])))
 
@@ -149,13 +156,46 @@ def _(types, attrs):
         raise ShapeError(f"attention: q {fmt(q.shape)}, k {fmt(k.shape)}, v {fmt(v.shape)} do not fit")
     batch = broadcast_shapes("attention", q.shape[:-2], k.shape[:-2], v.shape[:-2])
     _mask_rule("attention", TensorType(dtype, batch + (q.shape[-2], k.shape[-2])), types[3:], attrs)
+    check_guard("attention", attrs)
     return TensorType(dtype, batch + (q.shape[-2], v.shape[-1]))
+
+
+def check_guard(op: str, attrs) -> None:
+    if attrs["guarded"] and attrs["mask"] == "additive":
+        raise ShapeError(f"{op}: guarded takes a boolean mask or none: an additive mask forbids no key, so no "
+                         f"row is left without one")
+
+
+def numpy_guard(out, masks, attrs, rows: int, cols: int):
+    """``out`` with the rows that see no key zeroed where ``attrs`` say guarded."""
+    return guard_rows(out, masks, attrs, logical_and=np.logical_and, causal=lambda: causal_mask_array(rows, cols),
+                      any_key=lambda a: a.any(axis=-1, keepdims=True), where=np.where,
+                      zero=np.zeros((), out.dtype))
+
+
+def decompose_guard(b, out, masks, attrs, rows, cols):
+    """``numpy_guard`` in standard ops (``rows``, ``cols``: the scores' dims)."""
+    def any_key(allowed):
+        seen = b.op("reduce_max", b.op("cast", allowed, to=DType.float32.name), axes=[-1], keepdims=True)
+        return b.op("cast", seen, to=DType.bool.name)
+    return guard_rows(out, masks, attrs, logical_and=lambda x, y: b.op("logical_and", x, y),
+                      causal=lambda: b.op("causal_mask", rows=rows, cols=cols), any_key=any_key,
+                      where=lambda c, x, f: b.op("where", c, x, f), zero=b.const(0.0, out.type.dtype))
+
+
+def torch_guard(b, out, masks, attrs, rows, cols):
+    """``numpy_guard`` in torch calls."""
+    return guard_rows(out, masks, attrs, logical_and=lambda x, y: b.call(b.torch.logical_and, x, y),
+                      causal=lambda: torch_causal_mask(b, rows, cols),
+                      any_key=lambda a: b.method("any", a, -1, keepdim=True),
+                      where=lambda c, x, f: b.call(b.torch.where, c, x, f), zero=0.0)
 
 
 @attention.numpy
 def _(xs, attrs, env):
     q, k, v = xs[:3]
-    return _softmax_last(_numpy_mask(q @ np.swapaxes(k, -1, -2), xs[3:], attrs, env)) @ v
+    out = _softmax_last(_numpy_mask(q @ np.swapaxes(k, -1, -2), xs[3:], attrs, env)) @ v
+    return numpy_guard(out, xs[3:], attrs, q.shape[-2], k.shape[-2])
 
 
 @attention.decompose
@@ -166,7 +206,9 @@ def _(b, node, ins):
     perm = list(range(k.type.rank))
     perm[-2], perm[-1] = perm[-1], perm[-2]
     scores = b.op("matmul", q, b.op("transpose", k, perm=perm))
-    return [b.op("matmul", b.op("masked_softmax", scores, *ins[3:], **node.attrs), v)]
+    attrs = {name: node.attrs[name] for name in _MASK_ATTRS}
+    out = b.op("matmul", b.op("masked_softmax", scores, *ins[3:], **attrs), v)
+    return [decompose_guard(b, out, ins[3:], node.attrs, q.type.shape[-2], k.type.shape[-2])]
 
 
 @attention.torch
@@ -178,8 +220,8 @@ def _(b, node, xs):
         # Broadcast batch dims: spell it out rather than lean on the SDPA kernels.
         scores = b.call(b.torch.matmul, q, b.call(b.torch.transpose, k, -2, -1))
         probs = b.call(b.torch.softmax, torch_masked_scores(b, node, scores, xs[3:], rows, cols), -1)
-        return b.call(b.torch.matmul, probs, v)
-    return _sdpa(b, node, q, k, v, xs[3:], rows, cols)
+        return torch_guard(b, b.call(b.torch.matmul, probs, v), xs[3:], node.attrs, rows, cols)
+    return torch_guard(b, _sdpa(b, node, q, k, v, xs[3:], rows, cols), xs[3:], node.attrs, rows, cols)
 
 
 def _sdpa(b, node, q, k, v, masks, rows, cols):
@@ -259,7 +301,7 @@ def _qkv_attention_flops(node, bindings) -> int:
 
 qkv_attention = define(
     "qkv_attention", ("x", "w", "bias", "*mask"),
-    attrs={"heads": (INT, REQUIRED), "sizes": (DIMS, REQUIRED), **_MASK_ATTRS},
+    attrs={"heads": (INT, REQUIRED), "sizes": (DIMS, REQUIRED), **ATTENTION_ATTRS},
     doc="multi-head self-attention through one packed projection: q, k, v = split(x @ w + bias, sizes), "
         "each cut into `heads` heads, attention per head, the heads joined again",
     fused=True, flops=_qkv_attention_flops)
@@ -287,6 +329,7 @@ def _(types, attrs):
                          f"[{x.shape[-1]}, {sum(sizes)}] and [{sum(sizes)}] for x {fmt(x.shape)}")
     batch, seq = x.shape[:2]
     _mask_rule("qkv_attention", TensorType(dtype, (batch, heads, seq, seq)), types[3:], attrs)
+    check_guard("qkv_attention", attrs)
     return TensorType(dtype, (batch, seq, sizes[2]))
 
 
@@ -303,6 +346,7 @@ def _(xs, attrs, env):
 
     q, k, v = heads(y[..., :dq], d), heads(y[..., dq:2 * dq], d), heads(y[..., 2 * dq:], dv)
     out = _softmax_last(_numpy_mask(q @ np.swapaxes(k, -1, -2), xs[3:], attrs, env)) @ v
+    out = numpy_guard(out, xs[3:], attrs, seq, seq)
     return out.transpose(0, 2, 1, 3).reshape(batch, seq, h * dv)
 
 
@@ -316,7 +360,7 @@ def _(b, node, ins):
     parts = b.node("split", y, axis=-1, sizes=sizes).outputs
     q, k, v = (b.op("transpose", b.op("reshape", p, shape=[0, 0, h, size]), perm=[0, 2, 1, 3])
                for p, size in zip(parts, (d, d, dv)))
-    attrs = {k_: node.attrs[k_] for k_ in _MASK_ATTRS}
+    attrs = {k_: node.attrs[k_] for k_ in ATTENTION_ATTRS}
     out = b.op("attention", q, k, v, *ins[3:], **attrs)
     return [b.op("reshape", b.op("transpose", out, perm=[0, 2, 1, 3]), shape=[0, 0, h * dv])]
 
@@ -331,7 +375,7 @@ def _(b, node, xs):
                                               (heads, size // heads)), 1, 2)
                for i, size in enumerate(sizes))
     seq = node.inputs[0].shape[1]
-    out = _sdpa(b, node, q, k, v, xs[3:], seq, seq)
+    out = torch_guard(b, _sdpa(b, node, q, k, v, xs[3:], seq, seq), xs[3:], node.attrs, seq, seq)
     return b.method("flatten", b.method("transpose", out, 1, 2), -2)
 
 

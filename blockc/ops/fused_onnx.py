@@ -36,6 +36,7 @@ import numpy as np
 from ..ir.dtypes import DType
 from .activations import ACTIVATIONS
 from .fused import add_layernorm, add_rmsnorm, attention, masked_softmax, matmul_bias_act, qkv_attention
+from .masking import guard_rows
 from .nn import emit_causal_mask
 from .registry import NotApplicable
 
@@ -239,6 +240,35 @@ def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len,
     return e.emit("Expand", [bias, e.dims(lead + [q_len, k_len])])
 
 
+def emit_guard(e, node, out: str, mask: str | None, q_len, k_len, *, joined_heads: bool = False) -> str:
+    """``out`` (the node's output in its own layout) with the rows that see no
+    key zeroed where the node is ``guarded`` (``ops.masking.guard_rows``):
+    the runtime ops are given ``MASK_BIAS``, under which such a row averages
+    the values. ``mask``: the node's mask input. ``joined_heads``: ``out`` is
+    ``[b, seq, heads*size]`` (qkv_attention), so a 4-D mask's ``[b, 1, seq,
+    1]`` rows are read as ``[b, seq, 1]`` (``check_guard_fits`` first)."""
+    def any_key(allowed):
+        seen = e.emit("ReduceMax", [e.emit("Cast", [allowed], to=int(DType.float32.onnx_code)),
+                                    e.const(np.array([-1], np.int64))], keepdims=1)
+        seen = e.emit("Cast", [seen], to=int(DType.bool.onnx_code))
+        if joined_heads and mask is not None and node.inputs[3].type.rank == 4:
+            seen = e.emit("Reshape", [seen, e.const(np.array([0, -1, 1], np.int64))])
+        return seen
+    zero = e.const(np.array(0, node.outputs[0].dtype.numpy))
+    return guard_rows(out, [mask], node.attrs, logical_and=lambda x, y: e.emit("And", [x, y]),
+                      causal=lambda: emit_causal_mask(e, q_len, k_len), any_key=any_key,
+                      where=lambda c, x, f: e.emit("Where", [c, x, f]), zero=zero)
+
+
+def check_guard_fits(node, op_type: str) -> None:
+    """Decline a guarded qkv_attention whose mask differs per head: its rows
+    to zero are then per head, and the op's output has the heads joined."""
+    if node.attrs["guarded"] and node.attrs["mask"] == "bool" and node.inputs[3].type.rank >= 3 \
+            and node.inputs[3].type.shape[-3] != 1:
+        raise NotApplicable(f"{op_type} joins the heads, and the guarded rows of a per-head mask "
+                            f"{node.inputs[3].type} are per head")
+
+
 def check_group_query_attention(node, dtype: DType, heads, kv_heads, size, v_size) -> None:
     """Decline what ``com.microsoft.GroupQueryAttention`` cannot mean: the
     constraints of the op itself, shared by every lowering to it."""
@@ -319,7 +349,12 @@ def _(e, node, ins):
         attrs["unidirectional"] = 1  # top-left aligned: right only for a square q/k
     out = e.emit("MultiHeadAttention", inputs, domain=MS, **attrs)
     out = e.emit("Reshape", [out, e.const(np.array([0, 0, heads, head], np.int64))])
-    return [shapes.output(e, e.emit("Transpose", [out], perm=[0, 2, 1, 3]))]
+    out = shapes.output(e, e.emit("Transpose", [out], perm=[0, 2, 1, 3]))
+    return [emit_guard(e, node, out, _mask_input(node, ins), q_len, k_len)]
+
+
+def _mask_input(node, ins, at: int = 3) -> str | None:
+    return ins[at] if node.attrs["mask"] != "none" else None
 
 
 def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
@@ -339,7 +374,7 @@ def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
         e, shapes.query(e, ins[0]), shapes.key_value(e, ins[1], shapes.head), shapes.key_value(e, ins[2], shapes.head),
         heads=shapes.heads, kv_heads=shapes.kv_heads, size=shapes.head, total=shapes.k_len,
         scale=node.attrs["scale"])
-    return [shapes.output(e, out)]
+    return [emit_guard(e, node, shapes.output(e, out), None, shapes.q_len, shapes.k_len)]
 
 
 @attention.onnx_encoding("onnx23")
@@ -364,7 +399,8 @@ def _(e, node, ins):
                                  mask=shapes.mask(e, node, ins)))
     elif node.attrs["causal"]:
         attrs["is_causal"] = 1  # aligned to past_key, of which there is none: right for a square q/k
-    return [shapes.output(e, e.emit("Attention", inputs, **attrs))]
+    out = shapes.output(e, e.emit("Attention", inputs, **attrs))
+    return [emit_guard(e, node, out, _mask_input(node, ins), shapes.q_len, shapes.k_len)]
 
 
 # ---- qkv_attention -------------------------------------------------------------------
@@ -382,6 +418,7 @@ def _(e, node, ins):
     # com.microsoft.Attention: inputs input, weights, bias, mask_index, past,
     # attention_bias; the projection, the heads and the causal mask all inside.
     dtype, heads, head, v_head = _qkv_common(node, "Attention")
+    check_guard_fits(node, "com.microsoft.Attention")
     if node.attrs["scale"] == 0.0:
         raise NotApplicable("com.microsoft.Attention reads scale=0 as 'unset' (1/sqrt(head_size))")
     x = node.inputs[0]
@@ -403,7 +440,8 @@ def _(e, node, ins):
         inputs += ["", "", _mask_bias(e, node, ins, dtype, batch, heads, seq, seq)]
     elif node.attrs["causal"]:
         attrs["unidirectional"] = 1   # q and k are the same sequence here: square, top-left aligned
-    return [e.emit("Attention", inputs, domain=MS, **attrs)]
+    out = e.emit("Attention", inputs, domain=MS, **attrs)
+    return [emit_guard(e, node, out, _mask_input(node, ins), seq, seq, joined_heads=True)]
 
 
 @qkv_attention.onnx_encoding("onnx23")
@@ -413,6 +451,7 @@ def _(e, node, ins):
     # is 3-D too: no head split or join is written at all.
     needs_opset_23(e, "Attention")
     dtype, heads, _, _ = _qkv_common(node, "Attention")
+    check_guard_fits(node, "Attention")
     scale = node.attrs["scale"]
     if scale <= 0.0:
         raise NotApplicable(f"Attention scales q and k by sqrt(scale): scale={scale:g} has no real square root")
@@ -425,4 +464,5 @@ def _(e, node, ins):
         inputs.append(_mask_bias(e, node, ins, dtype, batch, heads, seq, seq))
     elif node.attrs["causal"]:
         attrs["is_causal"] = 1
-    return [e.emit("Attention", inputs, **attrs)]
+    out = e.emit("Attention", inputs, **attrs)
+    return [emit_guard(e, node, out, _mask_input(node, ins), seq, seq, joined_heads=True)]

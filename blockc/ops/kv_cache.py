@@ -38,8 +38,8 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.types import TensorType
 from ._rules import fmt, norm_axis, same_dtype
-from .fused import _MASK_ATTRS, attention
-from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_group_query_attention
+from .fused import ATTENTION_ATTRS, attention
+from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_group_query_attention, emit_guard
 from .registry import DIM, INT, REQUIRED, NotApplicable, define
 
 cache_write = define("cache_write", ("cache", "update"), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED)},
@@ -110,7 +110,7 @@ def _(e, node, ins):
 # ---- cache_attention ------------------------------------------------------------------
 cache_attention = define(
     "cache_attention", ("q", "k", "v", "cache_k", "cache_v", "*mask"), outputs=3,
-    attrs={**_MASK_ATTRS, "start": (DIM, REQUIRED)}, fused=True, colour="#E45756", flops=0,
+    attrs={**ATTENTION_ATTRS, "start": (DIM, REQUIRED)}, fused=True, colour="#E45756", flops=0,
     bounds=lambda n: [(n.attrs["start"] + n.inputs[1].shape[2], cache, 2) for cache in n.inputs[3:5]],
     doc="write k, v into the caches at [start, start+seq) along axis 2, then attention of q over their first "
         "start+seq rows; returns the output and both caches. q is [b, heads, seq, d] or grouped "
@@ -133,7 +133,7 @@ def _(types, attrs):
         kinds.append((written, TensorType(written.dtype, shape)))
     if q.rank not in (4, 5):
         raise ShapeError(f"cache_attention: q must be [b, heads, seq, d] or [b, kv_heads, group, seq, d], got {q}")
-    mask_attrs = {name: attrs[name] for name in _MASK_ATTRS}
+    mask_attrs = {name: attrs[name] for name in ATTENTION_ATTRS}
     out = attention.infer_fn([q, kinds[0][1], kinds[1][1], *types[5:]], mask_attrs)
     return [out, kinds[0][0], kinds[1][0]]
 
@@ -145,7 +145,7 @@ def _(xs, attrs, env):
                for cache, new in ((cache_k, k), (cache_v, v))]
     (total,) = env.eval_dims([attrs["start"] + k.shape[2]])
     keys, values = (_read(w, total, q.ndim == 5) for w in written)
-    out = attention.numpy_fn([q, keys, values, *xs[5:]], {name: attrs[name] for name in _MASK_ATTRS}, env)
+    out = attention.numpy_fn([q, keys, values, *xs[5:]], {name: attrs[name] for name in ATTENTION_ATTRS}, env)
     return [out, *written]
 
 
@@ -163,7 +163,7 @@ def _(b, node, ins):
             r = b.op("reshape", r, shape=[0, kv, 1, -1, size])
         written.append(w)
         read.append(r)
-    attrs = {name: node.attrs[name] for name in _MASK_ATTRS}
+    attrs = {name: node.attrs[name] for name in ATTENTION_ATTRS}
     return [b.op("attention", q, *read, *ins[5:], **attrs), *written]
 
 
@@ -209,4 +209,5 @@ def _(e, node, ins):
                                                            past=(ins[3], ins[4]), bias=bias)
     if grouped:
         out = e.emit("Reshape", [out, e.const(np.array([0, kv, heads // kv, -1, size], np.int64))])
-    return [out, present_k, present_v]
+    mask = ins[5] if node.attrs["mask"] != "none" else None
+    return [emit_guard(e, node, out, mask, seq, total), present_k, present_v]

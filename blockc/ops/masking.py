@@ -67,3 +67,20 @@ def apply_masks(s, masks, attrs, *, mul, add, where, fill, causal):
     if attrs["causal"]:
         s = where(causal(), s, fill)
     return s
+
+
+def guard_rows(out, masks, attrs, *, logical_and, causal, any_key, where, zero):
+    """A ``guarded`` attention's output: ``out`` with each query row that has
+    no key to attend (its boolean mask all False, or the causal mask leaving
+    it none) replaced by ``zero``, as PyTorch's scaled_dot_product_attention
+    and ONNX Runtime's attention ops give such a row; unguarded, it is the
+    mean of the values (the finite ``fill`` above). ``causal()`` makes the
+    causal mask of the scores' last two dims, ``any_key(a)`` reduces a
+    boolean ``[..., rows, cols]`` to ``[..., rows, 1]`` with logical or.
+    Only boolean masks are guarded: an additive one forbids no key."""
+    if not attrs.get("guarded"):
+        return out
+    allowed = masks[0] if attrs["mask"] == "bool" else None
+    if attrs["causal"]:
+        allowed = causal() if allowed is None else logical_and(allowed, causal())
+    return out if allowed is None else where(any_key(allowed), out, zero)

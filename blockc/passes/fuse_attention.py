@@ -31,7 +31,8 @@ A boolean mask written as an additive one, ``where(allowed, 0, -inf)`` (what
 torch's SDPA is given by Hugging Face, and so what TorchScript and Optimum
 export), keeps its guard's meaning another way: a fully masked row is all
 -inf, its softmax NaN, the guard's zeros. The fused op takes ``allowed`` as
-its boolean mask and a guard on its output keeps such a row at zero::
+its boolean mask and is ``guarded``: a row with no key to attend gives zeros
+(``ops/masking.guard_rows``), where an unguarded one averages the values::
 
     %20:bool[b,1,s,s] = ...
     %42:f32[b,1,s,s] = where %20, %zero, %neg_inf
@@ -41,15 +42,12 @@ its boolean mask and a guard on its output keeps such a row at zero::
 
 becomes::
 
-    %47a:f32[b,h,s,e] = attention %q, %k, %32, %20 {mask="bool", ...}
-    %47b:bool[b,1,s,1] = cast (reduce_max (cast %20 to f32) over keys) to bool
-    %47:f32[b,h,s,e] = where %47b, %47a, %zero
+    %47:f32[b,h,s,e] = attention %q, %k, %32, %20 {mask="bool", ..., guarded=true}
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..ir.dtypes import DType
 from ..ir.graph import Graph, Value
 from ..ops.masking import DEFAULT_FILL
 from .base import PassResult
@@ -172,19 +170,8 @@ def _rewrite(b, m):
         return {"root": b.op("attention", m["q"], _key(b, m), m["v"], *masks, **attrs)}
     cond, allows = boolean
     allowed = cond if allows else b.op("logical_not", cond)
-    out = b.op("attention", m["q"], _key(b, m), m["v"], allowed, **{**attrs, "mask": "bool"})
-    zero = b.op("constant", value=np.zeros((), out.type.dtype.numpy))
-    return {"root": b.op("where", _rows_seeing_keys(b, allowed, attrs, m["qk"].outputs[0]), out, zero)}
-
-
-def _rows_seeing_keys(b, allowed: Value, attrs, scores: Value) -> Value:
-    """``bool[..., rows, 1]``: which queries have a key left to attend (the
-    NaN guard's rows are the others)."""
-    if attrs["causal"]:
-        rows, cols = scores.type.shape[-2:]
-        allowed = b.op("logical_and", allowed, b.op("causal_mask", rows=rows, cols=cols))
-    seen = b.op("reduce_max", b.op("cast", allowed, to=DType.float32.name), axes=[-1], keepdims=True)
-    return b.op("cast", seen, to=DType.bool.name)
+    attrs = {**attrs, "mask": "bool", "guarded": True}   # a row with no key gives zeros, as the NaN guard did
+    return {"root": b.op("attention", m["q"], _key(b, m), m["v"], allowed, **attrs)}
 
 
 RULES = [Rule("attention core", PATTERN, _rewrite, _check, "attention")]

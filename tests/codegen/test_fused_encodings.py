@@ -215,8 +215,9 @@ def small_feeds(g: Graph, bindings: dict, seed: int = 0) -> dict:
         feeds[v.name] = (rng.random(shape) < 0.6 if v.dtype == BOOL else
                          rng.integers(0, 5, shape).astype(np.int64) if v.dtype == DType.int64 else
                          rng.uniform(-2, 2, shape).astype(np.float32))
-    if "keep" in feeds:
-        feeds["keep"][0] = False  # a fully masked row
+    for name in ("keep", "own"):
+        if name in feeds:
+            feeds[name][0] = False  # a fully masked row
     return feeds
 
 
@@ -326,6 +327,40 @@ def test_qkv_attention_fill_an_added_bias_cannot_express_falls_back(form):
     _, decisions = run_small(qkv_attentions(fill=-1e4), form, [{"batch": 2, "seq": 3}])
     assert [d["form"] for d in decisions] == [form, "function", "function", "function", form]
     assert all("fill=-10000" in d["reason"] for d in decisions[1:4])
+
+
+def guarded_attentions() -> Graph:
+    """``guarded`` attention and qkv_attention: a row with no key gives zeros
+    (small_feeds masks batch 0 whole), in each runtime op's layout; a
+    per-head mask on qkv_attention, whose guarded rows are per head."""
+    g = Graph("guarded")
+    q = g.add_input("q", T(F32, "batch", 2, "seq", 8))
+    k, v = (g.add_input(n, T(F32, "batch", 2, "past+seq", 8)) for n in "kv")
+    keep = g.add_input("keep", T(BOOL, "batch", 1, 1, "past+seq"))
+    g.add_input("pos", T(DType.int64, "past"))  # gives 'past' a source
+    x = g.add_input("x", T(F32, "batch", "seq", 6))
+    own = g.add_input("own", T(BOOL, "batch", 1, 1, "seq"))
+    heads = g.add_input("heads", T(BOOL, "batch", 2, "seq", "seq"))
+    w, b = g.add_param("w", T(F32, 6, 24)), g.add_param("b", T(F32, 24))
+    common = dict(heads=2, sizes=[8, 8, 8], scale=0.3, guarded=True, mask="bool")
+    g.set_outputs([("att", g.op("attention", q, k, v, keep, mask="bool", scale=0.5, guarded=True)),
+                   ("att_causal", g.op("attention", q, k, v, keep, mask="bool", causal=True, guarded=True)),
+                   ("qkv", g.op("qkv_attention", x, w, b, own, **common)),
+                   ("qkv_causal", g.op("qkv_attention", x, w, b, own, causal=True, **common)),
+                   ("qkv_per_head", g.op("qkv_attention", x, w, b, heads, causal=True, **common))])
+    return g
+
+
+@pytest.mark.parametrize("form", ["function", "contrib", "onnx23"])
+def test_guarded_rows_with_no_key_are_zero_in_every_form(form):
+    g = guarded_attentions()
+    ref = run_reference(g, {n: np.ones(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()},
+                        small_feeds(g, {"batch": 2, "seq": 3, "past": 4}))
+    assert not ref["att"][0].any() and not ref["qkv"][0].any() and ref["att"][1].any()
+    _, decisions = run_small(g, form, [{"batch": 2, "seq": 3, "past": 4}, {"batch": 2, "seq": 5, "past": 0}])
+    assert all(d["form"] == form for d in decisions[:4]) and decisions[4]["form"] == "function"
+    if form != "function":
+        assert "per head" in decisions[4]["reason"]
 
 
 # ---- Hugging Face's padding masks: float32's lowest, left-padded and fully masked rows ----------

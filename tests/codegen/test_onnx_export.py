@@ -217,6 +217,23 @@ def preallocated_cache(op):
     return g
 
 
+@case("append_attention")
+def appended_cache(op):
+    # an exporter's cache step: k, v appended to the past; plain, and grouped (6 query heads on 2 K/V
+    # heads) under a guarded key mask
+    g = Graph(op)
+    k, v = (g.add_input(n, T(F32, "batch", 2, "seq", 8)) for n in ("k", "v"))
+    past_k, past_v = (g.add_input(n, T(F32, "batch", 2, "past", 8)) for n in ("past_k", "past_v"))
+    q = g.add_input("q", T(F32, "batch", 2, "seq", 8))
+    q_grouped = g.add_input("q_grouped", T(F32, "batch", 2, 3, "seq", 8))
+    keep = g.add_input("keep", T(BOOL, "batch", 1, 1, 1, "past+seq"))
+    plain = g.add_node(op, [q, k, v, past_k, past_v], {"scale": 0.5, "causal": True}).outputs
+    grouped = g.add_node(op, [q_grouped, k, v, past_k, past_v, keep],
+                         {"scale": 0.5, "causal": True, "mask": "bool", "guarded": True}).outputs
+    g.set_outputs([("out", plain[0]), ("present_k", plain[1]), ("present_v", plain[2]), ("grouped", grouped[0])])
+    return g
+
+
 @case("split")
 def split_symbolic_input(_):
     # The split input's dim is the expression past+seq: a dim_param of its own.

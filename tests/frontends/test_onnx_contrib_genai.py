@@ -87,7 +87,7 @@ def test_genai_group_query_attention_imports_as_ort_runs_it(tmp_path, interleave
     want = ort_run(path, feeds)
     assert_close(run_reference(graph, weights, feeds), want, f"GroupQueryAttention past {past}, seq {seq}")
     fused = optimize(graph).graph
-    assert fused_counts(fused) == {"rotary": 2, "attention": 1}
+    assert fused_counts(fused) == {"rotary": 2, "append_attention": 1}   # the cache step: concat(past, new) + attention
     assert_close(run_reference(fused, weights, feeds), want, "fused")
 
 

@@ -38,6 +38,10 @@ RUNS = {
     "reference": ("reference", {"float64": True}, False),
     "fused-ort": ("ort-cpu", {}, True),
     "fused-cuda-emu": ("cuda-emu", {}, True),
+    # the optimized graph on every other backend, and ONNX Runtime with each fused-op encoding
+    "fused-reference": ("reference", {"float64": True}, True),
+    "fused-torch-eager": ("torch-eager", {}, True),
+    **{f"fused-ort-{form}": ("ort-cpu", {"fused_as": form}, True) for form in ("function", "contrib", "onnx23")},
 }
 
 

@@ -12,9 +12,11 @@ it these tests skip, saying so.
 Its exporter is TorchScript's with Hugging Face's SDPA attention, whose
 additive mask is a boolean one, ``where(allowed, 0, -inf)``, with a NaN
 guard after the softmax for the rows it masks whole: attention fuses with
-``allowed`` as its mask and the guard on its output (``fuse_attention``;
-tests/passes/test_fuse_attention_sdpa.py holds the pattern without Optimum),
-so the counts are the plain export's.
+``allowed`` as its mask and ``guarded`` (``fuse_attention``;
+tests/frontends/test_onnx_sdpa_mask.py holds the pattern without Optimum),
+so the counts are the plain export's. In the with-past file each layer's
+cache is ``concat(past, new)`` and the attention over it one cache step,
+``append_attention`` (``fuse_cache_attention``).
 """
 import os
 import subprocess
@@ -48,7 +50,7 @@ def optimum_file(request, tmp_path_factory):
     return family, task, folder / "onnx" / "model.onnx"
 
 
-@pytest.mark.parametrize("run", ["reference", "fused-ort"])
+@pytest.mark.parametrize("run", ["reference", "fused-ort", "fused-ort-contrib", "fused-ort-onnx23"])
 def test_optimum_export_matches_ort(optimum_file, run):
     family, task, path = optimum_file
     model, graph = check_against_ort(path, dims=lambda seq: {"past_sequence_length": seq + 2}, run=run)
@@ -60,8 +62,9 @@ def test_optimum_export_matches_ort(optimum_file, run):
 
 
 def test_optimum_export_fuses(optimum_file):
-    family, _, path = optimum_file
+    family, task, path = optimum_file
     ops = optimize(trace(OnnxModel(path))).graph.op_counts()
-    want = {**NORMS[family], "attention": L}
+    step = "append_attention" if task.endswith("with-past") else "attention"
+    want = {**NORMS[family], step: L}
     assert {k: ops.get(k) for k in want} == want
     assert not {"erf", "tanh", "softmax", "layernorm"} & set(ops)

@@ -69,7 +69,7 @@ def test_fused_decode_graph_matches_the_float64_reference_on_ort(name):
     model = build_model(name)
     graph, weights, feeds = trace(model.for_cache("decode")), dict(init_weights(model)), decode_feeds(model, seq=2)
     fused = optimize(graph, check=True).graph
-    assert any(n.op == "attention" for n in fused.nodes)   # the fusion happened on the cached attention
+    assert any(n.op == "append_attention" for n in fused.nodes)   # the cache step fused (concat + attention)
     oracle = run_reference(graph, weights, feeds, float64=True)
     for g in (graph, fused):
         got = make_backend("ort-cpu").run(g, weights, feeds)
@@ -123,9 +123,9 @@ def test_an_unpadded_step_has_no_key_mask_and_the_same_numbers_without_pads(name
     padded, unpadded = (optimize(trace(model.for_cache(mode, cache_len=cache_len, padded=p))).graph
                         for p in (True, False))
     assert unpadded.name.endswith("-unpadded")
-    attention = [n for n in unpadded.nodes if n.op in ("attention", "cache_attention")]
+    attention = [n for n in unpadded.nodes if n.op in ("attention", "cache_attention", "append_attention")]
     assert attention and all(n.attrs["mask"] == "none" for n in attention)
-    assert all(n.attrs["mask"] == "bool" for n in padded.nodes if n.op in ("attention", "cache_attention"))
+    assert all(n.attrs["mask"] == "bool" for n in padded.nodes if n.op in ("attention", "cache_attention", "append_attention"))
     rng = np.random.default_rng(0)
     past, seq = (0, 5) if mode == "prefill" else (6, 1)
     feeds = {"input_ids": rng.integers(0, model.cfg.vocab, (2, seq)), "attention_mask": np.ones((2, past + seq), np.int64),

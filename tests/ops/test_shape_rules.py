@@ -32,6 +32,8 @@ def graph_with(*types):
     ("gather", [("f32", (10, 4)), ("f32", (2,))], {}, "indices must be"),
     ("cast", [("f32", (2,))], {"to": "float8"}, "unknown dtype"),
     ("gelu", [("f32", (2,))], {"approximate": "fast"}, "approximate must be"),
+    ("attention", [("f32", (1, 2, 3, 4))] * 3 + [("f32", (1, 1, 3, 3))], {"mask": "additive", "guarded": True},
+     "guarded takes a boolean mask or none"),
 ])
 def test_bad_operands(op, types, attrs, message):
     g, xs = graph_with(*types)

@@ -25,7 +25,7 @@ def test_golden_after_masked_softmax_with_merged_transpose():
     """, """
         graph g(%q: f64[2,3,5,4], %k: f64[2,5,3,4], %v: f64[2,3,5,4], %m: bool[2,1,1,5]) {
           %0:f64[2,3,5,4] = transpose %k {perm=[0,2,1,3]}
-          %1:f64[2,3,5,4] = attention %q, %0, %v, %m {scale=0.5, mask="bool", causal=true, fill=-1000000000.0}
+          %1:f64[2,3,5,4] = attention %q, %0, %v, %m {scale=0.5, mask="bool", causal=true, fill=-1000000000.0, guarded=false}
           return y=%1
         }
     """)
@@ -55,7 +55,7 @@ def test_golden_raw_softmax_with_plain_transpose():
           %0:f64[] = constant {value=dense<f64[]: [2.0]>}
           %1:bool[5,5] = causal_mask {rows=5, cols=5}
           %2:f64[] = constant {value=dense<f64[]: [-1000000000.0]>}
-          %3:f64[2,3,5,4] = attention %q, %k, %v {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %3:f64[2,3,5,4] = attention %q, %k, %v {scale=0.5, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%3
         }
     """)
@@ -74,7 +74,7 @@ def test_golden_kt_given_as_a_value():
     """, """
         graph g(%q: f64[2,5,4], %kt: f64[2,4,6], %v: f64[2,6,3], %m: f64[2,5,6]) {
           %0:f64[2,6,4] = transpose %kt {perm=[0,2,1]}
-          %1:f64[2,5,3] = attention %q, %0, %v, %m {scale=1.0, mask="additive", causal=false, fill=-3.4028234663852886e+38}
+          %1:f64[2,5,3] = attention %q, %0, %v, %m {scale=1.0, mask="additive", causal=false, fill=-3.4028234663852886e+38, guarded=false}
           return y=%1
         }
     """)
@@ -98,7 +98,7 @@ def test_golden_scale_split_on_q_and_kt():
     """, """
         graph g(%q: f64[2,3,5,4], %k: f64[2,3,5,4], %v: f64[2,3,5,4], %m: f64[2,1,5,5]) {
           %0:f64[] = constant {value=dense<f64[]: [0.5]>}
-          %1:f64[2,3,5,4] = attention %q, %k, %v, %m {scale=0.25, mask="additive", causal=false, fill=-3.4028234663852886e+38}
+          %1:f64[2,3,5,4] = attention %q, %k, %v, %m {scale=0.25, mask="additive", causal=false, fill=-3.4028234663852886e+38, guarded=false}
           return y=%1
         }
     """)
@@ -118,7 +118,7 @@ def test_golden_scale_on_k_before_its_transpose():
     """, """
         graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4]) {
           %0:f64[] = constant {value=dense<f64[]: [0.5]>}
-          %1:f64[2,5,4] = attention %q, %k, %v {scale=0.125, mask="none", causal=true, fill=-1000000000.0}
+          %1:f64[2,5,4] = attention %q, %k, %v {scale=0.125, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%1
         }
     """)
@@ -198,7 +198,7 @@ def test_golden_nan_guard_after_softmax_with_a_finite_mask():
           %0:f64[] = constant {value=dense<f64[]: [0.0]>}
           %1:f64[] = constant {value=dense<f64[]: [-1000000000.0]>}
           %2:f64[2,1,5] = where %c, %0, %1
-          %3:f64[2,5,4] = attention %q, %k, %v, %2 {scale=1.0, mask="additive", causal=false, fill=-3.4028234663852886e+38}
+          %3:f64[2,5,4] = attention %q, %k, %v, %2 {scale=1.0, mask="additive", causal=false, fill=-3.4028234663852886e+38, guarded=false}
           return y=%3
         }
     """)
@@ -210,20 +210,15 @@ def _with_a_row_masked_whole(g):
     return {**feeds, "c": np.array([[[True, False, True, True, False]], [[False] * 5]])}
 
 
-# The fused op takes c as its boolean mask, and a guard on its output zeroes
-# the rows with no key to see; written where(c, -inf, 0), the mask is not(c).
+# The fused op takes c as its boolean mask and is guarded: the rows with no key
+# to see give zeros; written where(c, -inf, 0), the mask is not(c).
 GUARD_AFTER = """
     graph g(%q: f64[2,5,4], %k: f64[2,5,4], %v: f64[2,5,4], %c: bool[2,1,5]) {
       %0:f64[] = constant {value=dense<f64[]: [0.0]>}
       %1:f64[] = constant {value=dense<f64[]: [-inf]>}
       %2:f64[2,1,5] = where %c, %0, %1
-      %3:f64[2,5,4] = attention %q, %k, %v, %c {scale=1.0, mask="bool", causal=false, fill=-3.4028234663852886e+38}
-      %4:f64[] = constant {value=dense<f64[]: [0.0]>}
-      %5:f32[2,1,5] = cast %c {to="float32"}
-      %6:f32[2,1,1] = reduce_max %5 {axes=[-1], keepdims=true}
-      %7:bool[2,1,1] = cast %6 {to="bool"}
-      %8:f64[2,5,4] = where %7, %3, %4
-      return y=%8
+      %3:f64[2,5,4] = attention %q, %k, %v, %c {scale=1.0, mask="bool", causal=false, fill=-3.4028234663852886e+38, guarded=true}
+      return y=%3
     }
 """
 GUARD_AFTER_NOT = """
@@ -232,13 +227,8 @@ GUARD_AFTER_NOT = """
       %1:f64[] = constant {value=dense<f64[]: [-inf]>}
       %2:f64[2,1,5] = where %c, %1, %0
       %3:bool[2,1,5] = logical_not %c
-      %4:f64[2,5,4] = attention %q, %k, %v, %3 {scale=1.0, mask="bool", causal=false, fill=-3.4028234663852886e+38}
-      %5:f64[] = constant {value=dense<f64[]: [0.0]>}
-      %6:f32[2,1,5] = cast %3 {to="float32"}
-      %7:f32[2,1,1] = reduce_max %6 {axes=[-1], keepdims=true}
-      %8:bool[2,1,1] = cast %7 {to="bool"}
-      %9:f64[2,5,4] = where %8, %4, %5
-      return y=%9
+      %4:f64[2,5,4] = attention %q, %k, %v, %3 {scale=1.0, mask="bool", causal=false, fill=-3.4028234663852886e+38, guarded=true}
+      return y=%4
     }
 """
 
@@ -313,7 +303,7 @@ def test_a_transpose_used_elsewhere_stays_and_the_fused_op_gets_its_own():
         graph g(%q: f64[5,4], %k: f64[5,4], %v: f64[5,4]) {
           %0:f64[4,5] = transpose %k {perm=[1,0]}
           %1:f64[5,4] = transpose %0 {perm=[1,0]}
-          %2:f64[5,4] = attention %q, %1, %v {scale=1.0, mask="none", causal=false, fill=-3.4028234663852886e+38}
+          %2:f64[5,4] = attention %q, %1, %v {scale=1.0, mask="none", causal=false, fill=-3.4028234663852886e+38, guarded=false}
           %3:f64[4,5] = tanh %0
           return y=%2, t=%3
         }

@@ -31,12 +31,12 @@ JOIN = """\
 def test_golden_causal():
     r = check_golden(fuse_qkv_attention, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
-          %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0, guarded=false}
 """ + JOIN + """          return y=%13
         }
     """, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {
-          %0:f64[batch,seq,8] = qkv_attention %x, %w, %b {heads=2, sizes=[8,8,8], scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %0:f64[batch,seq,8] = qkv_attention %x, %w, %b {heads=2, sizes=[8,8,8], scale=0.5, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%0
         }
     """)
@@ -50,15 +50,36 @@ def test_golden_padding_mask_rides_along():
     check_golden(fuse_qkv_attention, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24], %m: bool[batch,1,1,seq]) {""" + BODY.replace(
         "add %0, %b", "add %b, %0") + """
-          %11:f64[batch,2,seq,4] = attention %6, %8, %10, %m {scale=0.5, mask="bool", causal=false, fill=-1000000000.0}
+          %11:f64[batch,2,seq,4] = attention %6, %8, %10, %m {scale=0.5, mask="bool", causal=false, fill=-1000000000.0, guarded=false}
 """ + JOIN + """          return y=%13
         }
     """, """
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24], %m: bool[batch,1,1,seq]) {
-          %0:f64[batch,seq,8] = qkv_attention %x, %w, %b, %m {heads=2, sizes=[8,8,8], scale=0.5, mask="bool", causal=false, fill=-1000000000.0}
+          %0:f64[batch,seq,8] = qkv_attention %x, %w, %b, %m {heads=2, sizes=[8,8,8], scale=0.5, mask="bool", causal=false, fill=-1000000000.0, guarded=false}
           return y=%0
         }
     """)
+
+
+def test_golden_guarded_attention_fuses_and_keeps_its_guard():
+    # fuse_attention's SDPA form (a row with no key gives zeros) fuses as the plain one does.
+    before = """
+        graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24], %m: bool[batch,1,seq,seq]) {""" + BODY + """
+          %11:f64[batch,2,seq,4] = attention %6, %8, %10, %m {scale=0.5, mask="bool", causal=true, fill=-1000000000.0, guarded=true}
+""" + JOIN + """          return y=%13
+        }
+    """
+    r = check_golden(fuse_qkv_attention, before, """
+        graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24], %m: bool[batch,1,seq,seq]) {
+          %0:f64[batch,seq,8] = qkv_attention %x, %w, %b, %m {heads=2, sizes=[8,8,8], scale=0.5, mask="bool", causal=true, fill=-1000000000.0, guarded=true}
+          return y=%0
+        }
+    """)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 8)), "w": rng.standard_normal((8, 24)), "b": rng.standard_normal(24),
+             "m": np.ones((2, 1, 3, 3), bool)}
+    feeds["m"][1] = False   # batch 1: no row sees a key, so its output is zero
+    assert_same_numbers(parse_graph(ir(before)), r.graph, feeds=feeds)
 
 
 def _rejected(text):
@@ -72,7 +93,7 @@ def _rejected(text):
 def test_heads_used_elsewhere_block_the_fusion():
     site = _rejected("""
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
-          %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0, guarded=false}
 """ + JOIN + """          return y=%13, k=%8
         }
     """)
@@ -83,7 +104,7 @@ def test_q_and_k_from_the_wrong_parts_do_not_fuse():
     # q reads the split's second part: not the packed layout the fused op (and the runtime op) has
     site = _rejected("""
         graph g(%x: f64[batch,seq,8], %w: f64[8,24], %b: f64[24]) {""" + BODY + """
-          %11:f64[batch,2,seq,4] = attention %8, %6, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %11:f64[batch,2,seq,4] = attention %8, %6, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0, guarded=false}
 """ + JOIN + """          return y=%13
         }
     """)
@@ -94,7 +115,7 @@ def test_a_projection_without_bias_does_not_fuse():
     site = _rejected("""
         graph g(%x: f64[batch,seq,8], %w: f64[8,24]) {""" + BODY.replace(
         "      %1:f64[batch,seq,24] = add %0, %b\n", "").replace("split %1", "split %0") + """
-          %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0}
+          %11:f64[batch,2,seq,4] = attention %6, %8, %10 {scale=0.5, mask="none", causal=true, fill=-1000000000.0, guarded=false}
 """ + JOIN + """          return y=%13
         }
     """)

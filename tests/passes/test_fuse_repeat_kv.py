@@ -22,7 +22,7 @@ def test_golden_with_a_padding_mask():
     r = check_golden(fuse_repeat_kv, """
         graph g(%q: f64[batch,4,seq,8], %k: f64[batch,2,seq,8], %v: f64[batch,2,seq,8], %m: f64[batch,1,seq,seq]) {"""
         + _repeat("k", 0) + _repeat("v", 3) + """
-          %6:f64[batch,4,seq,8] = attention %q, %2, %5, %m {scale=0.25, mask="additive", causal=false, fill=-1000000000.0}
+          %6:f64[batch,4,seq,8] = attention %q, %2, %5, %m {scale=0.25, mask="additive", causal=false, fill=-1000000000.0, guarded=false}
           return y=%6
         }
     """, """
@@ -31,7 +31,7 @@ def test_golden_with_a_padding_mask():
           %1:f64[batch,2,1,seq,8] = reshape %v {shape=[batch,2,1,seq,8]}
           %2:f64[batch,2,2,seq,8] = reshape %q {shape=[0,2,2,-1,8]}
           %3:f64[batch,1,1,seq,seq] = reshape %m {shape=[batch,1,1,seq,seq]}
-          %4:f64[batch,2,2,seq,8] = attention %2, %0, %1, %3 {scale=0.25, mask="additive", causal=false, fill=-1000000000.0}
+          %4:f64[batch,2,2,seq,8] = attention %2, %0, %1, %3 {scale=0.25, mask="additive", causal=false, fill=-1000000000.0, guarded=false}
           %5:f64[batch,4,seq,8] = reshape %4 {shape=[0,4,-1,8]}
           return y=%5
         }
@@ -47,7 +47,7 @@ def test_golden_causal_with_a_mask_per_head():
     check_golden(fuse_repeat_kv, """
         graph g(%q: f64[batch,4,seq,8], %k: f64[batch,1,seq,8], %v: f64[batch,1,seq,8], %m: bool[batch,4,seq,seq]) {"""
         + _repeat("k", 0, 1, 4) + _repeat("v", 3, 1, 4) + """
-          %6:f64[batch,4,seq,8] = attention %q, %2, %5, %m {scale=0.25, mask="bool", causal=true, fill=-1000000000.0}
+          %6:f64[batch,4,seq,8] = attention %q, %2, %5, %m {scale=0.25, mask="bool", causal=true, fill=-1000000000.0, guarded=false}
           return y=%6
         }
     """, """
@@ -56,7 +56,7 @@ def test_golden_causal_with_a_mask_per_head():
           %1:f64[batch,1,1,seq,8] = reshape %v {shape=[batch,1,1,seq,8]}
           %2:f64[batch,1,4,seq,8] = reshape %q {shape=[0,1,4,-1,8]}
           %3:bool[batch,1,4,seq,seq] = reshape %m {shape=[batch,1,4,seq,seq]}
-          %4:f64[batch,1,4,seq,8] = attention %2, %0, %1, %3 {scale=0.25, mask="bool", causal=true, fill=-1000000000.0}
+          %4:f64[batch,1,4,seq,8] = attention %2, %0, %1, %3 {scale=0.25, mask="bool", causal=true, fill=-1000000000.0, guarded=false}
           %5:f64[batch,4,seq,8] = reshape %4 {shape=[0,4,-1,8]}
           return y=%5
         }
@@ -80,7 +80,7 @@ def test_tiled_heads_are_declined():
           %3:f64[batch,1,2,seq,8] = reshape %v {shape=[batch,1,2,seq,8]}
           %4:f64[batch,2,2,seq,8] = expand %3 {shape=[batch,2,2,seq,8]}
           %5:f64[batch,4,seq,8] = reshape %4 {shape=[batch,4,seq,8]}
-          %6:f64[batch,4,seq,8] = attention %q, %2, %5 {scale=0.25, mask="none", causal=true, fill=-1000000000.0}
+          %6:f64[batch,4,seq,8] = attention %q, %2, %5 {scale=0.25, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%6
         }
     """)
@@ -93,7 +93,7 @@ def test_k_and_v_repeated_differently_are_declined():
     g, r, (site,) = _sites("""
         graph g(%q: f64[batch,4,seq,8], %k: f64[batch,2,seq,8], %v: f64[batch,1,seq,8]) {"""
         + _repeat("k", 0) + _repeat("v", 3, 1, 4) + """
-          %6:f64[batch,4,seq,8] = attention %q, %2, %5 {scale=0.25, mask="none", causal=true, fill=-1000000000.0}
+          %6:f64[batch,4,seq,8] = attention %q, %2, %5 {scale=0.25, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%6
         }
     """)
@@ -105,7 +105,7 @@ def test_repeated_keys_used_elsewhere_are_declined():
     g, r, (site,) = _sites("""
         graph g(%q: f64[batch,4,seq,8], %k: f64[batch,2,seq,8], %v: f64[batch,2,seq,8]) {"""
         + _repeat("k", 0) + _repeat("v", 3) + """
-          %6:f64[batch,4,seq,8] = attention %q, %2, %5 {scale=0.25, mask="none", causal=true, fill=-1000000000.0}
+          %6:f64[batch,4,seq,8] = attention %q, %2, %5 {scale=0.25, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%6, keys=%2
         }
     """)
@@ -116,7 +116,7 @@ def test_repeated_keys_used_elsewhere_are_declined():
 def test_attention_without_a_repeat_is_left_alone():
     g, r, (site,) = _sites("""
         graph g(%q: f64[batch,4,seq,8], %k: f64[batch,4,seq,8], %v: f64[batch,4,seq,8]) {
-          %0:f64[batch,4,seq,8] = attention %q, %k, %v {scale=0.25, mask="none", causal=true, fill=-1000000000.0}
+          %0:f64[batch,4,seq,8] = attention %q, %k, %v {scale=0.25, mask="none", causal=true, fill=-1000000000.0, guarded=false}
           return y=%0
         }
     """)

@@ -38,7 +38,7 @@ def test_a_causal_softmax_reads_only_the_scores_its_rows_see(rows, cols):
 
 def test_a_causal_attention_reads_q_k_v_whole_and_its_mask_where_seen():
     g = blockc.parse_graph("""graph g(%q: f32[1,2,4,4], %k: f32[1,2,4,4], %v: f32[1,2,4,4], %bias: f32[1,1,4,4]) {
-  %0:f32[1,2,4,4] = attention %q, %k, %v, %bias {scale=0.5, mask="additive", causal=true, fill=-1e+30}
+  %0:f32[1,2,4,4] = attention %q, %k, %v, %bias {scale=0.5, mask="additive", causal=true, fill=-1e+30, guarded=false}
   return y=%0
 }
 """)

@@ -172,7 +172,9 @@ graph kv(%ids: i64[batch,seq], %past: f32[batch,past,16], %bias: f32[batch,1,1,p
   %76:f32[batch,seq,16] = all_gather %75 {axis=-1, world=1}
   %77:i64[batch,seq] = cumsum %ids {axis=1}
   %78:f32[batch,seq,16] = cumsum %34 {axis=1, exclusive=true, reverse=true}
-  return cs=%77, cr=%78, t1=%72, ar=%76, t2=%73, t3=%74, s=%59, cw=%60, ca=%61, cb=%62, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
+  %79:f32[batch,2,past,8] = transpose %54 {perm=[0,2,1,3]}
+  %80:f32[batch,2,seq,8], %81:f32[batch,2,past+seq,8], %82:f32[batch,2,past+seq,8] = append_attention %8, %8, %8, %79, %79, %keep {scale=0.35, mask="bool", guarded=true}
+  return aa=%80, ap=%81, cs=%77, cr=%78, t1=%72, ar=%76, t2=%73, t3=%74, s=%59, cw=%60, ca=%61, cb=%62, qa=%56, qb=%57, r=%58, a=%13, b=%14, c=%15, d=%18, e=%19, f=%20, g=%35, h=%36, i=%37, j=%38, k=%39, l=%40, m=%42, n=%45, o=%49, p=%52, q=%53, past_out=%past, w_out=@w, mask=%43, past_view=%54, w_t=%55
 }
 """
 

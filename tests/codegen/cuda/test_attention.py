@@ -115,8 +115,8 @@ def test_fill_minus_infinity_is_never_nan(float32_run):
 
 
 HALF = """graph g(%q: f16[1,2,19,128], %k: f16[1,2,19,128], %v: f16[1,2,19,128], %keep: bool[1,1,1,19], %qb: bf16[2,2,19,64], %kb: bf16[2,2,19,64], %vb: bf16[2,2,19,64]) {
-  %0:f16[1,2,19,128] = attention %q, %k, %v, %keep {scale=0.125, mask="bool", causal=true, fill=-65504.0}
-  %1:bf16[2,2,19,64] = attention %qb, %kb, %vb {scale=0.125, mask="none", causal=true, fill=-1e+30}
+  %0:f16[1,2,19,128] = attention %q, %k, %v, %keep {scale=0.125, mask="bool", causal=true, fill=-65504.0, guarded=false}
+  %1:bf16[2,2,19,64] = attention %qb, %kb, %vb {scale=0.125, mask="none", causal=true, fill=-1e+30, guarded=false}
   return h=%0, b=%1
 }
 """
@@ -162,7 +162,7 @@ def test_gpt2_block_runs_attention_as_one_kernel(tmp_path):
 
 def test_an_unsupported_head_size_is_refused_by_name():
     g = blockc.parse_graph("""graph g(%q: f32[1,1,4,320], %k: f32[1,1,4,320], %v: f32[1,1,4,320]) {
-  %0:f32[1,1,4,320] = attention %q, %k, %v {scale=0.125, mask="none", causal=true, fill=-1e9}
+  %0:f32[1,1,4,320] = attention %q, %k, %v {scale=0.125, mask="none", causal=true, fill=-1e9, guarded=false}
   return y=%0
 }
 """)

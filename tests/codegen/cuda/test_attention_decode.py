@@ -25,16 +25,17 @@ LOWEST = "-3.4028234663852886e+38"
 # token's step, a few for a short continuation). d=64: 32-key tiles, so
 # past 100 makes 4 tiles (2 runs) and past 1000 32 tiles (16 runs).
 DECODE = f"""graph g(%q: f32[2,3,1,64], %k: f32[2,3,past,64], %v: f32[2,3,past,64], %keep: bool[2,1,1,past], %bias: f32[2,1,rows,past], %qr: f32[2,3,rows,64], %qg: f32[1,2,4,1,64], %kg: f32[1,2,1,past,64], %vg: f32[1,2,1,past,64], %qh: f16[1,2,1,128], %kh: f16[1,2,past,128], %vh: f16[1,2,past,128], %qb: bf16[1,2,1,64], %kb: bf16[1,2,past,64], %vb: bf16[1,2,past,64]) {{
-  %0:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=true, fill={LOWEST}}}
-  %1:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=false, fill=-inf}}
-  %2:f32[2,3,rows,64] = attention %qr, %k, %v, %bias {{scale=0.125, mask="additive", causal=true, fill={LOWEST}}}
-  %3:f32[1,2,4,1,64] = attention %qg, %kg, %vg {{scale=0.125, mask="none", causal=true, fill={LOWEST}}}
-  %4:f16[1,2,1,128] = attention %qh, %kh, %vh {{scale=0.088, mask="none", causal=true, fill=-65504.0}}
-  %5:bf16[1,2,1,64] = attention %qb, %kb, %vb {{scale=0.125, mask="none", causal=false, fill=-1e+30}}
-  return padded=%0, padded_inf=%1, rows=%2, gqa=%3, half=%4, bf16=%5
+  %0:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=true, fill={LOWEST}, guarded=false}}
+  %1:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=false, fill=-inf, guarded=false}}
+  %2:f32[2,3,rows,64] = attention %qr, %k, %v, %bias {{scale=0.125, mask="additive", causal=true, fill={LOWEST}, guarded=false}}
+  %3:f32[1,2,4,1,64] = attention %qg, %kg, %vg {{scale=0.125, mask="none", causal=true, fill={LOWEST}, guarded=false}}
+  %4:f16[1,2,1,128] = attention %qh, %kh, %vh {{scale=0.088, mask="none", causal=true, fill=-65504.0, guarded=false}}
+  %5:bf16[1,2,1,64] = attention %qb, %kb, %vb {{scale=0.125, mask="none", causal=false, fill=-1e+30, guarded=false}}
+  %6:f32[2,3,1,64] = attention %q, %k, %v, %keep {{scale=0.125, mask="bool", causal=true, fill={LOWEST}, guarded=true}}
+  return padded=%0, padded_inf=%1, rows=%2, gqa=%3, half=%4, bf16=%5, guarded=%6
 }}
 """
-ATTENTIONS = 6
+ATTENTIONS = 7
 
 
 def feeds(past: int, rows: int = 3, seed: int = 0) -> dict:
@@ -92,8 +93,8 @@ def test_every_decode_attention_has_a_split_path():
 def test_prefill_shapes_have_no_split_path():
     # 33 rows do not fit one query tile, and 40 keys make two tiles: neither step can split
     g = blockc.parse_graph("""graph g(%q: f32[1,2,33,64], %k: f32[1,2,33,64], %qs: f32[1,2,1,64], %ks: f32[1,2,40,64]) {
-  %0:f32[1,2,33,64] = attention %q, %k, %k {scale=0.125, mask="none", causal=true, fill=-1e+30}
-  %1:f32[1,2,1,64] = attention %qs, %ks, %ks {scale=0.125, mask="none", causal=true, fill=-1e+30}
+  %0:f32[1,2,33,64] = attention %q, %k, %k {scale=0.125, mask="none", causal=true, fill=-1e+30, guarded=false}
+  %1:f32[1,2,1,64] = attention %qs, %ks, %ks {scale=0.125, mask="none", causal=true, fill=-1e+30, guarded=false}
   return a=%0, b=%1
 }
 """)
@@ -111,8 +112,10 @@ def test_decode_matches_the_reference_split_or_not(decode_model, past, launches)
     # one launch per attention at past 5 (one key tile); split and combine from 4 tiles on
     assert result.counters["kernel_launches"] == ATTENTIONS * launches
     out, ref = result.outputs, reference(g, f)
-    for name in ("padded", "rows", "gqa"):
+    for name in ("padded", "rows", "gqa", "guarded"):
         assert rel_err(out[name], ref[name]) <= 1e-5, (name, past)
+    # guarded: the same, but batch 1's rows, which see no key, are zero
+    assert not out["guarded"][1].any() and rel_err(out["guarded"][0], out["padded"][0]) <= 1e-6
     # batch 1 masks every key: the reference averages v, and so do the split runs
     mean = f["v"][1].mean(axis=-2, keepdims=True)
     np.testing.assert_allclose(out["padded"][1], np.broadcast_to(mean, out["padded"][1].shape), rtol=1e-5, atol=1e-6)

@@ -119,12 +119,15 @@ def emit_attention(step: KernelStep) -> list[KernelCode]:
         rows += ["0LL", "0LL"]
     mma = dtype != DType.float32 and dk == dv and dk in MMA_HEAD_DIMS
     part = ctx.scratch(node)
-    flavour = "".join(["_causal" if attrs["causal"] else "", "" if mask_kind == "none" else f"_{mask_kind}"])
+    flavour = "".join(["_causal" if attrs["causal"] else "", "" if mask_kind == "none" else f"_{mask_kind}",
+                       "_guarded" if attrs["guarded"] else ""])
     # "_decode": this one also has the split (decode) path, so a different body
     name = f"attention{flavour}_{suffix(dtype)}_{dk}" + ("" if dv == dk else f"_{dv}") + ("_decode" if part else "")
     title = (f"attention, scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}"
-             f"{' + causal mask' if attrs['causal'] else ''}, head size {dk}")
-    params = dict(title=title, T=ctype(dtype), MT=mask_t, mask=mask_kind, causal=attrs["causal"], dk=dk, dv=dv,
+             f"{' + causal mask' if attrs['causal'] else ''}{', rows with no key zero' if attrs['guarded'] else ''}"
+             f", head size {dk}")
+    params = dict(title=title, T=ctype(dtype), MT=mask_t, mask=mask_kind, causal=attrs["causal"],
+                  guarded=attrs["guarded"], dk=dk, dv=dv,
                   nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
                   bq=SIMT_ROWS, split=part is not None, max_splits=MAX_SPLITS,
                   score=_score(attrs),
