@@ -332,6 +332,25 @@ def test_the_highest_arch_carries_ptx_beside_its_sass():
                                                            "-gencode", "arch=compute_80,code=sm_80"]
 
 
+
+@pytest.mark.skipif(find_nvcc().path is None, reason="no nvcc")
+def test_each_arch_compiles_in_its_own_thread_and_its_report_stays_its_own(tmp_path, monkeypatch):
+    # the archs' cicc and ptxas (nearly all of a compile) side by side: CI's
+    # every-variant compiles take half the wall time; ptxas's report, written
+    # by two threads, still names each kernel's arch
+    commands = []
+    run = toolchain.run_command
+    monkeypatch.setattr(toolchain, "run_command", lambda cmd, **kw: commands.append(cmd) or run(cmd, **kw))
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void one(float* x) { x[threadIdx.x] += 1.0f; }\n"
+                   "__global__ void two(double* x) { x[threadIdx.x] *= 2.0; }\n")
+    result = toolchain.compile_nvcc(src, ["sm_80", "sm_90"])
+    nvcc = [cmd for cmd in commands if "-c" in cmd]
+    assert len(nvcc) == 1 and nvcc[0][nvcc[0].index("--threads") + 1] == "2", nvcc
+    assert sorted((k.short_name, k.arch) for k in result.kernels) == [
+        ("one", "sm_80"), ("one", "sm_90"), ("two", "sm_80"), ("two", "sm_90")]
+    assert toolchain.arch_threads_flags(["sm_80"]) == []
+
 def test_every_source_in_the_emulator_folder_is_part_of_the_runtime():
     """The emulator's folder holds the runtime and nothing else (a benchmark
     lives in bench/): every .cpp there is compiled into each emulated build."""
