@@ -16,7 +16,8 @@ guard after the softmax for the rows it masks whole: attention fuses with
 tests/frontends/test_onnx_sdpa_mask.py holds the pattern without Optimum),
 so the counts are the plain export's. In the with-past file each layer's
 cache is ``concat(past, new)`` and the attention over it one cache step,
-``append_attention`` (``fuse_cache_attention``).
+``append_attention`` (``fuse_cache_attention``), and ``generate`` on it gives
+Hugging Face's greedy tokens.
 """
 import os
 import subprocess
@@ -24,6 +25,7 @@ import subprocess
 import pytest
 
 from blockc import optimize
+from blockc.errors import BlockcError
 from blockc.frontends import trace
 from blockc.frontends.onnx import OnnxModel
 
@@ -68,3 +70,30 @@ def test_optimum_export_fuses(optimum_file):
     want = {**NORMS[family], step: L}
     assert {k: ops.get(k) for k in want} == want
     assert not {"erf", "tanh", "softmax", "layernorm"} & set(ops)
+
+
+PROMPT = [5, 17, 33, 2, 99, 140]
+NEW = 8
+
+
+def test_optimum_with_past_file_generates_hugging_faces_tokens(optimum_file):
+    """blockc's loop on the with-past file, its pairs found by name (past_key_values.N.key ->
+    present.N.key), picks Hugging Face's greedy tokens on the directory the file was exported from."""
+    family, task, path = optimum_file
+    if not task.endswith("with-past"):
+        pytest.skip("the plain decoder file carries no cache to generate with")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from blockc.frontends.onnx.decoder import OnnxDecoder
+    from blockc.generate.loop import generate
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent.parent / "hf"))
+    ids = torch.tensor([PROMPT])
+    want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                       do_sample=False)[0, len(PROMPT):].tolist()
+    assert len(set(want)) >= 2   # not one token repeated: the cache steps are exercised
+    decoder = OnnxDecoder(path)
+    weights = decoder.init_weights()
+    assert generate(decoder, weights, [PROMPT], NEW, cache="concat").tokens == [want]
+    # each present is its past with the step appended: the in-place cache does not apply, and says so
+    with pytest.raises(BlockcError, match=r"cannot be written in place .* --cache concat"):
+        generate(decoder, weights, [PROMPT], 2, cache="inplace")

@@ -234,3 +234,24 @@ def test_cache_pairs_from_the_command_line(own_step, tmp_path, capsys):
     assert main([*argv, "--cache-pairs", pairs, "--json", str(tmp_path / "g.json")]) == 0
     got = json.loads((tmp_path / "g.json").read_text())["tokens"]
     assert got == generate(model, weights, [[5, 17, 33, 2]], NEW).tokens
+
+
+GENAI_DIMS = ["--dim", "batch_size=1", "--dim", "sequence_length=4", "--dim", "past_sequence_length=3"]
+
+
+def test_compare_puts_blockcs_forms_beside_the_genai_file(genai_model, tmp_path, capsys):
+    """``blockc compare`` on GenAI's file: blockc's standard and fused forms and
+    the file as it is (``ort-original``), each run and checked against float64
+    (a past of 3 rows, a step of 4: the smallest shapes that still exercise both)."""
+    path = tmp_path / "compare.json"
+    assert main(["compare", str(genai_model[1] / "model.onnx"), *GENAI_DIMS, "--backends", "ort-cpu",
+                 "--peers", "ort-original", "--no-kernels", "--no-progress", "--blocks", "1", "--rounds", "1",
+                 "--repeats", "1", "--warmup", "0", "--min-time", "0", "--json", str(path)]) == 0, capsys.readouterr().err
+    report = json.loads(path.read_text())
+    rows = {(r["variant"], r["form"]): r for r in report["results"] if r["backend"] == "ort-cpu"}
+    for form in ("standard", "fused", "ort-original"):
+        r = rows[("all", form)]
+        assert r["status"] == "ok" and r["max_abs_error"] <= 1e-4, (form, r["error"])
+    ops = report["forms"]["fused"]["ops"]   # the file as given appends its past: attention over it, one cache step
+    assert (ops["append_attention"], ops["rotary"], ops["add_rmsnorm"]) == (2, 4, 4), ops
+    assert next(p for p in report["peers"] if p["name"] == "ort-original")["detail"].startswith("the user's file")

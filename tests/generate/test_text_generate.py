@@ -1,5 +1,5 @@
-"""Text in, text out, against Hugging Face: on random gpt2, llama and qwen3
-directories (``hf_dirs.save_hf_dir``; llama with a SentencePiece-style
+"""Text in, text out, against Hugging Face: on random gpt2, llama, mistral,
+qwen2 and qwen3 directories (``hf_dirs.save_hf_dir``; llama with a SentencePiece-style
 tokenizer too), the prompt tokenized by blockc from
 ``tokenizer.json``, generated greedily by blockc's loop and streamed through
 ``TextLines``, is exactly ``AutoTokenizer`` + ``model.generate`` +
@@ -28,6 +28,8 @@ NEW = 24
 PROMPT = "The quick brown fox 注意力 🚀"
 LOADERS = {"gpt2": (gpt2_config_from_hf, load_hf_gpt2_state_dict),
            "llama": (llama_config_from_hf, load_hf_llama_state_dict),
+           "mistral": (llama_config_from_hf, load_hf_llama_state_dict),
+           "qwen2": (llama_config_from_hf, load_hf_llama_state_dict),
            "qwen3": (llama_config_from_hf, load_hf_llama_state_dict)}
 
 
@@ -65,7 +67,8 @@ def blockc_text(path, family, prompts):
     return got.tokens, stream.getvalue(), texts
 
 
-CASES = [("gpt2", "bytelevel"), ("llama", "bytelevel"), ("qwen3", "bytelevel"), ("llama", "sentencepiece")]
+CASES = [("gpt2", "bytelevel"), ("llama", "bytelevel"), ("mistral", "bytelevel"), ("qwen2", "bytelevel"),
+         ("qwen3", "bytelevel"), ("llama", "sentencepiece")]
 
 
 @pytest.mark.parametrize("family, tokenizer", CASES)
