@@ -22,7 +22,7 @@ from blockc.frontends.weights import materialize
 from blockc.passes.manager import optimize
 from blockc.runtime.reference import run_reference
 
-FUSED = ("attention", "qkv_attention", "rotary", "add_rmsnorm", "rmsnorm")
+FUSED = ("attention", "qkv_attention", "append_attention", "rotary", "add_rmsnorm", "rmsnorm")
 
 # (model, settings, passes left out so that every fused op is one the onnx23
 # encoding writes as an opset-23 op rather than a function, the ONNX ops it must hold)
@@ -83,7 +83,8 @@ def _info(name, *shape, dtype=TensorProto.FLOAT):
 def test_causal_decode_step_with_symbolic_past(tmp_path):
     """One query after a past of any length: ONNX's causal frontier (at
     past_key's length) is blockc's (at the end), so the causal flag is kept
-    and the past stays symbolic."""
+    and the past stays symbolic. The attention over the appended past is the
+    cache step, ``append_attention``, which opset-23 Attention with a past encodes."""
     node = helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "present_k", "present_v"],
                             is_causal=1)
     path = _model(node, [_info("q", 1, 2, 1, 4), _info("k", 1, 2, 1, 4), _info("v", 1, 2, 1, 4),
@@ -91,7 +92,7 @@ def test_causal_decode_step_with_symbolic_past(tmp_path):
                   [_info("y", 1, 2, 1, 4), _info("present_k", 1, 2, "total", 4),
                    _info("present_v", 1, 2, "total", 4)], tmp_path / "decode.onnx")
     graph, weights = load_onnx(path)
-    assert fused_ops(optimize(graph).graph) == {"attention": 1}
+    assert fused_ops(optimize(graph).graph) == {"append_attention": 1}
     rng = np.random.default_rng(1)
     for past in (1, 6):
         feeds = {n: rng.standard_normal((1, 2, 1 if n in "qkv" else past, 4)).astype(np.float32)
