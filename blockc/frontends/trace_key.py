@@ -1,8 +1,9 @@
 """What a model's trace depends on, said without tracing it.
 
 ``trace(model)`` of a built-in model class is a function of the class, the
-model's name, its config (every size and setting, the dtype included) and
-the step it traces (``DecoderLM.for_cache``: prefill or decode, the cache
+model's name, its modules as they stand (each one's class, own settings and
+parameters' names, shapes and dtypes: what its config made, or what a caller
+set since, such as another dtype) and the step it traces (``DecoderLM.for_cache``: prefill or decode, the cache
 length, padded or not), given the code (``version.code_version()``). So that
 description, not the traced graph, can name a compile-cache entry
 (``passes/forms.form_of``), and a warm start need not trace at all.
@@ -27,6 +28,7 @@ import json
 import onnx
 
 from ..files import cache_key
+from ..ir.dtypes import DType
 from .models import BlockModel, DecoderLM, Encoder
 from .module import Model
 from .onnx.model import OnnxModel
@@ -43,8 +45,43 @@ def trace_key(model: Model) -> str | None:
     if type(model) not in _KEYED:
         return None
     step = {name: getattr(model, name) for name in _STEP if hasattr(model, name)}
+    tree = _module_tree(model)
+    if tree is None:
+        return None
     return json.dumps({"class": type(model).__name__, "name": model.name, "config": dataclasses.asdict(model.cfg),
-                       "step": step}, sort_keys=True)
+                       "step": step, "modules": tree}, sort_keys=True)
+
+
+# Values a built-in module's own settings take; anything else (a user's object) has no stable text.
+_PLAIN = (str, int, float, bool, type(None), DType)
+
+
+def _module_tree(model: Model) -> list | None:
+    """Every module of ``model`` as built now: its path, its class, its own
+    settings and its parameters' names, shapes and dtypes (never their
+    values). A model changed after it was built (a module replaced, a dtype
+    or a setting set) so keys otherwise than the one its config makes, and a
+    module of a user's class, or a setting no text names, gives ``None``."""
+    tree = []
+    for path, module in [("", model), *model.named_modules()]:
+        cls = type(module)
+        if not cls.__module__.startswith("blockc."):
+            return None
+        settings = {}
+        for name, value in vars(module).items():
+            if name in ("_params", "_modules"):
+                continue
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = dataclasses.asdict(value)
+                if not all(isinstance(v, _PLAIN) for v in value.values()):
+                    return None
+            elif not isinstance(value, _PLAIN):
+                return None
+            settings[name] = value if not isinstance(value, DType) else value.name
+        params = [(name, list(p.shape), p.dtype.name if p.dtype else None, bool(p.fixed))
+                  for name, p in module._params.items()]
+        tree.append([path, f"{cls.__module__}.{cls.__qualname__}", settings, params])
+    return tree
 
 
 def _file_key(model: OnnxModel) -> str:

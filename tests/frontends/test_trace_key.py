@@ -63,3 +63,26 @@ def test_an_onnx_files_key_is_its_graph_without_its_weights(tmp_path):
     base = key("base")
     assert key("weights", weights) == base
     assert len({base, key("constant", constant), key("node", node), key("dims", dims={"seq": 5})}) == 4
+
+
+def test_a_model_changed_after_it_was_built_keys_as_it_traces_or_not_at_all():
+    """Its config unchanged, a model whose dtype, module or setting was set
+    after it was built traces otherwise: it gets another key, or None where a
+    setting has no stable text (a user's object)."""
+    from blockc.ir.dtypes import DType
+    base = trace_key(tiny())
+    halved = tiny()
+    halved.dtype = DType.float16
+    assert print_graph(trace(halved)) != print_graph(trace(tiny())) and trace_key(halved) not in (base, None)
+    eps = tiny()
+    norm = next(m for _, m in eps.named_modules() if hasattr(m, "eps"))
+    norm.eps = 0.5
+    assert print_graph(trace(eps)) != print_graph(trace(tiny())) and trace_key(eps) not in (base, None)
+    odd = tiny()
+    norm = next(m for _, m in odd.named_modules() if hasattr(m, "eps"))
+    norm.eps = object()
+    assert trace_key(odd) is None
+    users = tiny()
+    module = next(m for _, m in users.named_modules() if hasattr(m, "eps"))
+    module.__class__ = type("Mine", (type(module),), {"__module__": "users_file"})   # its forward its own
+    assert trace_key(users) is None
