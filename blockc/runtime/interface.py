@@ -261,9 +261,11 @@ class Backend:
     def compile_hinted(self, graph: Graph, weights: Mapping[str, np.ndarray], hints: CompileHints,
                        **options) -> Compiled:
         """``compile(graph, weights, **options)``, with ``hints=hints`` where
-        this backend's ``compile`` declares that keyword: hints are optional
-        to a backend, so one that does not take them is never handed them."""
-        if "hints" in inspect.signature(self.compile).parameters:
+        this backend's ``compile`` declares that keyword, or takes any keyword
+        (a wrapper that passes them on): hints are optional to a backend, so
+        one that does not take them is never handed them."""
+        params = inspect.signature(self.compile).parameters
+        if "hints" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             options["hints"] = hints
         return self.compile(graph, weights, **options)
 

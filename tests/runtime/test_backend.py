@@ -118,9 +118,13 @@ def test_hints_reach_only_a_backend_that_declares_them():
             seen.append(hints)
             return super().compile(graph, weights, **options)
     graph, hints = blockc.trace(blockc.build_model("tiny", {"layers": "1"})), CompileHints(rows=1)
+    class Wrapped(Hinted):   # a wrapper that passes every keyword on (a spy, a timer) still hands hints on
+        def compile(self, graph, weights, **options):
+            return super().compile(graph, weights, **options)
     Hinted().compile_hinted(graph, {}, hints, variant="a").close()
     NumpyTwin().compile_hinted(graph, {}, hints, variant="a").close()   # no hints keyword: none given
-    assert seen == [hints]
+    Wrapped().compile_hinted(graph, {}, hints, variant="a").close()
+    assert seen == [hints, hints]
 
 
 def test_an_unavailable_backend_says_why(twin, capsys):
