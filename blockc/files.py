@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence, TypeVar
 
+from .environment import env_setting
 from .errors import BlockcError
 
 T = TypeVar("T")
@@ -537,8 +538,8 @@ class CacheEntry:
 
 def cache_limit() -> int:
     """The most the cache may hold: ``$BLOCKC_CACHE_MAX``, else ``CACHE_LIMIT``."""
-    text = os.environ.get("BLOCKC_CACHE_MAX")
-    return parse_size(text, "BLOCKC_CACHE_MAX") if text else CACHE_LIMIT
+    return env_setting("BLOCKC_CACHE_MAX", lambda text: parse_size(text, "BLOCKC_CACHE_MAX"), CACHE_LIMIT,
+                       "a size")
 
 
 def _folder_size(folder: Path) -> int:

@@ -22,6 +22,7 @@ import blockc
 # "blockc" is the package's facade (blockc/__init__.py): only the CLI is above it.
 LAYERS = [
     ("errors", "version", "progress", "process"),
+    ("environment",),
     ("files",),
     ("ir",),
     ("ops",),

@@ -33,6 +33,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..environment import env_setting
 from ..errors import LaunchError
 
 MASTER_ADDR = "127.0.0.1"
@@ -49,13 +50,8 @@ def free_port() -> int:
 def master_port() -> int:
     """The port the ranks meet on: ``$MASTER_PORT`` where set, as torchrun
     reads it, else a free one."""
-    text = os.environ.get("MASTER_PORT", "").strip()
-    if not text:
-        return free_port()
-    try:
-        return int(text)
-    except ValueError:
-        raise LaunchError(f"MASTER_PORT={text!r} is not a port number (1 to 65535)") from None
+    port = env_setting("MASTER_PORT", int, None, "a port number (1 to 65535)", LaunchError)
+    return free_port() if port is None else port
 
 
 def check_port(port: int) -> None:

@@ -38,6 +38,7 @@ import json
 import os
 import sys
 
+from ..environment import env_setting, positive_float
 from ..errors import BlockcError
 from .rank_model import rank_graph_and_weights, rank_session
 
@@ -73,17 +74,8 @@ def collective_timeout() -> float:
     """Seconds a rank waits for its peers in one collective:
     ``$BLOCKC_TP_TIMEOUT`` where set (by the user, for blockc's launcher or
     torchrun alike), else ``DEFAULT_COLLECTIVE_TIMEOUT_S``."""
-    text = os.environ.get(TIMEOUT_VARIABLE)
-    if text is None or not text.strip():
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise BlockcError(f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (> 0): it bounds how long a "
-                          f"rank waits for its peers")
-    return seconds
+    return env_setting(TIMEOUT_VARIABLE, positive_float, DEFAULT_COLLECTIVE_TIMEOUT_S,
+                       "a number of seconds (> 0): it bounds how long a rank waits for its peers")
 
 
 def run_rank(job: dict) -> None:

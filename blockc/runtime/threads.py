@@ -10,8 +10,7 @@ machine, where pools sized to every core spin against each other.
 """
 from __future__ import annotations
 
-import os
-
+from ..environment import env_setting, positive_int
 from ..errors import BlockcError
 
 THREADS_VARIABLE = "BLOCKC_THREADS"
@@ -25,10 +24,5 @@ def intra_op_threads(threads: int | None = None) -> int | None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise BlockcError(f"threads must be a positive integer, got {threads!r}")
         return threads
-    text = os.environ.get(THREADS_VARIABLE, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise BlockcError(f"{THREADS_VARIABLE}={text!r} is not a positive whole number of threads: it sets "
-                          f"the intra-op threads of ONNX Runtime and PyTorch (unset: every core)")
-    return int(text)
+    return env_setting(THREADS_VARIABLE, positive_int, None, "a positive whole number of threads: it sets "
+                       "the intra-op threads of ONNX Runtime and PyTorch (unset: every core)")
