@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import BlockcError
 from ..ir.graph import Graph
 from ..ir.opdef import get
-from ..runtime.backend import Backend, Compiled
+from ..runtime.backend import Backend, Compiled, registration
 from ..runtime.backends.ort import OrtBackend, count_onnx_nodes
 from ..runtime.backends.pytorch import TorchBackend
 
@@ -239,7 +239,7 @@ class TorchPeer(TorchBackend):
     runs = "the standard-form graph, one torch call per IR node"
 
     def __init__(self, name: str):
-        super().__init__(compile=name == "torch-compile")
+        super().__init__(**registration(name).fixed)   # what the name means is its registration's
         self.name = name
 
 

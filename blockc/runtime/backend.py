@@ -74,7 +74,8 @@ def compare_backends() -> tuple[str, ...]:
     return tuple(name for name, entry in _REGISTRY.items() if entry.compare)
 
 
-def _entry(name: str) -> Registration:
+def registration(name: str) -> Registration:
+    """What ``name`` was registered as (a ``BlockcError`` for an unknown name)."""
     registry = _REGISTRY
     if name not in registry:
         raise BlockcError(f"unknown backend {name!r}; backends: {', '.join(registry)}")
@@ -83,14 +84,14 @@ def _entry(name: str) -> Registration:
 
 def backend_options(name: str) -> frozenset[str]:
     """The options the backend ``name`` takes: its class's, less those its registration fixes."""
-    entry = _entry(name)
+    entry = registration(name)
     return entry.cls.option_names() - set(entry.fixed)
 
 
 def _not_taken(names: Sequence[str], option: str) -> BlockcError:
     """The one refusal of an option: who was given it, and who takes it."""
     who = f"backend {names[0]!r} does" if len(names) == 1 else f"backends {', '.join(map(repr, names))} do"
-    notes = [f"{n!r} fixes {option}={_entry(n).fixed[option]!r}" for n in names if option in _entry(n).fixed]
+    notes = [f"{n!r} fixes {option}={registration(n).fixed[option]!r}" for n in names if option in registration(n).fixed]
     takers = [n for n in backend_names() if option in backend_options(n)]
     notes.append(f"{', '.join(takers)} take{'s' if len(takers) == 1 else ''} it" if takers else "no backend takes it")
     own = f"; its options: {', '.join(sorted(backend_options(names[0]))) or 'none'}" if len(names) == 1 else ""
@@ -100,7 +101,7 @@ def _not_taken(names: Sequence[str], option: str) -> BlockcError:
 def make_backend(name: str, **options) -> Backend:
     """The backend registered as ``name``, built with ``options``; an option
     it does not take is a ``BlockcError`` naming the backend and the option."""
-    entry = _entry(name)
+    entry = registration(name)
     for option in options:
         if option not in backend_options(name):
             raise _not_taken([name], option)
@@ -125,7 +126,7 @@ def _built_as(name: str, options: Mapping[str, object]) -> tuple:
     every option it gets (given, fixed by its registration, or its class's
     default). Two names built alike are one backend: ``ort`` is ``ort-cpu``
     where ``provider`` is not given (cpu, its default)."""
-    entry = _entry(name)
+    entry = registration(name)
     settings = {**entry.cls.option_defaults(), **options, **entry.fixed}
     return entry.cls, tuple(sorted((k, repr(v)) for k, v in settings.items()))
 
