@@ -404,6 +404,27 @@ def test_guarded_rows_with_no_key_are_zero_in_every_form(form):
     assert_close(ref, want, "the float64 reference against torch")
 
 
+def test_a_decomposition_whose_shapes_do_not_check_is_an_error_not_inlined(monkeypatch):
+    """A function's body is the op's decomposition over the node's own dims:
+    one that does not type (a bug in the decomposition) is raised naming the
+    node, not retried as the op written in place."""
+    from blockc.errors import ShapeError
+    from blockc.ops import registry
+    calls = []
+
+    def broken(b, node, xs):   # adds x [batch, seq, 8] to r transposed, [8, seq, batch]
+        calls.append(node.op)
+        x, r, _ = xs
+        return [b.op("add", x, b.op("transpose", r, perm=[2, 1, 0]))]
+    monkeypatch.setattr(registry.get("add_rmsnorm"), "decompose_fn", broken)
+    g = Graph("broken")
+    x, r = (g.add_input(n, T(F32, "batch", "seq", 8)) for n in "xr")
+    g.set_outputs([("y", g.op("add_rmsnorm", x, r, g.add_param("g", T(F32, 8))))])
+    with pytest.raises(ShapeError, match=r"decomposition of add_rmsnorm \(node 0\) does not type.*broadcast"):
+        export_onnx_decided(g, {"g": np.ones(8, np.float32)}, fused_as="function")
+    assert calls == ["add_rmsnorm"]
+
+
 # ---- Hugging Face's padding masks: float32's lowest, left-padded and fully masked rows ----------
 def padding_bias(keep: np.ndarray) -> np.ndarray:
     """An additive mask as Hugging Face's exports make it: float32's lowest on the masked keys."""
