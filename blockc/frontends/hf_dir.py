@@ -153,11 +153,12 @@ class Checkpoint:
         identity = source_identity(sorted(set(self.files.files.values())))
         if identity is None or not self.copying:
             return {}
-        recipe = [[name, t.key, t.transpose, t.start, t.stop, self.takes[name][1].name]
-                  for name in self.copying if (t := self.takes[name][0])]
-        key = cache_key(identity, json.dumps(recipe), code_version())
-        specs = {name: (self.takes[name][1].numpy, self.takes[name][2]) for name in self.copying}
-        return prepared_arrays(key, specs, self.make)
+        recipe, specs = [], {}
+        for name in self.copying:
+            take, dtype, shape = self.takes[name]
+            recipe.append([name, take.key, take.transpose, take.start, take.stop, dtype.name])
+            specs[name] = (dtype.numpy, shape)
+        return prepared_arrays(cache_key(identity, json.dumps(recipe), code_version()), specs, self.make)
 
 
 def read_config(path: str) -> dict:
