@@ -5,7 +5,7 @@ at GPT-3's shape (96 layers, d=12288) without weights. A collective
 declared in a test (and removed after) is counted with no edit to the model."""
 from __future__ import annotations
 
-from collective_testing import declared_collective
+from registry_testing import declared_collective
 
 from blockc.frontends import build_model, trace
 from blockc.ir.dtypes import DType

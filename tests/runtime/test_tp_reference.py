@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from collective_testing import declared_collective
+from registry_testing import declared_collective
 
 from blockc.errors import BlockcError
 from blockc.ir.dtypes import DType
