@@ -361,23 +361,25 @@ def test_every_source_in_the_emulator_folder_is_part_of_the_runtime():
 @pytest.mark.parametrize("sanitize", [None, "address"])
 def test_kernels_compile_against_the_cached_precompiled_emulator_header(tmp_path, monkeypatch, sanitize):
     """cuda_emu.h is most of each build: it is precompiled once per set of flags, and g++
-    (asked with -H, which marks a used precompiled header with '!') takes it for the kernels."""
+    (asked with -H, which marks a used precompiled header with '!') takes it for the kernels.
+    The flags are a model build's (emulated_library's), so the cached header and runtime this
+    builds, or finds, are the ones every emulated model build of the session uses."""
+    from blockc.files import cache_root
     from blockc.process import run_command
     if sanitize:
         try:
             toolchain.sanitizer_runtime(sanitize)
         except ToolchainError as e:
             pytest.skip(str(e))
-    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "k.cu"
     src.write_text("__global__ void fill(float* x) { x[threadIdx.x] = 1.0f; }\n")
     commands = []
     real_run = toolchain._run
     monkeypatch.setattr(toolchain, "_run", lambda cmd, what, timeout: (commands.append(cmd), real_run(cmd, what, timeout)))
-    toolchain.compile_emulated([src], tmp_path / "k.so", sanitize=sanitize, opt="-O0")
+    toolchain.compile_emulated([src], tmp_path / "k.so", sanitize=sanitize, extra_flags=["-DBLOCKC_EMULATE"])
     kernel, = [c for c in commands if c[-3].endswith("k.cu")]
     header = Path(kernel[kernel.index("-include") + 1])
-    assert header.with_name("cuda_emu.h.gch").is_file() and header.is_relative_to(tmp_path / "cache")
+    assert header.with_name("cuda_emu.h.gch").is_file() and header.is_relative_to(cache_root())
     said = run_command([*kernel[:-2], "-H", "-o", str(tmp_path / "again.o")], timeout=600)
     assert said.returncode == 0, said.stderr
     assert f"! {header}.gch" in said.stderr.splitlines()
