@@ -111,8 +111,7 @@ def load_user_model(tmp_path, body: str, name="build"):
     return str(path), path.read_text()
 
 
-def test_matmul_mismatch_names_user_line(tmp_path):
-    path, src = load_user_model(tmp_path, """
+BAD_MATMUL = """
         from blockc.frontends import InputSpec, Model, Parameter, symbol
         from blockc.ir.dtypes import DType
 
@@ -128,7 +127,11 @@ def test_matmul_mismatch_names_user_line(tmp_path):
                 return x @ self.w   # the bad line
 
         build = Bad
-    """)
+    """
+
+
+def test_matmul_mismatch_names_user_line(tmp_path):
+    path, src = load_user_model(tmp_path, BAD_MATMUL)
     with pytest.raises(ModelError) as info:
         trace(build_model(f"{path}:build"))
     msg = str(info.value)
@@ -140,26 +143,9 @@ def test_naming_the_user_line_reads_no_source(tmp_path, monkeypatch):
     """Tracing names each node's user line (once per node: 3,000 for 96
     layers of GPT-3) from the frames alone; reading every frame's source
     line for it was most of the trace's time. The error still names the
-    line, and it is the source that names it only when printed."""
+    line."""
     import linecache
-    path, src = load_user_model(tmp_path, """
-        from blockc.frontends import InputSpec, Model, Parameter, symbol
-        from blockc.ir.dtypes import DType
-
-        class Bad(Model):
-            def __init__(self):
-                super().__init__()
-                self.w = Parameter((16, 8))
-
-            def inputs(self):
-                return [InputSpec("x", DType.float32, (symbol("batch"), 16))]
-
-            def forward(self, x):
-                y = x @ self.w   # a good line
-                return y @ self.w   # the bad line
-
-        build = Bad
-    """)
+    path, src = load_user_model(tmp_path, BAD_MATMUL)
     model = build_model(f"{path}:build")
 
     def no_source(*args, **kwargs):
