@@ -410,6 +410,11 @@ def _kernel_backends(plan: Plan) -> list[tuple[Backend, str]]:
 def run_comparison(plan: Plan, progress: Progress | None = None) -> dict:
     """Measure everything ``plan`` holds; returns the ``blockc.compare`` document.
     ``progress`` (``blockc.progress``) is told each step, with a detail."""
+    with memory.collecting_only_new():   # the collections between groups walk only what compare made
+        return _run_comparison(plan, progress)
+
+
+def _run_comparison(plan: Plan, progress: Progress | None) -> dict:
     from ..frontends import init_weights
     o = plan.options
     steps = _Steps(progress, planned_steps(plan))
