@@ -1,0 +1,133 @@
+"""Nodes computed from parameters alone, folded into parameters of their own.
+
+A fused graph merges weights as it runs: the QKV merge and a Llama's
+gate/up merge concatenate three or two parameters in every layer, a tied
+head transposes the embedding. ONNX Runtime constant-folds each such node
+when a session is created, in each session (a generation has two: prefill
+and decode), so every start pays the folding and holds extra copies.
+``fold_params`` takes those nodes out of the graph: each becomes a
+parameter, and ``FoldedParams.make`` computes its value with the op's own
+numpy meaning (``ops/evaluate.py``), once, for whoever stores it
+(``ort_runner.OrtSession`` keeps it in the cache as a file that ONNX
+Runtime maps, shared by every session).
+
+Before::
+
+    param @w_q: f32[64,64]
+    param @w_k: f32[64,32]
+    param @w_v: f32[64,32]
+    %0:f32[64,128] = concat @w_q, @w_k, @w_v {axis=1}
+    %1:f32[batch,seq,128] = matmul %x, %0
+
+After::
+
+    param @"concat(w_q,w_k,w_v){axis=1}": f32[64,128]
+    %0:f32[batch,seq,128] = matmul %x, @"concat(w_q,w_k,w_v){axis=1}"
+
+A node is folded when it is a load-time node (``ir/load_time.py``: fixed
+size, no symbolic attribute; ``slice @rope.cos {end=total}`` stays) whose
+inputs are all parameters or folded results (a node over constants is
+constant folding's: ``passes/constant_fold.py``), and no result of it is a
+graph output. Only the folded values that unfolded nodes read become
+parameters; a parameter read by nothing else any more leaves the graph.
+The new parameter's name is the node written out over its inputs' names
+(``op(a,b){attr=value}``), so two graphs folding the same node (a prefill
+and a decode step) name it alike and can share one array.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.load_time import load_time_nodes
+from ..ir.printer import format_attr
+from ..ops.evaluate import Env, evaluate_node
+
+
+@dataclass(frozen=True)
+class FoldedParams:
+    """``graph`` with each folded node's used results as parameters, and what
+    each new parameter was made from. ``derived``: ``{name: value}`` where
+    the value is the folded result in the *original* graph; ``leaves``:
+    ``{name: [the original parameters it is computed from]}``. ``make(name)``
+    computes one new parameter's array from the original weights."""
+
+    graph: Graph
+    derived: dict[str, Value]
+    leaves: dict[str, list[str]]
+    make: Callable[[str], np.ndarray]
+
+    def specs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """``{name: (numpy dtype, shape)}`` of each new parameter."""
+        return {name: (v.dtype.numpy, tuple(v.shape)) for name, v in self.derived.items()}
+
+
+def foldable_nodes(graph: Graph, only: Callable[[str], bool] = lambda name: True) -> list[Node]:
+    """The nodes ``fold_params`` folds, in graph order (see the module
+    docstring), of those whose parameters ``only`` accepts by name."""
+    static = load_time_nodes(graph)
+    outputs = {id(v) for _, v in graph.outputs}
+    folded: set[int] = set()
+    out = []
+    for n in graph.nodes:
+        if id(n) in static and n.inputs and not any(id(o) in outputs for o in n.outputs) and \
+                all(only(v.name) if v.kind == "param" else id(v.producer) in folded for v in n.inputs):
+            folded.add(id(n))
+            out.append(n)
+    return out
+
+
+def fold_params(graph: Graph, weights: Mapping[str, np.ndarray],
+                only: Callable[[str], bool] = lambda name: True) -> FoldedParams | None:
+    """``graph`` with its parameter-only nodes folded (see the module
+    docstring), those alone whose parameters ``only`` accepts by name, or
+    None where it has none. ``graph`` is not changed; the arrays are made
+    only when ``make`` is called, from ``weights``."""
+    nodes = foldable_nodes(graph, only)
+    if not nodes:
+        return None
+    folded = {id(n) for n in nodes}
+    names = _derived_names(nodes)
+    derived = {names[id(o)]: o for n in nodes for o in n.outputs
+               if any(id(user) not in folded for user, _ in o.uses)}
+    if any(name in graph.params for name in derived):
+        return None   # a parameter already has a folded one's name: leave the graph as it is
+    g = graph.copy()
+    copies = dict(zip(map(id, graph.nodes), g.nodes))   # a copy keeps the order of the nodes
+    for name, v in derived.items():
+        g.replace_all_uses(copies[id(v.producer)].outputs[v.index], g.add_param(name, v.type))
+    for n in reversed(nodes):
+        g.remove_node(copies[id(n)])
+    g.remove_unused_params()
+    leaves = {name: list(_leaf_params(v)) for name, v in derived.items()}
+    return FoldedParams(g, derived, leaves, lambda name: _evaluate(derived[name], weights))
+
+
+def _derived_names(nodes: list[Node]) -> dict[int, str]:
+    """``{id(result): name}``: ``op(input names){attrs}``, ``#i`` after it for the i-th result of several."""
+    names: dict[int, str] = {}
+    for n in nodes:
+        args = ",".join(v.name if v.kind == "param" else names[id(v)] for v in n.inputs)
+        attrs = "{" + ",".join(f"{k}={format_attr(a)}" for k, a in n.attrs.items()) + "}" if n.attrs else ""
+        for o in n.outputs:
+            names[id(o)] = f"{n.op}({args}){attrs}" + (f"#{o.index}" if len(n.outputs) > 1 else "")
+    return names
+
+
+def _leaf_params(v: Value) -> dict[str, None]:
+    """The parameters ``v`` is computed from, in the order its inputs name them (a dict as an ordered set)."""
+    if v.kind == "param":
+        return {v.name: None}
+    return {name: None for i in v.producer.inputs for name in _leaf_params(i)}
+
+
+def _evaluate(v: Value, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``v``'s value, computed from ``weights`` by each node's numpy rule in the graph's dtypes."""
+    if v.kind == "param":
+        return np.asarray(weights[v.name])
+    args = [_evaluate(i, weights) for i in v.producer.inputs]
+    # contiguous: a transpose's rule gives a view, and whoever stores or binds the array reads it in order
+    return np.ascontiguousarray(evaluate_node(v.producer, args, Env({}, float64=False))[v.index])
