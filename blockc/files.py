@@ -16,13 +16,15 @@
 * ``cache_root``: the one cache folder (``$BLOCKC_CACHE``, else
   ``$XDG_CACHE_HOME/blockc``, else ``~/.cache/blockc``); ``cached_file``
   builds an entry in it under a lock, renames it into place when complete,
-  records its size and SHA-256 beside it, and rebuilds an entry that no
-  longer matches (a truncated or corrupted file). The cache holds at most
-  ``cache_limit()`` (10 GiB, or ``$BLOCKC_CACHE_MAX``): after each build the
-  least recently used entries are removed (``prune_cache``);
+  records its size and SHA-256 beside it (or, for a large entry, what
+  ``stat`` says of it), and rebuilds an entry that no longer matches (a
+  truncated or corrupted file). The cache holds at most ``cache_limit()``
+  (10 GiB, or ``$BLOCKC_CACHE_MAX``): after each build the least recently
+  used entries are removed (``prune_cache``);
   ``cache_entries`` lists them (``blockc cache``). ``cached_value`` keeps
   any made bytes so (the compile cache: an optimized graph, a weightless
-  ONNX export), under a ``cache_key`` of what they were made from.
+  ONNX export), under a ``cache_key`` of what they were made from;
+  ``cached_entry`` any made file (prepared weights, checked by ``stat``).
 * ``output_folder``: a folder of outputs (a CUDA build, a report) filled
   under a temporary name and renamed into place when complete, so an error
   or Ctrl-C leaves no folder and no partial file.
@@ -415,23 +417,32 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _fingerprint(path: Path) -> dict:
+def _fingerprint(path: Path, verify: str = "sha256") -> dict:
+    """What ``PATH.ok`` records of an entry: its size, and its SHA-256
+    (``verify="sha256"``) or what ``stat`` says of the placed file
+    (``verify="stat"``: its mtime and inode, which a rewrite or a
+    replacement changes; no read of its bytes, for entries of gigabytes)."""
+    st = path.stat()
+    if verify == "stat":
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    if verify != "sha256":
+        raise ValueError(f"verify must be 'sha256' or 'stat', not {verify!r}")
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+    return {"size": st.st_size, "sha256": h.hexdigest()}
 
 
-def _intact(path: Path, stamp: Path) -> bool:
+def _intact(path: Path, stamp: Path, verify: str = "sha256") -> bool:
     try:
         recorded = json.loads(stamp.read_text())
-        return path.stat().st_size == recorded["size"] and _fingerprint(path) == recorded
+        return path.stat().st_size == recorded["size"] and _fingerprint(path, verify) == recorded
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
+def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: str = "sha256") -> Path:
     """``path``, a cache entry, made by ``make(tmp)`` unless it is there and intact.
 
     ``make`` writes the file at ``tmp`` (a temporary name beside ``path``).
@@ -439,15 +450,18 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
     once and never see a partial file; the result is renamed into place and its
     size and SHA-256 recorded in ``PATH.ok``. An entry without that record or
     not matching it (a 0-byte file from a killed build, a truncated or changed
-    one) is made again."""
+    one) is made again. ``verify="stat"`` records and checks the placed
+    file's size, mtime and inode instead of its SHA-256 (``_fingerprint``):
+    for large entries (prepared weights) whose hashing would cost seconds on
+    every use; such an entry is never written in place, only replaced."""
     path = Path(path)
     stamp = path.with_name(path.name + ".ok")
-    if _intact(path, stamp):
+    if _intact(path, stamp, verify):
         _used(stamp)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(path.name + ".lock")):
-        if _intact(path, stamp):
+        if _intact(path, stamp, verify):
             return path
         remove_stale_partials(path)
         for old in (stamp, path):
@@ -459,7 +473,7 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None]) -> Path:
             if not tmp.is_file() or tmp.stat().st_size == 0:
                 raise BlockcError(f"building {path} made no file")
             os.chmod(tmp, user_mode())
-            record = _fingerprint(tmp)
+            record = _fingerprint(tmp, verify)   # a rename keeps the inode and the mtime
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -488,22 +502,29 @@ def cache_key(*parts: str | bytes) -> str:
 
 def cached_value(kind: str, key: str, name: str, make: Callable[[], bytes], read: Callable[[bytes], T]) -> T:
     """``read(make())``, with what ``make`` returned kept in the cache as
-    ``KIND/KEY/NAME`` (``cached_file``: built once under a lock, recorded,
-    rebuilt when damaged; pruned to ``cache_limit()`` with every other entry,
-    listed and cleared by ``blockc cache``). An entry that is intact on disk
-    but that ``read`` refuses (written by a build that died between its
-    record and its use, or tampered with) is made again. Counted in
-    ``CACHE_COUNTS``."""
+    ``KIND/KEY/NAME`` (``cached_entry``, which see)."""
+    return cached_entry(kind, key, name, lambda tmp: tmp.write_bytes(make()), lambda entry: read(entry.read_bytes()))
+
+
+def cached_entry(kind: str, key: str, name: str, write: Callable[[Path], None], read: Callable[[Path], T],
+                 verify: str = "sha256") -> T:
+    """``read(entry)`` of the cache entry ``KIND/KEY/NAME``, which ``write(tmp)``
+    makes when it is missing or damaged (``cached_file``: built once under a
+    lock, recorded, checked as ``verify`` says, rebuilt when damaged; pruned
+    to ``cache_limit()`` with every other entry, listed and cleared by
+    ``blockc cache``). An entry that is intact on disk but that ``read``
+    refuses (written by a build that died between its record and its use,
+    or tampered with) is made again. Counted in ``CACHE_COUNTS``."""
     path = cache_root() / kind / key / name
     for attempt in (0, 1):
         made = []
 
-        def write(tmp: Path) -> None:
+        def build(tmp: Path) -> None:
             made.append(True)
-            tmp.write_bytes(make())
-        entry = cached_file(path, write)
+            write(tmp)
+        entry = cached_file(path, build, verify)
         try:
-            value = read(entry.read_bytes())
+            value = read(entry)
         except Exception:
             if made or attempt:
                 raise

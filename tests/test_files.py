@@ -104,3 +104,47 @@ def test_blockc_cache_lists_and_clears_the_entries(tmp_path, monkeypatch, capsys
     assert main(["cache", "--clear"]) == 0
     assert capsys.readouterr().out.startswith("removed 1 entries (2.09 KiB)")
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+# -- a large entry checked by stat, not by hashing it ---------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "rewritten in place", "replaced", "no record"])
+def test_a_damaged_stat_verified_entry_is_rebuilt(tmp_path, damage):
+    from blockc.files import cached_file
+    path, builds = tmp_path / "entry.bin", []
+
+    def make(tmp):
+        builds.append(tmp)
+        tmp.write_bytes(b"weights!" * 100)
+    cached_file(path, make, verify="stat")
+    recorded = (tmp_path / "entry.bin.ok").read_text()
+    assert "sha256" not in recorded and "mtime_ns" in recorded
+    if damage == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(400)
+    elif damage == "rewritten in place":   # same size and inode: its mtime tells (set apart: a tick may hold both)
+        st = path.stat()
+        path.write_bytes(b"WEIGHTS!" * 100)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+    elif damage == "replaced":             # same size, a new file renamed over it: its inode tells
+        (tmp_path / "other").write_bytes(b"WEIGHTS!" * 100)
+        os.utime(tmp_path / "other", ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+        os.replace(tmp_path / "other", path)
+    else:
+        (tmp_path / "entry.bin.ok").unlink()
+    assert cached_file(path, make, verify="stat").read_bytes() == b"weights!" * 100
+    assert len(builds) == 2
+    cached_file(path, make, verify="stat")
+    assert len(builds) == 2
+
+
+def test_an_entry_recorded_one_way_is_rebuilt_when_checked_the_other(tmp_path):
+    from blockc.files import cached_file
+    path, builds = tmp_path / "entry.bin", []
+
+    def make(tmp):
+        builds.append(tmp)
+        tmp.write_bytes(b"x" * 10)
+    cached_file(path, make)
+    cached_file(path, make, verify="stat")
+    cached_file(path, make, verify="stat")
+    assert len(builds) == 2

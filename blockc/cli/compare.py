@@ -110,7 +110,7 @@ def run_tp(args) -> int:
     batches, seqs = int_list("--batch", args.batch), int_list("--seq", args.seq or "128")
     if len(batches) != 1 or len(seqs) != 1:
         raise BlockcError("compare --tp measures one shape: give one --batch and one --seq")
-    backends = ("torch-eager",) if args.backends == _defaults()["backends"] else _name_list(args.backends)
+    backends = None if args.backends == _defaults()["backends"] else _name_list(args.backends)   # None: compare_tp's
     report = compare_tp(args.model, args.tp, overrides=parse_sets(args.set), backends=backends, batch=batches[0],
                         seq=seqs[0], seed=args.seed, weights=args.weights, pad_vocab=args.pad_vocab,
                         blocks=args.blocks, rounds=args.rounds, warmup=args.warmup, repeats=args.repeats)

@@ -127,11 +127,12 @@ def rank_backend(args) -> str:
     given. One a rank does not run, or a backend option (--fused-as,
     --provider, ...) it does not take, is refused as ``make_backend``
     refuses it, rather than ignored."""
-    from ..parallel.launch import RANK_BACKENDS
+    from ..parallel.launch import rank_backends
     from ..runtime.backend import make_backend
-    backend = args.backend or RANK_BACKENDS[0]
-    if backend not in RANK_BACKENDS:
-        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(RANK_BACKENDS)} "
+    ranks = rank_backends()
+    backend = args.backend or ranks[0]
+    if backend not in ranks:
+        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(ranks)} "
                           f"(not {backend})")
     make_backend(backend, **getattr(args, "backend_options", {}))
     return backend

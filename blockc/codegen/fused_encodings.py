@@ -50,7 +50,7 @@ from onnx import helper
 
 from ..errors import BlockcError, ShapeError
 from ..ir.builder import Builder
-from ..ir.dims import Sym
+from ..ir.dims import Sym, substitute
 from ..ir.graph import Graph, Node
 from ..ir.printer import format_attr
 from ..ir.types import TensorType
@@ -183,10 +183,9 @@ class FusedLowering:
             try:
                 outs = self.functions.call(e, node, ins)
             except ShapeError as why:
-                # A function's inputs have dims of their own (d0, d1, ...): where the body needs two to
-                # agree (append_attention's mask is as long as past+seq), it is written in place instead.
-                outs = _inline(e, node, ins)
-                reason = f"{reason}; inline, not a function: its body needs its inputs' dims to agree ({why})"
+                # The body keeps the node's dims (renamed): it types wherever the op's decomposition is right.
+                raise ShapeError(f"ONNX export: the decomposition of {node.op} (node {index}) does not type "
+                                 f"as a function body: {why}") from why
         self.decisions.append({"nodes": list(node.origin), "node": index, "op": node.op, "kind": table_key(node),
                                "requested": requested, "form": form, "reason": reason})
         return outs
@@ -241,9 +240,9 @@ class FunctionLibrary:
 
     def _build(self, node: Node, types: list[TensorType]) -> onnx.FunctionProto:
         """The function (not yet named) whose body is ``node``'s
-        decomposition, over inputs of ``types`` (symbolic dims renamed to
-        plain symbols, so that every dim the body needs is read off the
-        function's own inputs)."""
+        decomposition, over inputs of ``types`` (``_plain_types``: the
+        node's dims, symbols renamed); every dim the body needs is read off
+        the function's own inputs."""
         opdef = registry.get(node.op)
         inputs = _formal_inputs(opdef, len(node.inputs))
         outputs = ["Y"] if len(node.outputs) == 1 else [f"Y{i}" for i in range(len(node.outputs))]
@@ -279,20 +278,19 @@ def _inline(e: OnnxEmitter, node: Node, ins: list[str]) -> list[str]:
 
 
 def _plain_types(node: Node) -> list[TensorType]:
-    """The input types of ``node`` with each distinct symbolic dim renamed
-    ``d0``, ``d1``, ...: ``past+seq`` cannot be read off one input axis, a
-    plain symbol can."""
-    plain: dict = {}
-
-    def rename(d):
-        if isinstance(d, int):
-            return d
-        if d not in plain:
-            plain[d] = Sym.var(f"d{len(plain)}")
-        return plain[d]
+    """The input types of ``node`` with each symbol renamed ``d0``, ``d1``,
+    ... in order of first use, and expressions of them kept: ``past+seq`` is
+    ``d2+d1`` when past is d2 and seq d1, so that the body's shapes agree
+    where the graph's do (a concat of past and new keys is as long as the
+    mask), and one function serves graphs that name their dims apart."""
     if registry.attr_symbols(node.attrs):
         raise BlockcError(f"ONNX export: {node.op} has symbolic attributes; it cannot become a function")
-    return [TensorType(v.dtype, tuple(rename(d) for d in v.shape)) for v in node.inputs]
+    plain: dict[str, Sym] = {}
+    for v in node.inputs:
+        for d in v.shape:
+            for s in sorted(d.symbols) if isinstance(d, Sym) else ():
+                plain.setdefault(s, Sym.var(f"d{len(plain)}"))
+    return [TensorType(v.dtype, tuple(substitute(d, plain) for d in v.shape)) for v in node.inputs]
 
 
 def _formal_inputs(opdef, n: int) -> list[str]:

@@ -54,13 +54,12 @@ class OnnxEmitter:
         self._dims1d: dict[Dim, str] = {}
         self._dims0d: dict[Dim, str] = {}
         self._dim_lists: dict[tuple, str] = {}
-        # Where each symbol can be read at run time: the first input axis that
-        # is exactly that symbol.
-        self._sources: dict[str, tuple[str, int]] = {}
+        # Where each symbolic dim can be read at run time: the first input axis of exactly that dim.
+        self._axes: dict[Dim, tuple[str, int]] = {}
         for v in graph.inputs:
             for axis, d in enumerate(v.shape):
-                if is_plain_symbol(d):
-                    self._sources.setdefault(next(iter(d.symbols)), (v.name, axis))
+                if isinstance(d, Sym):
+                    self._axes.setdefault(d, (v.name, axis))
 
     # -- names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -144,17 +143,43 @@ class OnnxEmitter:
         if isinstance(dim, int):
             return self.const(np.array([dim], np.int64))
         if dim not in self._dims1d:
-            self._dims1d[dim] = self._polynomial(dim)
+            # A dim whose symbols are not all readable (batch*seq where only that product is an axis) is
+            # read whole from its axis.
+            whole = dim in self._axes and not all(self._solve(s) for s in dim.symbols)
+            self._dims1d[dim] = self._read(dim) if whole else self._polynomial(dim)
         return self._dims1d[dim]
+
+    def _read(self, dim: Sym) -> str:
+        source, axis = self._axes[dim]
+        return self.emit("Shape", [source], start=axis, end=axis + 1)
+
+    def _solve(self, name: str) -> tuple[Sym, Dim] | None:
+        """Where to read the symbol ``name``: an input axis ``dim`` and the
+        rest ``dim - name`` to take off it -- its own axis (rest 0) first, else
+        an axis where it is added once to dims read from their own axes
+        (``past`` from a ``past+seq`` axis less a ``seq`` one)."""
+        key = Sym.var(name)
+        if key in self._axes:
+            return key, 0
+        for dim in self._axes:
+            rest = dim - key
+            symbols = rest.symbols if isinstance(rest, Sym) else set()
+            if name not in symbols and all(Sym.var(s) in self._axes for s in symbols):
+                return dim, rest
+        return None
 
     def _symbol(self, name: str) -> str:
         key = Sym.var(name)
         if key not in self._dims1d:
-            if name not in self._sources:
+            found = self._solve(name)
+            if found is None:
                 raise BlockcError(f"ONNX export: dimension '{name}' is used by an op, but no graph input has "
-                                  f"an axis of exactly '{name}' to read it from")
-            source, axis = self._sources[name]
-            self._dims1d[key] = self.emit("Shape", [source], start=axis, end=axis + 1)
+                                  f"an axis of exactly '{name}' (or of '{name}' plus dims read so) to read it from")
+            dim, rest = found
+            if dim not in self._dims1d:
+                self._dims1d[dim] = self._read(dim)
+            self._dims1d[key] = self._dims1d[dim] if rest == 0 else self.emit("Sub", [self._dims1d[dim],
+                                                                                      self._dim_1d(rest)])
         return self._dims1d[key]
 
     def _polynomial(self, dim: Sym) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import BlockcError
 from ..ir.graph import Graph
 from ..ir.opdef import get
+from ..ops.fused import takes_queries
 from ..runtime.backend import Backend, Compiled, registration
 from ..runtime.backends.ort import OrtBackend, count_onnx_nodes
 from ..runtime.backends.pytorch import TorchBackend
@@ -40,10 +41,12 @@ def attention_shape(fused: Graph) -> tuple[str, int, int]:
     fused form: one reading for DSL models and imported files alike):
     "gpt2" where it is causal, "bert" otherwise; the heads and their joint
     width (heads x head size, what the optimizer's Attention fusion calls
-    the hidden size) from ``qkv_attention``'s attributes or ``attention``'s
-    q ``[batch, heads..., seq, head]`` (grouped-query heads are split in
-    two axes). (.., 0, 0) where they cannot be read (no fused attention, a
-    symbolic or folded head axis) lets the optimizer detect them itself.
+    the hidden size) from ``qkv_attention``'s attributes or the queries
+    ``[batch, heads..., seq, head]`` of any op that takes them
+    (``ops.fused.takes_queries``: attention and its cache steps;
+    grouped-query heads are split in two axes). (.., 0, 0) where they
+    cannot be read (no fused attention, a symbolic or folded head axis)
+    lets the optimizer detect them itself.
 
     A file whose causal mask is merged with its padding mask into one
     additive mask (Hugging Face GPT-2 by torch.onnx) reads as "bert": on
@@ -57,7 +60,7 @@ def attention_shape(fused: Graph) -> tuple[str, int, int]:
             return model_type, n.attrs["heads"], n.attrs["sizes"][0]
         q = n.inputs[0].type.shape
         fixed = all(isinstance(d, int) for d in q[1:-2] + q[-1:])
-        if n.op in ("attention", "append_attention") and len(q) >= 4 and fixed:
+        if takes_queries(n.op) and len(q) >= 4 and fixed:
             heads = math.prod(q[1:-2])
             return model_type, heads, heads * q[-1]
         return model_type, 0, 0

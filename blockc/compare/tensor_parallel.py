@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends import build_model, trace
 from ..frontends.module import check_seed
-from ..parallel.launch import RANK_BACKENDS, Case, time_cases
+from ..parallel.launch import Case, rank_backends, time_cases
 from ..parallel.rank_timing import contestant_key
 from ..passes.shard import shard
 from ..report.communication import collective_bytes
@@ -64,10 +64,10 @@ class TpRow:
 
 def check_tp_options(backends, tp: int, blocks: int, rounds: int, warmup: int, repeats: int) -> tuple[str, ...]:
     """The backends asked for, each one a rank runs, and the counts; else refused by name."""
-    backends = tuple(backends)
-    bad = [b for b in backends if b not in RANK_BACKENDS]
+    backends, ranks = tuple(backends), rank_backends()
+    bad = [b for b in backends if b not in ranks]
     if bad or not backends:
-        raise BlockcError(f"compare --tp times the backends a rank runs, {' and '.join(RANK_BACKENDS)}: give "
+        raise BlockcError(f"compare --tp times the backends a rank runs, {' and '.join(ranks)}: give "
                           f"--backends from those (not {', '.join(bad) or 'none'})")
     if tp < 2:
         raise BlockcError(f"compare --tp N times N ranks against one: give --tp 2 or more (not {tp})")
@@ -78,11 +78,12 @@ def check_tp_options(backends, tp: int, blocks: int, rounds: int, warmup: int, r
 
 
 def compare_tp(model: str, tp: int, *, overrides: Mapping[str, str] | None = None,
-               backends=("torch-eager",), batch: int = 1, seq: int = 128, seed: int = 0,
+               backends=None, batch: int = 1, seq: int = 128, seed: int = 0,
                weights: str | None = None, pad_vocab: bool = False, blocks: int = 5, rounds: int = 2,
                warmup: int = 2, repeats: int = 4, timeout: float = 900.0) -> dict:
-    """The comparison as the JSON document ``--json`` writes (docs/compare-report.md)."""
-    backends = check_tp_options(backends, tp, blocks, rounds, warmup, repeats)
+    """The comparison as the JSON document ``--json`` writes (docs/compare-report.md);
+    ``backends``: the default rank backend where not given."""
+    backends = check_tp_options(rank_backends()[:1] if backends is None else backends, tp, blocks, rounds, warmup, repeats)
     overrides, dims = dict(overrides or {}), {"batch": batch, "seq": seq}
     built = build_model(model, overrides)
     rng = np.random.default_rng(check_seed(seed, "--seed"))

@@ -14,7 +14,8 @@ safetensors headers, checked against the model when it is built): its key is
 that config, and never a weight byte, so weights changed in place are still
 bound at load. An ONNX file's model (``OnnxModel``) is keyed by the file's graph without
 the values of its parameters (their names, shapes and dtypes kept; the
-small constants it reads as part of the graph kept whole), its functions and
+small constants it reads as part of the graph kept whole, a node's tensor
+kept as external data included), its functions and
 opsets, its name and the inputs as this model takes them (the dims a step
 binds). A user's own class (or a subclass of a built-in one, whose
 ``forward`` may differ) has no such description: ``None``, and its callers
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import onnx
 
 from ..files import cache_key
@@ -84,6 +86,18 @@ def _module_tree(model: Model) -> list | None:
     return tree
 
 
+def _constants(model: OnnxModel) -> list[tuple[str, np.ndarray]]:
+    """The values the graph reads as part of itself, by name: the file's
+    small initializers, and the tensors of node attributes (a ``Constant``'s
+    value) kept as external data, whose node holds only where they lie."""
+    held = [(name, model.constants[name]) for name in sorted(model.constants)]
+    for index, node in enumerate(model.nodes):
+        for name, a in sorted(node.attrs.items()):
+            if a.type == a.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL:
+                held.append((f"node {index} {node.name} {name}", model.attr_tensor(node, name)))
+    return held
+
+
 def _file_key(model: OnnxModel) -> str:
     """An ONNX file's model, its parameters' values left out (see the module docstring)."""
     proto = model.file.model
@@ -92,8 +106,8 @@ def _file_key(model: OnnxModel) -> str:
         getattr(graph, field).extend(getattr(proto.graph, field))
     for t in proto.graph.initializer:   # names, shapes, dtypes: a parameter's values are bound at load
         graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
-    constants = [part for name in sorted(model.constants)   # read from the file, inline or not: part of the graph
-                 for part in (name, str(model.constants[name].dtype), model.constants[name].tobytes())]
+    constants = [part for name, value in _constants(model)
+                 for part in (name, str(value.dtype), value.tobytes())]
     digest = cache_key(graph.SerializeToString(deterministic=True), *constants,
                        *(f.SerializeToString(deterministic=True) for f in proto.functions))
     opsets = sorted((o.domain, o.version) for o in proto.opset_import)

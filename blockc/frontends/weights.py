@@ -35,7 +35,7 @@ import mmap
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -48,6 +48,12 @@ FORMATS = (".safetensors", ".npz")
 
 # The .npz side entry: {name: dtype name} for arrays stored as raw uint views.
 _NPZ_DTYPES_KEY = "__blockc_dtypes__"
+
+# safetensors' dtype codes; what numpy lacks comes from ml_dtypes, as DType's bfloat16 does
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": DType.bfloat16.numpy,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64,
+                       "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
+_SAFETENSORS_CODES = {np.dtype(dtype): code for code, dtype in _SAFETENSORS_DTYPES.items()}
 
 
 def materialize(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -89,9 +95,49 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, np.ndarray]) -> 
 
 
 def _write_safetensors(path: str, arrays: dict[str, np.ndarray]) -> None:
-    import safetensors.numpy  # looked up at call time: tests replace it to simulate a failed write
+    write_safetensors(path, {name: (a.dtype, a.shape) for name, a in arrays.items()}, arrays.__getitem__)
 
-    safetensors.numpy.save_file(arrays, path)
+
+def write_safetensors(path: str | os.PathLike, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+                      make: Callable[[str], np.ndarray]) -> None:
+    """Write a new ``.safetensors`` file at ``path`` holding a tensor of each
+    ``specs`` entry ``name: (dtype, shape)``: the header first, from the specs
+    alone, then each tensor's bytes as ``make(name)`` makes it, so no more
+    than one tensor is in memory at a time (the safetensors library wants
+    every array at once). Tensors lie in order of falling item size, as the
+    library lays them, so each starts aligned to its own item size. A made
+    array of another dtype or shape than its spec is a ``WeightsError``.
+    Not atomic by itself: callers write to a temporary name
+    (``replace_together``, ``files.cached_file``)."""
+    order = sorted(specs, key=lambda name: -np.dtype(specs[name][0]).itemsize)
+    header, offset = {}, 0
+    for name in order:
+        dtype, shape = np.dtype(specs[name][0]), tuple(int(d) for d in specs[name][1])
+        if dtype not in _SAFETENSORS_CODES:
+            raise WeightsError(f"cannot write {printable(name)} to a .safetensors file: its dtype {dtype} has no "
+                               f"safetensors code")
+        size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        header[name] = {"dtype": _SAFETENSORS_CODES[dtype], "shape": list(shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)   # the data starts 8-aligned, as the library's own files do
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for name in order:
+            f.write(_checked(name, make(name), specs[name]).reshape(-1).view(np.uint8))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _checked(name: str, made, spec: tuple[np.dtype, tuple[int, ...]]) -> np.ndarray:
+    """``made`` as a C-ordered array, once it has its spec's dtype and shape."""
+    a = np.asarray(made, order="C")   # a 0-d array stays 0-d (np.ascontiguousarray makes it [1])
+    dtype, shape = np.dtype(spec[0]), tuple(int(d) for d in spec[1])
+    if a.dtype != dtype or a.shape != shape:
+        raise WeightsError(f"{printable(name)} was made as {a.dtype}{list(a.shape)}, but the file's header says "
+                           f"{dtype}{list(shape)}")
+    return a
 
 
 def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
@@ -112,10 +158,6 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 # -- loading ----------------------------------------------------------------------
-# safetensors' dtype codes; what numpy lacks comes from ml_dtypes, as DType's bfloat16 does
-_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": DType.bfloat16.numpy,
-                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64,
-                       "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
 
 
 class SafetensorsFiles(Mapping):

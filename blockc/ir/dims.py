@@ -170,6 +170,20 @@ def evaluate(d: Dim, bindings: Mapping[str, int]) -> int:
     return d.evaluate(bindings) if isinstance(d, Sym) else int(d)
 
 
+def substitute(d: Dim, values: Mapping[str, Dim]) -> Dim:
+    """``d`` with each symbol in ``values`` replaced by its dim (others kept):
+    ``past+seq`` with ``{past: d0, seq: d1}`` is ``d0+d1``."""
+    if not isinstance(d, Sym):
+        return d
+    total: Dim = 0
+    for m, c in d.terms.items():
+        term: Dim = c
+        for s in m:
+            term = Sym._lift(term) * values.get(s, Sym.var(s))
+        total = Sym._lift(total) + term
+    return total
+
+
 def dim_str(d: Dim) -> str:
     return str(d)
 

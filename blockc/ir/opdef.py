@@ -29,7 +29,10 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   ``total`` of a 1001-position buffer): ``ops/limits.py`` refuses a dim past
   them, on every backend, before any run;
 * ``fused``     -- whether the fusion passes make it: reports draw it, ONNX
-  export writes it in a fused-op encoding, ``blockc compare`` times it alone.
+  export writes it in a fused-op encoding, ``blockc compare`` times it alone;
+* ``collective`` -- whether it exchanges values between the ranks of a
+  tensor-parallel group (of ``world`` ranks, an attribute every collective
+  has): ``compare --tp`` times these alone, through their ``torch`` rule.
 
 Every list of ops elsewhere (fused ops, a target's supported set, the FLOP
 table, report colours) is derived from this table, never typed again.
@@ -79,6 +82,7 @@ class OpDef:
     flops: int | Callable = 1              # per element of the first output, or fn(node, bindings)
     traffic: Callable | None = None        # fn(node, bindings) -> (bytes read, bytes written); None: each once
     fused: bool = False                    # made by the fusion passes
+    collective: bool = False               # exchanges values between the ranks (attribute ``world``)
     colour: str | None = None              # a fused op's colour in report pictures (else a spare one)
     indexes: Callable | None = None        # fn(node) -> [(ids value, table value, axis)] (ops/limits.py)
     bounds: Callable | None = None         # fn(node) -> [(end dim, value, axis)]: end <= value's axis (ops/limits.py)
@@ -201,14 +205,17 @@ OPS: dict[str, OpDef] = {}
 def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str | None = None,
            cuda_expr: str | Callable | None = None, flops: int | Callable = 1, fused: bool = False,
            colour: str | None = None, indexes: Callable | None = None, bounds: Callable | None = None,
-           traffic: Callable | None = None) -> OpDef:
+           traffic: Callable | None = None, collective: bool = False) -> OpDef:
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
+    if collective and "world" not in (attrs or {}):
+        raise AssertionError(f"op {name}: a collective says the size of its group, in an attribute 'world'")
     if (cuda == "elementwise") != (cuda_expr is not None):
         raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
     op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,
-               flops=flops, fused=fused, colour=colour, indexes=indexes, bounds=bounds, traffic=traffic)
+               flops=flops, fused=fused, colour=colour, indexes=indexes, bounds=bounds, traffic=traffic,
+               collective=collective)
     OPS[name] = op
     return op
 

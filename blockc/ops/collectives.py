@@ -55,7 +55,7 @@ def _world(name: str, attrs) -> int:
     return attrs["world"]
 
 
-all_reduce = define("all_reduce", ("x",), attrs={"world": (INT, REQUIRED)}, flops=1,
+all_reduce = define("all_reduce", ("x",), attrs={"world": (INT, REQUIRED)}, flops=1, collective=True,
                     doc="sum of x over the ranks of the tensor-parallel group")
 
 
@@ -87,6 +87,7 @@ def torch_all_reduce(x):
 all_reduce.torch(lambda b, node, xs: xs[0] if node.attrs["world"] == 1 else b.call(torch_all_reduce, xs[0]))
 
 all_gather = define("all_gather", ("x",), attrs={"axis": (INT, REQUIRED), "world": (INT, REQUIRED)}, flops=0,
+                    collective=True,
                     doc="the ranks' x concatenated along axis in rank order")
 
 

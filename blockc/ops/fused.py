@@ -146,6 +146,13 @@ attention = define("attention", ("q", "k", "v", "*mask"), attrs=dict(ATTENTION_A
                    traffic=causal_traffic(3, lambda node: (node.inputs[0].shape[-2], node.inputs[1].shape[-2])))
 
 
+def takes_queries(op: str) -> bool:
+    """Whether ``op``'s first input is queries ``[b, heads, seq, d]`` (or
+    grouped ``[b, kv_heads, group, seq, d]``): an op that declares it ``q``,
+    as attention and the cache steps built on it do."""
+    return get(op).inputs[:1] == ("q",)
+
+
 @attention.infer
 def _(types, attrs):
     q, k, v = types[:3]

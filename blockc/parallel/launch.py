@@ -37,8 +37,18 @@ from ..environment import env_setting
 from ..errors import LaunchError
 
 MASTER_ADDR = "127.0.0.1"
-# The backends a rank runs its graph on: each rank is a PyTorch process (``worker.py``).
-RANK_BACKENDS = ("torch-eager", "torch-compile")
+
+
+def rank_backends() -> tuple[str, ...]:
+    """The backends a rank runs its graph on, in the registry's order (the
+    first, ``torch-eager``, is the default): every one registered as the
+    PyTorch backend, since each rank is a PyTorch process (``worker.py``)
+    and lowers its graph as that backend's registration says
+    (``rank_model.rank_session``). Read from the registry at each call: a
+    torch backend registered later is one too."""
+    from ..runtime.backend import registrations
+    from ..runtime.backends.pytorch import TorchBackend
+    return tuple(r.name for r in registrations() if issubclass(r.cls, TorchBackend))
 
 
 def free_port() -> int:
@@ -78,7 +88,7 @@ class Case:
     spec with its ``--set`` overrides, weights from ``seed`` or a
     ``.safetensors`` file, the vocabulary padded to divide (``pad_vocab``),
     the per-rank graphs ``fused`` or not, run on ``backend`` (one of
-    ``RANK_BACKENDS``, checked here and nowhere else) ``repeat`` times, or
+    ``rank_backends()``, the first where none is given; checked here) ``repeat`` times, or
     generating (``generate``: ``generate_tp``'s request)."""
     model: str
     feeds: Mapping[str, np.ndarray]
@@ -87,13 +97,15 @@ class Case:
     weights: str | None = None
     pad_vocab: bool = False
     fused: bool = False
-    backend: str = RANK_BACKENDS[0]
+    backend: str | None = None
     repeat: int = 1
     generate: dict | None = None
 
     def __post_init__(self):
-        if self.backend not in RANK_BACKENDS:
-            raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(RANK_BACKENDS)}, "
+        ranks = rank_backends()
+        self.backend = ranks[0] if self.backend is None else self.backend
+        if self.backend not in ranks:
+            raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
                               f"not {self.backend!r}")
 
 
@@ -134,7 +146,7 @@ def time_cases(cases: list[Case], tp: int, *, blocks: int = 5, rounds: int = 2, 
 
 def generate_tp(model: str, tp: int, prompts: list, max_new: int, *, pick=None, stop_id=None, stopping=(),
                 on_token=None, form: str = "fused", cache: str = "inplace", cache_len: int | None = None,
-                backend: str = RANK_BACKENDS[0], overrides: Mapping[str, str] | None = None, seed: int = 0,
+                backend: str | None = None, overrides: Mapping[str, str] | None = None, seed: int = 0,
                 weights: str | None = None, pad_vocab: bool = False, timeout: float = 300.0,
                 port: int | None = None) -> list:
     """``generate`` (``generate/loop.py``) with the model split over ``tp``

@@ -100,20 +100,29 @@ def _contestants(case: dict, feeds, out: str, rank: int, world: int):
 def time_collectives(graph, feeds, warmup: int, repeats: int) -> dict:
     """The median of ``graph``'s collectives alone (the same ops on tensors
     of the same shapes, in the same order), each run a fixed count so the
-    ranks stay paired: their share of a step is this over the step's time."""
-    import torch
-
-    from ..ops.collectives import torch_all_gather, torch_all_reduce
+    ranks stay paired: their share of a step is this over the step's time.
+    Each runs as the PyTorch backend runs it, by its op's ``torch`` rule
+    (``runtime/torch_runner.eager_lowering``); a collective without one is
+    refused by name rather than left out of the share."""
+    from ..ops import registry
     from ..runtime.bindings import bind_inputs
     from ..runtime.timing import measure
+    from ..runtime.torch_runner import eager_lowering
     bindings = bind_inputs(graph, feeds)
     calls = []
     for n in graph.nodes:
-        if n.op in ("all_reduce", "all_gather") and n.attrs["world"] > 1:
-            x = torch.zeros(n.inputs[0].type.concrete_shape(bindings), dtype=torch.float32)
-            calls.append((lambda x=x: torch_all_reduce(x)) if n.op == "all_reduce"
-                         else (lambda x=x, a=n.attrs: torch_all_gather(x, a["axis"], a["world"])))
+        if registry.get(n.op).collective and n.attrs["world"] > 1:   # a group of one exchanges nothing
+            calls.append(_run_alone(eager_lowering(n), n, bindings))
     if not calls:
         return {"collectives_s": 0.0, "collectives": 0}
     fixed = {"warmup": warmup, "min_repeats": repeats, "max_repeats": repeats, "min_time_s": 0.0}
     return {"collectives_s": measure(lambda: [call() for call in calls], **fixed).median_s, "collectives": len(calls)}
+
+
+def _run_alone(run, node, bindings):
+    """``run`` (``node``'s torch rule) on zeros of its inputs' shapes and dtypes at ``bindings``."""
+    import torch
+
+    from ..runtime.torch_tensors import TORCH_DTYPES
+    inputs = [torch.zeros(v.type.concrete_shape(bindings), dtype=TORCH_DTYPES[v.dtype]) for v in node.inputs]
+    return lambda: run(*inputs)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import keyword
 import operator
 import re
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -185,6 +185,20 @@ class _EagerEmitter(_Emitter):
         return d
 
 
+def eager_lowering(node: Node) -> Callable[..., list]:
+    """``node``'s ``torch`` rule (its op's declaration) as a function of
+    tensors that runs it at once, rather than recording it into a module:
+    how ``lower_to_torch`` folds a weight-only node at build time, and how
+    ``parallel/rank_timing`` times a collective alone. An op without a rule
+    is refused by name, never skipped."""
+    lower = registry.get(node.op).torch_fn
+    if lower is None:
+        raise BlockcError(f"the PyTorch backend has no lowering for op {node.op!r}"
+                          + (f" (from {node.loc})" if node.loc else ""))
+    emitter = _EagerEmitter()
+    return lambda *tensors: _as_list(lower(emitter, node, list(tensors)))
+
+
 def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_constants: bool = True):
     """``graph`` as a ``torch.fx.GraphModule`` holding ``weights``.
 
@@ -216,7 +230,7 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
             if is_plain_symbol(d) and next(iter(d.symbols)) not in symbols:
                 sym = next(iter(d.symbols))
                 symbols[sym] = g.create_node("call_method", "size", (env[id(v)], axis), name=sym)
-    emit, fold = _FxEmitter(g, symbols), _EagerEmitter()
+    emit = _FxEmitter(g, symbols)
 
     def value(v):
         if id(v) not in env:   # a weight or folded value: fetched where first used
@@ -230,15 +244,14 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
         return env[id(v)]
 
     for n in graph.nodes:
-        lower = registry.get(n.op).torch_fn
         if _foldable(n, static, fold_constants):
             with torch.no_grad():
-                outs = _as_list(lower(fold, n, [static[id(v)][0] for v in n.inputs]))
+                outs = eager_lowering(n)(*[static[id(v)][0] for v in n.inputs])
             for i, (o, t) in enumerate(zip(n.outputs, outs)):
                 static[id(o)] = (t, f"{n.op}_{labels[id(n)].split(',')[i][1:]}", False)
             continue
         emit.origin = f"{labels[id(n)]} = {n.op}"
-        outs = _as_list(lower(emit, n, [value(v) for v in n.inputs]))
+        outs = _as_list(registry.get(n.op).torch_fn(emit, n, [value(v) for v in n.inputs]))
         for o, r in zip(n.outputs, outs):
             env[id(o)] = r
     g.output({name: value(v) for name, v in graph.outputs})

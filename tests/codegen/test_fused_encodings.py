@@ -221,9 +221,13 @@ def small_feeds(g: Graph, bindings: dict, seed: int = 0) -> dict:
     return feeds
 
 
-def run_small(g: Graph, form: str, bindings_list=({"batch": 2, "seq": 3, "past": 4}, {"batch": 1, "seq": 5, "past": 0})):
+def small_weights(g: Graph) -> dict:
     rng = np.random.default_rng(1)
-    weights = {n: rng.uniform(-1, 1, v.type.concrete_shape({})).astype(np.float32) for n, v in g.params.items()}
+    return {n: rng.uniform(-1, 1, v.type.concrete_shape({})).astype(np.float32) for n, v in g.params.items()}
+
+
+def run_small(g: Graph, form: str, bindings_list=({"batch": 2, "seq": 3, "past": 4}, {"batch": 1, "seq": 5, "past": 0})):
+    weights = small_weights(g)
     model, decisions = export_onnx_decided(g, weights, fused_as=form)
     onnx.checker.check_model(model, full_check=True)
     check_decisions(decisions, g)
@@ -351,16 +355,74 @@ def guarded_attentions() -> Graph:
     return g
 
 
+def torch_guarded(feeds: dict, weights: dict, past: int) -> dict:
+    """``guarded_attentions`` as PyTorch writes it: SDPA with a boolean
+    mask (``True``: attend), whose rows with no key to attend are zeros."""
+    torch = pytest.importorskip("torch")
+    sdpa, t = torch.nn.functional.scaled_dot_product_attention, {k: torch.from_numpy(v) for k, v in feeds.items()}
+    w, b = torch.from_numpy(weights["w"]), torch.from_numpy(weights["b"])
+    seq = feeds["q"].shape[2]
+    below = torch.ones(seq, past + seq, dtype=torch.bool).tril(past)   # key j <= query i + past
+
+    def qkv(mask):   # x @ w + b, split in q, k, v of 2 heads of 4; the heads joined after
+        q, k, v = ((t["x"] @ w + b).split(8, dim=-1))
+        heads = [part.unflatten(-1, (2, 4)).transpose(1, 2) for part in (q, k, v)]
+        return sdpa(*heads, attn_mask=mask, scale=0.3).transpose(1, 2).flatten(2)
+    out = {"att": sdpa(t["q"], t["k"], t["v"], attn_mask=t["keep"], scale=0.5),
+           "att_causal": sdpa(t["q"], t["k"], t["v"], attn_mask=t["keep"] & below, scale=1.0),
+           "qkv": qkv(t["own"]), "qkv_causal": qkv(t["own"] & below[:, past:]),
+           "qkv_per_head": qkv(t["heads"] & below[:, past:])}
+    return {k: v.numpy() for k, v in out.items()}
+
+
+# The op ONNX Runtime runs for each guarded node: a blockc.fused function, or the runtime op; the per-head
+# mask is a function in every form (no runtime op takes one mask per head and guards its rows).
+GUARDED_OPS = {
+    "function": [(FUNCTION_DOMAIN, f) for f in ("Attention_bool_guarded", "Attention_bool_causal_guarded",
+                                                "QkvAttention_bool_guarded", "QkvAttention_bool_causal_guarded")],
+    "contrib": [(MS, "MultiHeadAttention")] * 2 + [(MS, "Attention")] * 2,
+    "onnx23": [("", "Attention")] * 4}
+
+
 @pytest.mark.parametrize("form", ["function", "contrib", "onnx23"])
 def test_guarded_rows_with_no_key_are_zero_in_every_form(form):
     g = guarded_attentions()
-    ref = run_reference(g, {n: np.ones(v.type.concrete_shape({}), np.float32) for n, v in g.params.items()},
-                        small_feeds(g, {"batch": 2, "seq": 3, "past": 4}))
-    assert not ref["att"][0].any() and not ref["qkv"][0].any() and ref["att"][1].any()
-    _, decisions = run_small(g, form, [{"batch": 2, "seq": 3, "past": 4}, {"batch": 2, "seq": 5, "past": 0}])
-    assert all(d["form"] == form for d in decisions[:4]) and decisions[4]["form"] == "function"
+    bindings = {"batch": 2, "seq": 3, "past": 4}
+    model, decisions = run_small(g, form, [bindings, {"batch": 2, "seq": 5, "past": 0}])
+    assert [d["form"] for d in decisions] == [form] * 4 + ["function"]
     if form != "function":
         assert "per head" in decisions[4]["reason"]
+    per_head = (FUNCTION_DOMAIN, "QkvAttention_bool_causal_guarded")
+    runs = [(n.domain, n.op_type) for n in model.graph.node if n.domain or n.op_type == "Attention"]
+    assert runs == GUARDED_OPS[form] + [per_head]
+    assert {f.name for f in model.functions} == {name for domain, name in runs if domain == FUNCTION_DOMAIN}
+    # batch 0's rows see no key: zeros, as PyTorch's SDPA gives, where the float64 reference agrees
+    feeds, weights = small_feeds(g, bindings), small_weights(g)
+    got, ref, want = ort_run(model, feeds), run_reference(g, weights, feeds), torch_guarded(feeds, weights, 4)
+    assert not want["att"][0].any() and not want["qkv"][0].any() and want["att"][1].all()
+    assert_close(got, want, f"{form} against torch")
+    assert_close(ref, want, "the float64 reference against torch")
+
+
+def test_a_decomposition_whose_shapes_do_not_check_is_an_error_not_inlined(monkeypatch):
+    """A function's body is the op's decomposition over the node's own dims:
+    one that does not type (a bug in the decomposition) is raised naming the
+    node, not retried as the op written in place."""
+    from blockc.errors import ShapeError
+    from blockc.ops import registry
+    calls = []
+
+    def broken(b, node, xs):   # adds x [batch, seq, 8] to r transposed, [8, seq, batch]
+        calls.append(node.op)
+        x, r, _ = xs
+        return [b.op("add", x, b.op("transpose", r, perm=[2, 1, 0]))]
+    monkeypatch.setattr(registry.get("add_rmsnorm"), "decompose_fn", broken)
+    g = Graph("broken")
+    x, r = (g.add_input(n, T(F32, "batch", "seq", 8)) for n in "xr")
+    g.set_outputs([("y", g.op("add_rmsnorm", x, r, g.add_param("g", T(F32, 8))))])
+    with pytest.raises(ShapeError, match=r"decomposition of add_rmsnorm \(node 0\) does not type.*broadcast"):
+        export_onnx_decided(g, {"g": np.ones(8, np.float32)}, fused_as="function")
+    assert calls == ["add_rmsnorm"]
 
 
 # ---- Hugging Face's padding masks: float32's lowest, left-padded and fully masked rows ----------

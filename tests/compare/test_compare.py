@@ -679,6 +679,30 @@ def test_the_optimizers_settings_come_from_the_fused_attention(model, settings, 
     assert attention_shape(optimize(trace(build_model(model, parse_sets(settings)))).graph) == expected
 
 
+@pytest.mark.parametrize("op", ["cache_attention", "append_attention"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["heads", "grouped"])
+def test_the_optimizers_heads_come_from_a_cache_steps_queries(op, grouped):
+    """A cache step's queries are read as attention's are: 4 heads of 8,
+    as 4 heads or as 2 K/V heads x 2 queries each."""
+    from blockc.compare.peers import attention_shape
+    from blockc.ir.dims import parse_dim
+    from blockc.ir.dtypes import DType
+    from blockc.ir.graph import Graph
+    from blockc.ir.types import TensorType
+
+    def t(*shape):
+        return TensorType(DType.float32, tuple(parse_dim(d) if isinstance(d, str) else d for d in shape))
+    g = Graph(op)
+    kv = 2 if grouped else 4
+    q = g.add_input("q", t("batch", 2, 2, "seq", 8) if grouped else t("batch", 4, "seq", 8))
+    k, v = (g.add_input(n, t("batch", kv, "seq", 8)) for n in "kv")
+    past = [g.add_input(n, t("batch", kv, 16 if op == "cache_attention" else "past", 8)) for n in ("pk", "pv")]
+    attrs = {"start": parse_dim("past")} if op == "cache_attention" else {}
+    out = g.add_node(op, [q, k, v, *past], {"causal": True, "scale": 0.5, **attrs}).outputs
+    g.set_outputs([("y", out[0])])
+    assert attention_shape(g) == ("gpt2", 4, 32)
+
+
 def test_the_planned_time_uses_the_best_matmul_rate_this_machine_has_shown(tmp_path, monkeypatch):
     """A rate measured while every core is busy is many times too low (a
     38-minute compare announced 955 minutes): the best rate measured on this

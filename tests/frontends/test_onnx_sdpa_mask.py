@@ -19,7 +19,8 @@ from blockc.frontends.onnx import OnnxModel
 from blockc.ir.parser import parse_graph
 from blockc.ir.printer import print_graph
 
-from test_onnx_import import check_against_ort
+from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
+from test_onnx_import import _feeds, check_against_ort
 
 HEADS, SIZE = 2, 4
 
@@ -125,9 +126,29 @@ def test_appended_cache_fuses_to_one_cache_step(tmp_path):
     for form in ("function", "contrib", "onnx23"):
         (decision,) = export_onnx_decided(graph, {}, fused_as=form).decisions
         forms[form] = (decision["form"], decision["reason"])
-    assert forms["contrib"] == ("contrib", "requested") and forms["onnx23"] == ("onnx23", "requested")
-    # a function's inputs have dims of their own: the mask's past+seq is written in place instead
-    assert forms["function"][0] == "function" and "inline, not a function" in forms["function"][1]
+    assert forms == {form: (form, "requested") for form in ("function", "contrib", "onnx23")}
+
+
+def test_appended_cache_is_one_function_whose_body_checks(tmp_path):
+    """The function's inputs keep the graph's dims as expressions (the mask
+    as long as past+seq, the concat of past and new keys too): the step is a
+    call of one function, not its body written in place, and it runs."""
+    path = sdpa_file(tmp_path / "past.onnx", past=True)
+    imported = OnnxModel(path)
+    graph = optimize(trace(imported)).graph
+    model, decisions = export_onnx_decided(graph, {}, fused_as="function")
+    assert [(d["form"], d["reason"]) for d in decisions] == [("function", "requested")]
+    onnx.checker.check_model(model, full_check=True)
+    (function,) = model.functions
+    calls = [n for n in model.graph.node if n.domain == function.domain]
+    assert [n.op_type for n in calls] == [function.name]
+    assert "Softmax" not in {n.op_type for n in model.graph.node}   # the body is not also written in place
+    session = peer_session(model.SerializeToString())
+    theirs = peer_session(str(path))
+    feeds = _feeds(imported, graph, 4, dims=lambda seq: {"past_sequence_length": 3})
+    names = [o.name for o in theirs.get_outputs()]
+    for got, want, name in zip(session.run(names, feeds), theirs.run(names, feeds), names):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
 
 
 # (PyTorch and CUDA run the step decomposed: concat and the guarded attention checked above)

@@ -86,3 +86,51 @@ def test_a_model_changed_after_it_was_built_keys_as_it_traces_or_not_at_all():
     module = next(m for _, m in users.named_modules() if hasattr(m, "eps"))
     module.__class__ = type("Mine", (type(module),), {"__module__": "users_file"})   # its forward its own
     assert trace_key(users) is None
+
+
+def constant_file(folder, shift) -> str:
+    """``y = x + c`` where ``c`` is a ``Constant`` whose tensor lies in
+    ``c.bin`` beside the file (external data): the file itself holds only
+    its location and length."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    folder.mkdir(exist_ok=True)
+    (folder / "c.bin").write_bytes(np.asarray(shift, np.float32).tobytes())
+    c = TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[4])
+    c.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "c.bin"), ("offset", "0"), ("length", "16")):
+        c.external_data.add(key=key, value=value)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=c), helper.make_node("Add", ["x", "c"], ["y"])], "shift",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, folder / "m.onnx")
+    return str(folder / "m.onnx")
+
+
+def test_a_constants_external_bytes_are_part_of_an_onnx_files_key(tmp_path):
+    from blockc.frontends.onnx.model import OnnxModel
+    keys = [trace_key(OnnxModel(constant_file(tmp_path / f, shift))) for f, shift in
+            (("a", [1, 2, 3, 4]), ("b", [1, 2, 3, 4]), ("c", [1, 2, 3, 5]))]
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_a_warm_run_of_a_file_whose_constant_changed_outside_it_gives_the_new_answer(tmp_path, monkeypatch):
+    """The fused graph kept in the cache holds the constant: a run after the
+    external bytes changed (the .onnx untouched) is ONNX Runtime's answer on
+    the file as it is now, not the cached one's."""
+    import numpy as np
+
+    from blockc.cli import main
+    from ort_sessions import peer_session  # noqa: E402  (tests/: the shared helper)
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.savez(tmp_path / "x.npz", x=x)
+    for shift in ([1, 2, 3, 4], [10, 20, 30, 40]):
+        path = constant_file(tmp_path / "model", shift)
+        out = tmp_path / "y.npz"
+        assert main(["run", path, "--inputs", str(tmp_path / "x.npz"), "--save", str(out), "--form", "fused"]) == 0
+        (want,) = peer_session(path).run(None, {"x": x})
+        np.testing.assert_array_equal(np.load(out)["y"], want)

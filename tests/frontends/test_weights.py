@@ -1,5 +1,6 @@
 """Weights files (.safetensors, .npz) and checking weights against a model."""
 import os
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -8,7 +9,9 @@ import safetensors.numpy
 
 from blockc import build_model, init_weights, trace
 from blockc.errors import WeightsError
-from blockc.frontends.weights import SafetensorsFiles, check_weights, load_weights, materialize, save_weights
+from blockc.frontends import weights
+from blockc.frontends.weights import (SafetensorsFiles, check_weights, load_weights, materialize, save_weights,
+                                     write_safetensors)
 from blockc.ir.dtypes import DType
 
 FORMATS = [".safetensors", ".npz"]
@@ -79,23 +82,58 @@ def test_save_is_atomic(tmp_path, monkeypatch, ext):
 
     def write_half_then_fail(*args, **kwargs):
         # whatever file the writer was given gets a partial write, then the write fails
-        target = args[1] if len(args) > 1 else args[0]
-        if hasattr(target, "write"):
-            target.write(b"partial")
-        else:
-            with open(target, "wb") as f:
-                f.write(b"partial")
+        with open(args[0], "wb") if not hasattr(args[0], "write") else args[0] as f:
+            f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(safetensors.numpy, "save_file", write_half_then_fail)
+    def make_then_fail(path, specs, make):
+        # the real writer, its disk full after the header and the first tensor
+        made, real = [], write_safetensors
+
+        def failing(name):
+            if made:
+                raise OSError("disk full")
+            made.append(name)
+            return make(name)
+        real(path, specs, failing)
+
+    monkeypatch.setattr(weights, "write_safetensors", make_then_fail)
     monkeypatch.setattr(np, "savez", write_half_then_fail)
+    new = {"new": np.ones(3, np.float32), "more": np.ones(3, np.float32)}
     with pytest.raises(WeightsError, match="disk full"):
-        save_weights(path, {"new": np.ones(3, np.float32)})
+        save_weights(path, new)
     assert path.read_bytes() == before  # the old file is intact
     assert os.listdir(tmp_path) == [path.name]  # and no temp file is left
     with pytest.raises(WeightsError):
-        save_weights(tmp_path / f"fresh{ext}", {"new": np.ones(3, np.float32)})
+        save_weights(tmp_path / f"fresh{ext}", new)
     assert os.listdir(tmp_path) == [path.name]  # no partial new file either
+
+
+def test_the_writer_streams_one_tensor_at_a_time_into_a_standard_file(tmp_path):
+    arrays = {"h": np.arange(3, dtype=np.float16), "b": np.ones((2, 3), ml_dtypes.bfloat16),
+              "f": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.array(7, np.int64), "z": np.ones((0, 4))}
+    alive = []
+
+    def make(name):
+        assert all(ref() is None for ref in alive)   # the tensor made before is no longer held
+        a = arrays[name].copy()
+        alive.append(weakref.ref(a))
+        return a
+    write_safetensors(tmp_path / "w.safetensors", {n: (a.dtype, a.shape) for n, a in arrays.items()}, make)
+    loaded = safetensors.numpy.load_file(str(tmp_path / "w.safetensors"))   # the library's own reader
+    assert sorted(loaded) == sorted(arrays) and len(alive) == len(arrays)
+    for name, a in arrays.items():
+        assert loaded[name].dtype == a.dtype and loaded[name].shape == a.shape, name
+        np.testing.assert_array_equal(loaded[name].reshape(-1).view(np.uint8), a.reshape(-1).view(np.uint8))
+    files = SafetensorsFiles([tmp_path / "w.safetensors"])
+    for name in arrays:   # each tensor starts aligned to its item size, so its view is aligned
+        assert files[name].size == 0 or files[name].ctypes.data % files[name].itemsize == 0, name
+
+
+def test_the_writer_refuses_a_made_array_unlike_its_spec(tmp_path):
+    with pytest.raises(WeightsError, match=r"'?w'? was made as float64\[2\], but the file's header says "
+                                           r"float32\[2\]"):
+        write_safetensors(tmp_path / "w.safetensors", {"w": (np.float32, (2,))}, lambda name: np.ones(2))
 
 
 def test_shards_are_read_from_their_headers_and_one_tensor_at_a_time(tmp_path):

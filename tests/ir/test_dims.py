@@ -1,7 +1,7 @@
 import pytest
 
 from blockc.errors import BlockcError
-from blockc.ir.dims import Sym, exact_div, parse_dim
+from blockc.ir.dims import Sym, exact_div, parse_dim, substitute
 
 pytest.importorskip("hypothesis")
 from hypothesis import given, strategies as st  # noqa: E402
@@ -62,3 +62,10 @@ def test_printed_polynomials_parse_and_evaluate_alike(d, a, b, s):
     again = parse_dim(str(d))
     assert again == d
     assert (again.evaluate(env) if isinstance(again, Sym) else again) == value
+
+
+def test_substitute_renames_symbols_inside_expressions():
+    d0, d1 = Sym.var("d0"), Sym.var("d1")
+    assert substitute(past + seq, {"past": d0, "seq": d1}) == d0 + d1
+    assert substitute(2 * batch * seq + 1, {"seq": d1}) == 2 * batch * d1 + 1
+    assert substitute(past + seq, {"past": seq}) == 2 * seq and substitute(7, {"seq": d0}) == 7

@@ -203,9 +203,44 @@ def test_a_pick_that_cannot_travel_to_rank_0_is_refused_before_any_rank_starts()
 
 def test_a_case_carries_a_backend_a_rank_runs():
     """The backend's name travels to the ranks as it is, checked once here."""
-    from blockc.parallel.launch import RANK_BACKENDS
-    assert [Case("gpt2", {}, backend=b).backend for b in RANK_BACKENDS] == ["torch-eager", "torch-compile"]
+    from blockc.parallel.launch import rank_backends
+    assert rank_backends() == ("torch-eager", "torch-compile")   # the registry's torch backends, eager first
+    assert [Case("gpt2", {}, backend=b).backend for b in rank_backends()] == ["torch-eager", "torch-compile"]
     assert Case("gpt2", {}).backend == "torch-eager"
     with pytest.raises(LaunchError, match="a tensor-parallel rank runs on PyTorch: its backend is torch-eager or "
                                           "torch-compile, not 'ort'"):
         Case("gpt2", {}, backend="ort")
+    with pytest.raises(LaunchError, match="^a tensor-parallel rank runs on PyTorch: its backend is torch-eager or "
+                                          "torch-compile, not 'ort-cpu'$"):
+        Case("gpt2", {}, backend="ort-cpu")
+
+
+@pytest.fixture
+def torch_variant():
+    """A PyTorch backend registered under a name of its own, forgotten after the test."""
+    from blockc.runtime.backend import register, unregister
+    from blockc.runtime.backends.pytorch import TorchBackend
+    register("torch-variant", TorchBackend, compile=True)
+    try:
+        yield "torch-variant"
+    finally:
+        unregister("torch-variant")
+
+
+def test_a_torch_backend_registered_later_is_one_a_rank_runs(torch_variant):
+    """Which backends a rank runs is read from the registry, not typed again:
+    every user of it takes a new registration of the PyTorch backend, and
+    still refuses one that is not PyTorch."""
+    from argparse import Namespace
+
+    from blockc.cli.tensor_parallel import rank_backend
+    from blockc.compare.tensor_parallel import check_tp_options
+    from blockc.parallel.launch import rank_backends
+    assert rank_backends() == ("torch-eager", "torch-compile", torch_variant)
+    assert Case("gpt2", {}, backend=torch_variant).backend == torch_variant
+    assert Case("gpt2", {}).backend == "torch-eager"
+    assert check_tp_options([torch_variant], tp=2, blocks=1, rounds=1, warmup=0, repeats=1) == (torch_variant,)
+    assert rank_backend(Namespace(backend=torch_variant)) == torch_variant
+    with pytest.raises(LaunchError, match="its backend is torch-eager or torch-compile or torch-variant, "
+                                          "not 'ort-cpu'"):
+        Case("gpt2", {}, backend="ort-cpu")

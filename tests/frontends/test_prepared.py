@@ -1,0 +1,107 @@
+"""Prepared weights (``frontends/prepared.py``): arrays made once into a
+cache file and handed out as views of it, keyed by what ``stat`` says of
+their sources; a racy source caches nothing."""
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from blockc import files
+from blockc.errors import WeightsError
+from blockc.frontends import prepared
+from blockc.frontends.weights import file_region
+
+SOURCES = {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
+           "b": (np.arange(6, dtype=np.float32) / 3).reshape(2, 3).astype(ml_dtypes.bfloat16)}
+SPECS = {name: (a.dtype, a.shape) for name, a in SOURCES.items()}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    files.CACHE_COUNTS.clear()
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def later(monkeypatch):
+    """The clock 10 s on: files written by the test are no longer racy."""
+    monkeypatch.setattr(prepared, "_now_ns", lambda: prepared.time.time_ns() + 10 * 10**9)
+
+
+def made_by(log):
+    def make(name):
+        log.append(name)
+        return SOURCES[name].T.copy().T   # an array made in memory, as a transpose makes one
+    return make
+
+
+def test_a_miss_makes_each_array_once_into_the_file_and_a_hit_makes_none(cache):
+    made = []
+    first = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert sorted(made) == ["b", "w"] and files.CACHE_COUNTS["weights", "miss"] == 1
+    second = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert len(made) == 2 and files.CACHE_COUNTS["weights", "hit"] == 1
+    entry = os.path.realpath(cache / "weights" / "k1" / "prepared.safetensors")
+    for arrays in (first, second):
+        for name, a in arrays.items():
+            assert a.dtype == SOURCES[name].dtype and not a.flags.writeable   # bfloat16 round-trips
+            np.testing.assert_array_equal(a.view(np.uint8), SOURCES[name].view(np.uint8))
+            region = file_region(a)
+            assert region is not None and region.path == entry and region.length == a.nbytes
+
+
+def test_a_damaged_prepared_file_is_made_again(cache):
+    made = []
+    prepared.prepared_arrays("k1", SPECS, made_by(made))
+    entry = cache / "weights" / "k1" / "prepared.safetensors"
+    with open(entry, "r+b") as f:
+        f.truncate(entry.stat().st_size - 4)
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert len(made) == 4 and files.CACHE_COUNTS["weights", "miss"] == 2
+    np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
+
+
+def test_a_prepared_file_whose_header_does_not_fit_is_made_again(cache):
+    made = []
+    prepared.prepared_arrays("k1", {"w": SPECS["w"]}, made_by(made))
+    entry = cache / "weights" / "k1" / "prepared.safetensors"
+    # as a build that recorded a file of other tensors would leave it: intact by stat, not what is asked for
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert made == ["w", "w", "b"]   # float32 before bfloat16: by falling item size
+    assert sorted(arrays) == ["b", "w"] and file_region(arrays["b"]).path == os.path.realpath(entry)
+
+
+def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "file"))
+    made = []
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert sorted(made) == ["b", "w"] and all(file_region(a) is None for a in arrays.values())
+    np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
+
+
+def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(cache):
+    def broken(name):
+        raise ValueError("no such tensor")
+    with pytest.raises(ValueError, match="no such tensor"):
+        prepared.prepared_arrays("k1", SPECS, broken)
+    with pytest.raises(WeightsError, match="was made as float64"):
+        prepared.prepared_arrays("k2", SPECS, lambda name: SOURCES[name].astype(np.float64))
+    assert not list((cache / "weights").rglob("*.safetensors"))   # and nothing was kept
+
+
+def test_source_identity_is_what_stat_says_and_none_while_racy(tmp_path, later, monkeypatch):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"x" * 16)
+    first = prepared.source_identity([path])
+    assert first is not None and str(path) in first
+    assert prepared.source_identity([path]) == first
+    st = path.stat()
+    path.write_bytes(b"y" * 16)   # rewritten in place: same size, same inode
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10 * 10**9))
+    assert prepared.source_identity([path]) not in (None, first)
+    assert prepared.source_identity([path, tmp_path / "missing"]) is None
+    monkeypatch.undo()   # the real clock: the file was just written
+    assert prepared.source_identity([path]) is None
