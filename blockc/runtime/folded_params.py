@@ -36,15 +36,20 @@ and a decode step) name it alike and can share one array.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
+from ..files import cache_key
+from ..frontends.prepared import prepared_arrays, source_identity
+from ..frontends.weights import FileRegion, file_region, release_pages
 from ..ir.graph import Graph, Node, Value
 from ..ir.load_time import load_time_nodes
 from ..ir.printer import format_attr
 from ..ops.evaluate import Env, evaluate_node
+from ..version import code_version
 
 
 @dataclass(frozen=True)
@@ -131,3 +136,36 @@ def _evaluate(v: Value, weights: Mapping[str, np.ndarray]) -> np.ndarray:
     args = [_evaluate(i, weights) for i in v.producer.inputs]
     # contiguous: a transpose's rule gives a view, and whoever stores or binds the array reads it in order
     return np.ascontiguousarray(evaluate_node(v.producer, args, Env({}, float64=False))[v.index])
+
+
+def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[Graph, dict[str, np.ndarray]]:
+    """``graph`` and ``weights`` as ONNX Runtime gets them: each node that
+    reads only parameters whose arrays lie in ``.safetensors`` files
+    (``weights.file_region``) folded (``fold_params``), its array made once
+    into a cache file and mapped from it on every later start
+    (``prepared.prepared_arrays``: a file view, which every session maps
+    and none copies). Left as they are (ONNX Runtime folds such nodes itself,
+    in each session) where no such node reads only file views, or where a
+    file was written just now (``source_identity`` None: a rewrite could keep
+    its stat). The key names the files' identity, each array's recipe (the
+    node chain in its name, its type, the regions it reads) and this code."""
+    regions = {name: r for name, a in weights.items() if (r := file_region(a)) is not None}
+    folded = fold_params(graph, weights, only=regions.__contains__)
+    if folded is None:
+        return graph, dict(weights)
+    identity = source_identity(sorted({regions[p].path for leaves in folded.leaves.values() for p in leaves}))
+    if identity is None:
+        return graph, dict(weights)
+    made = prepared_arrays(cache_key(identity, _recipe(graph, folded, regions), code_version()),
+                           folded.specs(), folded.make)
+    # made on a miss, every byte of their sources was read through this process's map: not its memory
+    release_pages(weights[p] for leaves in folded.leaves.values() for p in leaves)
+    return folded.graph, {**{name: weights[name] for name in folded.graph.params if name in weights}, **made}
+
+
+def _recipe(graph: Graph, folded: FoldedParams, regions: Mapping[str, FileRegion]) -> str:
+    """What each folded array is made from, as one text: its name (the node
+    chain), its type, and each parameter it reads with its type and region."""
+    return json.dumps([[name, str(v.type), [[p, str(graph.params[p].type), regions[p].path, regions[p].offset,
+                                             regions[p].length] for p in folded.leaves[name]]]
+                       for name, v in folded.derived.items()])

@@ -3,9 +3,12 @@ by the op's numpy rule; golden IR, what must not fold, and numbers against
 the unfolded graph on the float64 reference and on ONNX Runtime."""
 from __future__ import annotations
 
+import os
 import textwrap
+import time
 
 import numpy as np
+import onnx
 import pytest
 
 from blockc import parse_graph, run_reference, verify
@@ -154,3 +157,99 @@ def test_prefill_and_decode_name_their_folds_alike(gpt2_steps):
     assert {k: v.type for k, v in a.derived.items()} == {k: v.type for k, v in b.derived.items()}
     assert "blocks.0.attn.w_q.weight" not in a.graph.params and "tok.weight" in a.graph.params
     assert fold_params(a.graph, folded_weights(a, w)) is None
+
+
+# -- ONNX Runtime over a .safetensors file: folded once into the cache, mapped by every session -------------
+FEEDS = {"input_ids": np.array([[5, 9, 13]]), "attention_mask": np.ones((1, 3), np.int64),
+         "position_ids": np.array([[0, 1, 2]])}
+
+
+@pytest.fixture
+def on_file(gpt2_steps, tmp_path, monkeypatch):
+    """Saves weights to a .safetensors file and loads them back as views of
+    it, the file not racy (the clock ``later_s`` on: a file written in the
+    last 2 s could be rewritten keeping its stat, ``prepared.source_identity``);
+    an empty cache."""
+    from blockc import files
+    from blockc.frontends import prepared
+    from blockc.frontends.weights import load_weights, save_weights
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    files.CACHE_COUNTS.clear()
+    path = tmp_path / "w.safetensors"
+
+    def saved(weights, later_s=10):
+        save_weights(path, weights)
+        monkeypatch.setattr(prepared, "_now_ns", lambda: time.time_ns() + later_s * 10**9)
+        return load_weights(path)
+    return saved
+
+
+def sessions_made(monkeypatch) -> list:
+    """The serialized models ONNX Runtime is given."""
+    import onnxruntime
+    made, real = [], onnxruntime.InferenceSession
+
+    def spy(model, *a, **k):
+        made.append(onnx.load_from_string(model))
+        return real(model, *a, **k)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    return made
+
+
+def over_initializers(model) -> list[str]:
+    """The op of each node that reads initializers alone: what ONNX Runtime would fold."""
+    names = {t.name for t in model.graph.initializer}
+    return [n.op_type for n in model.graph.node if n.input and all(i in names for i in n.input)]
+
+
+def test_sessions_read_folded_weights_from_one_cached_file(gpt2_steps, on_file, monkeypatch, tmp_path):
+    """The prefill's and decode's sessions get no node over initializers to
+    fold: the QKV merges and the tied head come made, as views of one cache
+    file (the decode's session finding it made), the same region in both;
+    the outputs are the unfolded session's and the float64 reference's."""
+    from blockc import files
+    from blockc.frontends.weights import file_region
+    from blockc.runtime.ort_runner import OrtSession
+    (prefill, decode), w = gpt2_steps
+    made = sessions_made(monkeypatch)
+    mapped = on_file(w)
+    with OrtSession(prefill, mapped) as a, OrtSession(decode, mapped) as b:
+        assert [over_initializers(m) for m in made] == [[], []]
+        derived = list(fold_params(prefill, w).derived)
+        regions = [{name: file_region(s.weights[name]) for name in derived} for s in (a, b)]
+        assert regions[0] == regions[1]
+        assert {os.path.dirname(r.path) for r in regions[0].values()} == \
+            {str(files.cache_root() / "weights" / os.listdir(files.cache_root() / "weights")[0])}
+        assert dict(files.CACHE_COUNTS)[("weights", "miss")] == 1 and files.CACHE_COUNTS["weights", "hit"] == 1
+        got = a.run(FEEDS)
+    unfolded = run_ort(prefill, w, FEEDS)   # in memory: ONNX Runtime folds them itself
+    want = run_reference(prefill, w, FEEDS, float64=True)
+    for name in want:
+        np.testing.assert_array_equal(got[name], unfolded[name])
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_rewritten_weights_are_folded_afresh(gpt2_steps, on_file):
+    from blockc import files
+    (prefill, _), w = gpt2_steps
+    first = run_ort(prefill, on_file(w), FEEDS)["logits"]
+    changed = {name: a * 0.5 for name, a in w.items()}
+    got = run_ort(prefill, on_file(changed), FEEDS)["logits"]
+    assert files.CACHE_COUNTS["weights", "miss"] == 2
+    np.testing.assert_allclose(got, run_reference(prefill, changed, FEEDS, float64=True)["logits"],
+                               rtol=1e-4, atol=1e-4)
+    assert not np.allclose(got, first, rtol=1e-3, atol=1e-3)
+
+
+def test_in_memory_and_just_written_weights_are_left_to_onnx_runtime(gpt2_steps, on_file, monkeypatch):
+    """In-memory weights, or a file written just now (whose stat a rewrite
+    could keep): the graph goes as it is, ONNX Runtime folds, nothing is cached."""
+    from blockc import files
+    from blockc.runtime.ort_runner import OrtSession
+    (prefill, _), w = gpt2_steps
+    made = sessions_made(monkeypatch)
+    for weights in (w, on_file(w, later_s=0)):
+        with OrtSession(prefill, weights) as s:
+            assert sorted(s.weights) == sorted(prefill.params)
+    assert [sorted(over_initializers(m)) for m in made] == [["Concat", "Concat", "Transpose"]] * 2
+    assert not any(kind == "weights" for kind, _ in files.CACHE_COUNTS)
