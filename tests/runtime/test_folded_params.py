@@ -253,3 +253,17 @@ def test_in_memory_and_just_written_weights_are_left_to_onnx_runtime(gpt2_steps,
             assert sorted(s.weights) == sorted(prefill.params)
     assert [sorted(over_initializers(m)) for m in made] == [["Concat", "Concat", "Transpose"]] * 2
     assert not any(kind == "weights" for kind, _ in files.CACHE_COUNTS)
+
+
+@pytest.mark.parametrize("variant", ["basic", "all"])
+def test_onnx_runtime_runs_as_many_kernels_folded_or_not(gpt2_steps, on_file, variant):
+    """What ``blockc compare`` counts (ONNX Runtime's optimized model) is the
+    same: ONNX Runtime folded these nodes itself before."""
+    from blockc import files
+    from blockc.runtime.backend import make_backend
+    (prefill, _), w = gpt2_steps
+    backend, counts = make_backend("ort-cpu"), []
+    for weights in (w, on_file(w)):
+        with backend.compile(prefill, weights, variant=variant, count_kernels=True) as compiled:
+            counts.append(compiled.kernels)
+    assert files.CACHE_COUNTS["weights", "miss"] == 1 and counts[0] == counts[1]
