@@ -121,6 +121,22 @@ def test_bfloat16_folds_exactly():
     assert np.array_equal(made.view(np.uint16), np.concatenate([w["a"], w["b"]], axis=1).view(np.uint16))
 
 
+def test_a_transpose_larger_than_a_tile_is_made_exactly():
+    """Transposed matrices are copied tile by tile (``_contiguous``): tiles cut at both edges."""
+    g = parse_graph(ir("""
+        graph g(%x: f32[seq,300]) {
+          param @w: f32[600,300]
+          %0:f32[300,600] = transpose @w {perm=[1,0]}
+          %1:f32[seq,600] = matmul %x, %0
+          return y=%1
+        }
+    """))
+    w = random_weights(g)
+    folded = fold_params(g, w)
+    made = folded.make("transpose(w){perm=[1,0]}")
+    assert made.flags.c_contiguous and np.array_equal(made, w["w"].T)
+
+
 def test_nothing_to_fold_and_only_some_parameters():
     g = parse_graph(ir(CHAINS))
     assert fold_params(parse_graph(ir("""
