@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from registry_testing import registered_torch_backend
 
 import blockc.cli
 from blockc.cli import build_parser, main
@@ -185,3 +186,13 @@ def test_a_flag_the_backend_does_not_take_is_refused(command, backend, capsys):
         code, _, err = run(capsys, command, "tiny", "--backend", backend, *FLAG_ARGS[option])
         assert code == 2 and err.startswith(f"blockc: error: backend '{backend}' does not take the option "
                                             f"'{option}' (") and err.count("\n") == 1, (option, err)
+
+
+def test_the_help_names_the_backends_a_rank_runs_from_the_registry():
+    """With --tp, --backend(s) help names the backends a rank runs as the
+    backend registry holds them when the parser is built, never typed."""
+    with registered_torch_backend("torch-variant"):
+        commands = subcommands()
+    for command, flag in (("run", "--backend"), ("generate", "--backend"), ("compare", "--backends")):
+        text = next(a.help for a in commands[command]._actions if flag in a.option_strings)
+        assert "with --tp torch-eager by default, or torch-compile or torch-variant" in text, command

@@ -5,7 +5,8 @@ import os
 
 from ..errors import BlockcError
 from .common import int_list, parse_dims, write_text
-from .options import dim_arg, dtype_arg, fused_as_arg, json_arg, model_args, tp_args, weights_args
+from .options import (dim_arg, dtype_arg, fused_as_arg, json_arg, model_args, tp_args, tp_backends_help,
+                      weights_args)
 from .progress_bar import PROGRESS_LINE_S, ProgressBar
 
 NAME = "compare"
@@ -32,8 +33,7 @@ def add_arguments(p) -> None:
     tp_args(p)
     p.add_argument("--backends", default=",".join(compare_backends()), metavar="LIST",
                    help=f"comma-separated, from {', '.join(backend_names())} (default: "
-                        f"{', '.join(compare_backends())}; those not here are skipped; with --tp torch-eager, "
-                        f"or torch-compile)")
+                        f"{', '.join(compare_backends())}; those not here are skipped; {tp_backends_help()})")
     p.add_argument("--peers", default=",".join(PEERS), metavar="LIST",
                    help=f"comma-separated, from {', '.join(PEERS)}, or none (default: all that are installed and "
                         f"apply: ort-original needs an ONNX file)")

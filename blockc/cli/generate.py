@@ -5,7 +5,7 @@ import time
 
 from ..errors import BlockcError
 from .common import hf_dir_of, int_list, load_model, make_weights, write_text
-from .options import form_arg, json_arg, model_args, tp_args, weights_args
+from .options import form_arg, json_arg, model_args, tp_args, tp_backends_help, weights_args
 
 NAME = "generate"
 HELP = "generate tokens with a KV cache"
@@ -36,8 +36,8 @@ def add_arguments(p) -> None:
                    help="an ONNX decoder file's cache inputs and outputs in pairs, where neither genai_config.json "
                         "nor their names give them")
     p.add_argument("--backend", choices=backend_names(),
-                   help="where the graphs run (default ort-cpu; with --tp torch-eager, the only kind a rank runs "
-                        "besides torch-compile): reference, ort-cpu, cuda-emu, ...")
+                   help=f"where the graphs run (default ort-cpu; {tp_backends_help()}): reference, ort-cpu, "
+                        f"cuda-emu, ...")
     weights_args(p, seeds="the weights (where made, not read from --weights) and of sampling")
     json_arg(p, what="the ids (and texts) and timings")
 

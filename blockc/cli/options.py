@@ -149,6 +149,15 @@ def tp_args(p: argparse.ArgumentParser) -> None:
                    help="with --tp: pad a vocabulary that does not divide by N with zero rows")
 
 
+def tp_backends_help() -> str:
+    """What --backend(s) may be with --tp, for a command's help: the
+    backends a rank runs, the default first, read from the registry as the
+    parser is built (``parallel.launch.rank_backends``, which imports no torch)."""
+    from ..parallel.launch import rank_backends
+    first, *others = rank_backends()
+    return f"with --tp {first}" + (f" by default, or {' or '.join(others)}" if others else "")
+
+
 def check_tp(args) -> None:
     """--pad-vocab without --tp, refused before any work (``shard`` refuses
     the rest: a --tp under 1, what does not divide, more ranks than heads)."""

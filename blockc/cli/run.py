@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from .common import make_feeds, make_graph, make_weights
-from .options import dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, tp_args, weights_args
+from .options import (dim_arg, fused_as_arg, gemm_arg, graph_args, provider_arg, tp_args, tp_backends_help,
+                      weights_args)
 
 NAME = "run"
 HELP = "run the model on your inputs or seeded random ones"
@@ -16,14 +17,14 @@ DESCRIPTION = ("Run MODEL on the arrays of --inputs FILE.npz, on --text tokenize
 
 
 def add_arguments(p) -> None:
+    from ..parallel.launch import rank_backends
     from ..runtime.backend import backend_names
     graph_args(p)
     tp_args(p)
     p.add_argument("--backend", choices=backend_names(),
-                   help="reference: the numpy interpreter; ort: ONNX Runtime (default, and torch-eager with --tp; "
-                        "ort-cpu, ort-cuda: with that "
-                        "provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
-                        "CPU; torch-eager, torch-compile: the graph as a PyTorch module")
+                   help=f"reference: the numpy interpreter; ort: ONNX Runtime (default; ort-cpu, ort-cuda: with that "
+                        f"provider); cuda: generated CUDA on a GPU; cuda-emu: the same CUDA source emulated on the "
+                        f"CPU; {', '.join(rank_backends())}: the graph as a PyTorch module ({tp_backends_help()})")
     gemm_arg(p)
     fused_as_arg(p)
     provider_arg(p)

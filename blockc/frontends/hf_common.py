@@ -109,6 +109,14 @@ class Take:
     start: int
     stop: int
 
+    def copies(self, shape: tuple[int, ...], stored: np.dtype, dtype: DType) -> bool:
+        """Whether ``apply`` to a stored tensor of ``shape`` and dtype ``stored``
+        makes a new array, rather than handing out a view of the stored one:
+        a transpose, columns of a matrix, a cast."""
+        width = shape[0] if self.transpose else shape[-1] if shape else 1
+        sliced = (self.start, self.stop) != (0, width)
+        return self.transpose or np.dtype(stored) != dtype.numpy or (sliced and len(shape) > 1)
+
     def apply(self, tensor: Any, dtype: DType) -> np.ndarray:
         array = to_numpy(tensor)
         if self.transpose:

@@ -11,22 +11,31 @@ and ``--weights`` still replaces them.
 
 Nothing is read whole: the shards' headers (names, shapes, dtypes) are read
 when the model is built, and every missing, unexpected or misshapen tensor
-is refused then (``hf_common.plan_checkpoint``); a tensor's bytes are copied
-out of its memory-mapped file only when that weight is made
-(``weights.SafetensorsFiles``). The model keeps the checkpoint's float dtype
-(float16, bfloat16) unless ``--set dtype=...`` casts it.
+is refused then (``hf_common.plan_checkpoint``). A weight that is a
+checkpoint's tensor as it is stays a view of its memory-mapped file
+(``weights.SafetensorsFiles``); those made by a copy (a transposed
+``nn.Linear`` weight, GPT-2's q/k/v columns, a cast) are made once into a
+prepared file of the cache and are views of it on later runs (``Checkpoint``,
+``prepared.py``). The model keeps the checkpoint's float dtype (float16,
+bfloat16) unless ``--set dtype=...`` casts it.
 
 ``pytorch_model.bin`` is a pickle, and unpickling runs whatever code the
 file names: a directory with only that is refused, with how to convert it.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ..errors import BlockcError, ModelError, WeightsError
+from ..files import cache_key
+from ..ir.dtypes import DType
+from ..version import code_version
 from .hf_bert import FAMILIES as BERT_FAMILIES, bert_config_from_hf, bert_layout
 from .hf_common import Layout, Take, plan_checkpoint
 from .hf_gpt2 import gpt2_config_from_hf, gpt2_layout
@@ -34,6 +43,7 @@ from .hf_llama import FAMILIES as LLAMA_FAMILIES, llama_config_from_hf, llama_la
 from .json_files import json_field, read_json
 from .models import DecoderLM, Encoder
 from .module import Model
+from .prepared import prepared_arrays, source_identity
 from .settings import convert_setting
 from .weights import SafetensorsFiles
 
@@ -96,16 +106,59 @@ def load_hf_dir(path: str, overrides: dict[str, str] | None = None) -> Model:
         err = WeightsError(f"{path}: {e}")
         err.problems = getattr(e, "problems", [])
         raise err from None
+    checkpoint = Checkpoint(files, {name: (take, p.dtype or model.dtype, tuple(p.shape))
+                                    for name, p in model.named_parameters() if (take := plan.get(name))})
     for name, p in model.named_parameters():
         if name in plan:
-            p.init = _reader(files, plan[name], p, model)
+            p.init = checkpoint.reader(name)
     return model
 
 
-def _reader(files: SafetensorsFiles, take: Take, p, model: Model):
-    """The parameter's initialiser: its tensor read from the checkpoint, in
-    the model's dtype (``Parameter.make`` calls it as ``init(shape, rng)``)."""
-    return lambda shape, rng: take.apply(files[take.key], p.dtype or model.dtype)
+class Checkpoint:
+    """The parameters a checkpoint's tensors become (``takes``: name -> its
+    ``Take``, dtype and shape). A take that needs no copy is a view of the
+    checkpoint's file. The others (a transposed ``nn.Linear`` weight, a
+    column slice of GPT-2's ``c_attn``, a cast) are made together, on the
+    first read of any of them, into one prepared file of the cache
+    (``prepared.prepared_arrays``), keyed by the checkpoint's files'
+    ``source_identity``, those takes and the code's version, so they are
+    views of a file too and later runs make none. A checkpoint written just
+    now (racy) has them made in memory, each on its own read."""
+
+    def __init__(self, files: SafetensorsFiles, takes: dict[str, tuple[Take, DType, tuple[int, ...]]]):
+        self.files, self.takes = files, takes
+        self.copying = [name for name, (take, dtype, _) in takes.items()
+                        if take.copies(files.shapes[take.key], files.dtype_of(take.key), dtype)]
+        self._prepared: dict[str, np.ndarray] | None = None
+
+    def reader(self, name: str):
+        """The parameter's initialiser (``Parameter.make`` calls it as ``init(shape, rng)``)."""
+        return lambda shape, rng: self.read(name)
+
+    def read(self, name: str) -> np.ndarray:
+        if name in self.copying:
+            if self._prepared is None:
+                self._prepared = self._prepare()
+            if name in self._prepared:
+                return self._prepared[name]
+        return self.make(name)
+
+    def make(self, name: str) -> np.ndarray:
+        take, dtype, _ = self.takes[name]
+        return take.apply(self.files[take.key], dtype)
+
+    def _prepare(self) -> dict[str, np.ndarray]:
+        """The copying takes as views of their prepared file; none (each made on
+        its own read) when the checkpoint is racy."""
+        identity = source_identity(sorted(set(self.files.files.values())))
+        if identity is None or not self.copying:
+            return {}
+        recipe, specs = [], {}
+        for name in self.copying:
+            take, dtype, shape = self.takes[name]
+            recipe.append([name, take.key, take.transpose, take.start, take.stop, dtype.name])
+            specs[name] = (dtype.numpy, shape)
+        return prepared_arrays(cache_key(identity, json.dumps(recipe), code_version()), specs, self.make)
 
 
 def read_config(path: str) -> dict:

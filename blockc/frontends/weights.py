@@ -199,12 +199,16 @@ class SafetensorsFiles(Mapping):
             raise WeightsError(f"these weights ({', '.join(sorted(set(self.files.values())))}) were closed; "
                                f"read tensors before closing them")
         path, (start, end) = self.files[name], self._where[name]
-        dtype = np.dtype(_SAFETENSORS_DTYPES[self.dtypes[name]])
+        dtype = self.dtype_of(name)
         if start == end:   # an empty tensor (it may sit at the very end, where no buffer starts)
             return np.empty(self.shapes[name], dtype)
         if path not in self._maps:
             self._maps[path] = _FileMap.of(path)
         return np.frombuffer(self._maps[path], dtype, (end - start) // dtype.itemsize, start).reshape(self.shapes[name])
+
+    def dtype_of(self, name: str) -> np.dtype:
+        """The numpy dtype of the tensor ``name``, from its header."""
+        return np.dtype(_SAFETENSORS_DTYPES[self.dtypes[name]])
 
     def release_pages(self) -> None:
         """Take the pages read so far out of this process's memory (they stay

@@ -32,7 +32,12 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   export writes it in a fused-op encoding, ``blockc compare`` times it alone;
 * ``collective`` -- whether it exchanges values between the ranks of a
   tensor-parallel group (of ``world`` ranks, an attribute every collective
-  has): ``compare --tp`` times these alone, through their ``torch`` rule.
+  has): ``compare --tp`` times these alone, through their ``torch`` rule,
+  and the communication report counts their bytes (``collective_ops``);
+* ``peers``     -- (collectives) the meaning over the ranks' values, which
+  ``numpy`` cannot give since it sees one rank alone: ``fn(inputs of each
+  rank, attrs) -> outputs of each rank``, what the tensor-parallel reference
+  (``runtime/tp_reference.py``) runs.
 
 Every list of ops elsewhere (fused ops, a target's supported set, the FLOP
 table, report colours) is derived from this table, never typed again.
@@ -75,6 +80,7 @@ class OpDef:
     decompose_fn: Callable | None = None
     onnx_encodings: dict = field(default_factory=dict)  # form name -> lowering (may raise NotApplicable)
     torch_fn: Callable | None = None       # fn(b, node, xs): see blockc/runtime/torch_runner.py
+    peers_fn: Callable | None = None       # a collective's fn([inputs of rank r for r], attrs) -> [outputs of rank r]
     cuda: str | None = None                # a CUDA kernel family's name; None: legalized by decomposition
     # elementwise: "({0} + {1})" ({k} the k-th input, {index} the element's linear index, {attr} a
     # dim attribute's run-time value), or fn(attrs, args, out_dtype)
@@ -106,6 +112,10 @@ class OpDef:
 
     def torch(self, fn):
         self.torch_fn = fn
+        return fn
+
+    def peers(self, fn):
+        self.peers_fn = fn
         return fn
 
     def onnx_encoding(self, form: str):
@@ -223,6 +233,11 @@ def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str
 def fused_ops() -> tuple[str, ...]:
     """The fused ops' names, in declaration order."""
     return tuple(name for name, op in OPS.items() if op.fused)
+
+
+def collective_ops() -> tuple[str, ...]:
+    """The collectives' names, in declaration order."""
+    return tuple(name for name, op in OPS.items() if op.collective)
 
 
 def get(name: str) -> OpDef:

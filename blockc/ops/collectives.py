@@ -9,10 +9,11 @@ The sharding pass (``passes/shard.py``) puts them into each rank's graph::
     %55:f32[batch,seq,256] = all_gather %54 {axis=-1, world=2}
 
 ``world`` is the group's size. Their meaning over the peers' values is
-``reduce_peers`` and ``gather_peers``; a single process is a group of one,
-where both are the identity on every target (the reference interpreter,
-PyTorch, ONNX's ``Identity``); a graph of ``world > 1`` needs its peers, so
-the interpreter refuses it.
+``reduce_peers`` and ``gather_peers``, declared as their ``peers`` rule
+(what the tensor-parallel reference, ``runtime/tp_reference.py``, runs);
+a single process is a group of one, where both are the identity on every
+target (the reference interpreter, PyTorch, ONNX's ``Identity``); a graph
+of ``world > 1`` needs its peers, so the interpreter refuses it.
 PyTorch runs them as ``torch.distributed`` calls on the default process
 group that the launcher (``parallel/launch.py``, or ``torchrun``) set up;
 ONNX writes them as ONNX Runtime's ``com.microsoft`` ``AllReduce`` and
@@ -41,6 +42,12 @@ def gather_peers(values: Sequence[np.ndarray], axis: int) -> np.ndarray:
     return np.concatenate(list(values), axis=axis)
 
 
+def _every_rank(meaning):
+    """A ``peers`` rule that gives every rank the same value: ``meaning`` of
+    the ranks' inputs (one each) and the node's attributes."""
+    return lambda inputs, attrs: [[meaning([xs[0] for xs in inputs], attrs)]] * len(inputs)
+
+
 def _alone(name: str, attrs, x: np.ndarray) -> list[np.ndarray]:
     if attrs["world"] != 1:
         raise BlockcError(f"{name} over {attrs['world']} ranks needs its peers' values: a rank's graph runs "
@@ -66,6 +73,7 @@ def _(types, attrs):
 
 
 all_reduce.numpy(lambda xs, attrs, env: _alone("all_reduce", attrs, xs[0]))
+all_reduce.peers(_every_rank(lambda values, attrs: reduce_peers(values)))
 
 
 @all_reduce.onnx
@@ -99,6 +107,7 @@ def _(types, attrs):
 
 
 all_gather.numpy(lambda xs, attrs, env: _alone("all_gather", attrs, xs[0]))
+all_gather.peers(_every_rank(lambda values, attrs: gather_peers(values, attrs["axis"])))
 
 
 @all_gather.onnx

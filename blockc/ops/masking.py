@@ -80,7 +80,17 @@ def guard_rows(out, masks, attrs, *, logical_and, causal, any_key, where, zero):
     Only boolean masks are guarded: an additive one forbids no key."""
     if not attrs.get("guarded"):
         return out
+    allowed = allowed_keys(masks, attrs, logical_and=logical_and, causal=causal)
+    return out if allowed is None else where(any_key(allowed), out, zero)
+
+
+def allowed_keys(masks, attrs, *, logical_and, causal):
+    """Which keys each query may attend (the boolean mask and the causal
+    mask, with the target's ``logical_and`` and ``causal()``), or None where
+    no key is forbidden (an additive mask or none, not causal). The guard
+    reads this, never the scores: with a finite fill an allowed key may
+    score below the fill, and a row of such keys still has keys."""
     allowed = masks[0] if attrs["mask"] == "bool" else None
     if attrs["causal"]:
         allowed = causal() if allowed is None else logical_and(allowed, causal())
-    return out if allowed is None else where(any_key(allowed), out, zero)
+    return allowed

@@ -7,7 +7,8 @@ output projection and after the second feed-forward projection), each a
 ``[b, s, d]`` tensor: ``2·b·s·d`` elements per block per rank in the
 forward pass, plus one for the vocabulary-parallel embedding; the
 vocabulary-split logits are gathered once. Counted from the ranks' graphs
-(the ``all_reduce`` and ``all_gather`` nodes and their types), so the rule
+(the nodes of every op declared ``collective``, ``all_reduce`` and
+``all_gather`` among them, and their types), so the rule
 is checked, not assumed (``tests/report/test_communication.py``). What the
 link then costs is a ring all-reduce's ``2·(N-1)/N`` times the bytes over
 each link; the model counts bytes, not time.
@@ -19,10 +20,8 @@ from typing import Mapping
 
 from ..ir.graph import Graph
 from ..ops._rules import numel
+from ..ops.registry import collective_ops
 from .footprint import footprint
-
-COLLECTIVES = ("all_reduce", "all_gather")
-
 
 @dataclass
 class CollectiveBytes:
@@ -35,9 +34,10 @@ class CollectiveBytes:
 
 
 def collective_bytes(graph: Graph, bindings: Mapping[str, int]) -> list[CollectiveBytes]:
-    """Each collective kind in ``graph`` at the sizes ``bindings``."""
+    """Each collective kind in ``graph`` at the sizes ``bindings``, in the
+    registry's order."""
     rows = []
-    for op in COLLECTIVES:
+    for op in collective_ops():
         nodes = [n for n in graph.nodes if n.op == op]
         if nodes:
             rows.append(CollectiveBytes(

@@ -6,6 +6,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from cache_testing import fresh_cache, not_racy  # noqa: F401  (fixtures)
 
 from blockc import files
 from blockc.errors import WeightsError
@@ -17,19 +18,6 @@ SOURCES = {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
 SPECS = {name: (a.dtype, a.shape) for name, a in SOURCES.items()}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
-    files.CACHE_COUNTS.clear()
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def later(monkeypatch):
-    """The clock 10 s on: files written by the test are no longer racy."""
-    monkeypatch.setattr(prepared, "_now_ns", lambda: prepared.time.time_ns() + 10 * 10**9)
-
-
 def made_by(log):
     def make(name):
         log.append(name)
@@ -37,13 +25,13 @@ def made_by(log):
     return make
 
 
-def test_a_miss_makes_each_array_once_into_the_file_and_a_hit_makes_none(cache):
+def test_a_miss_makes_each_array_once_into_the_file_and_a_hit_makes_none(fresh_cache):
     made = []
     first = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert sorted(made) == ["b", "w"] and files.CACHE_COUNTS["weights", "miss"] == 1
     second = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert len(made) == 2 and files.CACHE_COUNTS["weights", "hit"] == 1
-    entry = os.path.realpath(cache / "weights" / "k1" / "prepared.safetensors")
+    entry = os.path.realpath(fresh_cache / "weights" / "k1" / "prepared.safetensors")
     for arrays in (first, second):
         for name, a in arrays.items():
             assert a.dtype == SOURCES[name].dtype and not a.flags.writeable   # bfloat16 round-trips
@@ -52,10 +40,10 @@ def test_a_miss_makes_each_array_once_into_the_file_and_a_hit_makes_none(cache):
             assert region is not None and region.path == entry and region.length == a.nbytes
 
 
-def test_a_damaged_prepared_file_is_made_again(cache):
+def test_a_damaged_prepared_file_is_made_again(fresh_cache):
     made = []
     prepared.prepared_arrays("k1", SPECS, made_by(made))
-    entry = cache / "weights" / "k1" / "prepared.safetensors"
+    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
     with open(entry, "r+b") as f:
         f.truncate(entry.stat().st_size - 4)
     arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
@@ -63,10 +51,10 @@ def test_a_damaged_prepared_file_is_made_again(cache):
     np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
 
 
-def test_a_prepared_file_whose_header_does_not_fit_is_made_again(cache):
+def test_a_prepared_file_whose_header_does_not_fit_is_made_again(fresh_cache):
     made = []
     prepared.prepared_arrays("k1", {"w": SPECS["w"]}, made_by(made))
-    entry = cache / "weights" / "k1" / "prepared.safetensors"
+    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
     # as a build that recorded a file of other tensors would leave it: intact by stat, not what is asked for
     arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert made == ["w", "w", "b"]   # float32 before bfloat16: by falling item size
@@ -82,17 +70,17 @@ def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
     np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
 
 
-def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(cache):
+def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(fresh_cache):
     def broken(name):
         raise ValueError("no such tensor")
     with pytest.raises(ValueError, match="no such tensor"):
         prepared.prepared_arrays("k1", SPECS, broken)
     with pytest.raises(WeightsError, match="was made as float64"):
         prepared.prepared_arrays("k2", SPECS, lambda name: SOURCES[name].astype(np.float64))
-    assert not list((cache / "weights").rglob("*.safetensors"))   # and nothing was kept
+    assert not list((fresh_cache / "weights").rglob("*.safetensors"))   # and nothing was kept
 
 
-def test_source_identity_is_what_stat_says_and_none_while_racy(tmp_path, later, monkeypatch):
+def test_source_identity_is_what_stat_says_and_none_while_racy(tmp_path, not_racy, monkeypatch):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"x" * 16)
     first = prepared.source_identity([path])

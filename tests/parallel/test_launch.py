@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from registry_testing import registered_torch_backend
 
 from blockc.frontends import build_model, init_weights, trace
 from blockc.errors import ShardError
@@ -218,13 +219,8 @@ def test_a_case_carries_a_backend_a_rank_runs():
 @pytest.fixture
 def torch_variant():
     """A PyTorch backend registered under a name of its own, forgotten after the test."""
-    from blockc.runtime.backend import register, unregister
-    from blockc.runtime.backends.pytorch import TorchBackend
-    register("torch-variant", TorchBackend, compile=True)
-    try:
-        yield "torch-variant"
-    finally:
-        unregister("torch-variant")
+    with registered_torch_backend("torch-variant") as name:
+        yield name
 
 
 def test_a_torch_backend_registered_later_is_one_a_rank_runs(torch_variant):

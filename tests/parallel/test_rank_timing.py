@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from registry_testing import declared_collective
 
 from blockc.errors import BlockcError
 from blockc.ir.dtypes import DType
@@ -22,13 +23,8 @@ pytest.importorskip("torch")
 @pytest.fixture
 def new_collective():
     """``test_scatter``, a collective with no rule for PyTorch yet; forgotten after the test."""
-    op = registry.define("test_scatter", ("x",), attrs={"world": (registry.INT, registry.REQUIRED)},
-                         collective=True, doc="a collective the registry declares for this test")
-    op.infer(lambda types, attrs: types[0])
-    try:
+    with declared_collective("test_scatter") as op:
         yield op
-    finally:
-        registry.OPS.pop("test_scatter", None)
 
 
 def graph_of(op: str, world: int) -> Graph:

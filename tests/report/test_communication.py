@@ -1,12 +1,18 @@
 """The communication model counts what the sharded graphs hold: Megatron's
 2·b·s·d all-reduced elements per block per rank (plus the embedding's), and
 per-rank parameters of 1/N of the split weights plus the replicated ones,
-at GPT-3's shape (96 layers, d=12288) without weights."""
+at GPT-3's shape (96 layers, d=12288) without weights. A collective
+declared in a test (and removed after) is counted with no edit to the model."""
 from __future__ import annotations
 
+from registry_testing import declared_collective
+
 from blockc.frontends import build_model, trace
+from blockc.ir.dtypes import DType
+from blockc.ir.graph import Graph
+from blockc.ir.types import TensorType
 from blockc.passes.shard import shard
-from blockc.report.communication import rank_summaries
+from blockc.report.communication import RankSummary, collective_bytes, rank_summaries
 
 GPT3 = {"layers": "96", "d_model": "12288", "heads": "96", "vocab": "50304", "max_positions": "2048"}
 
@@ -32,3 +38,14 @@ def test_gpt3_per_rank_parameters_are_an_eighth():
     for row in rows:
         assert row.param_bytes == (whole - replicated) // 8 + replicated
         assert 21.8e9 < row.param_bytes / 4 < 21.9e9
+
+
+def test_a_declared_collective_is_counted():
+    with declared_collective("test_scatter"):
+        g = Graph("scatter")
+        x = g.add_input("x", TensorType(DType.float16, (8, 3)))
+        g.set_outputs([("y", g.op("test_scatter", g.op("all_reduce", x, world=2), world=2))])
+        reduce, scatter = collective_bytes(g, {})
+        assert (reduce.op, reduce.count, reduce.sent) == ("all_reduce", 1, 8 * 3 * 2)
+        assert (scatter.op, scatter.count, scatter.sent, scatter.received) == ("test_scatter", 1, 8 * 3 * 2, 4 * 3 * 2)
+        assert "1 test_scatter of 48 bytes in all" in RankSummary(0, 0, 0, [reduce, scatter]).format()

@@ -172,14 +172,17 @@ def test_an_unsupported_head_size_is_refused_by_name():
 
 # The tensor-core shapes in one file, so one nvcc run: float16 and bfloat16 at
 # head sizes 64 and 128, causal alone and with each mask kind where registers
-# are tightest (each result negated, so the arena has a buffer).
-SHAPES = [("f16", 64, "additive"), ("f16", 128, "bool"), ("bf16", 64, "none"), ("bf16", 128, "additive")]
-MASKS = {"none": "", "bool": ", %keep", "additive": ", %{t}bias"}
-VARIANTS = "graph g(" + ", ".join([f"%{t}{d}: {t}[2,4,33,{d}]" for t, d, m in SHAPES]
+# are tightest, and guarded (its per-row flag) at 128 (each result negated, so
+# the arena has a buffer).
+SHAPES = [("f16", 64, "additive"), ("f16", 128, "bool"), ("bf16", 64, "none"), ("bf16", 128, "additive"),
+          ("f16", 128, "bool_guarded")]
+MASKS = {"none": "", "bool": ", %keep", "additive": ", %{t}bias", "bool_guarded": ", %keep"}
+VARIANTS = "graph g(" + ", ".join(list(dict.fromkeys(f"%{t}{d}: {t}[2,4,33,{d}]" for t, d, m in SHAPES))
                                   + ["%keep: bool[2,1,1,33]", "%f16bias: f16[2,1,33,33]", "%bf16bias: bf16[2,1,33,33]"]) \
     + ") {\n" + "".join(
     f'  %{2 * i}:{t}[2,4,33,{d}] = attention %{t}{d}, %{t}{d}, %{t}{d}{MASKS[m].format(t=t)} '
-    f'{{scale=0.125, mask="{m}", causal=true, fill=-1e+30}}\n  %{2 * i + 1}:{t}[2,4,33,{d}] = neg %{2 * i}\n'
+    f'{{scale=0.125, mask="{m.split("_")[0]}", causal=true, fill=-1e+30, guarded={str(m.endswith("guarded")).lower()}}}'
+    f'\n  %{2 * i + 1}:{t}[2,4,33,{d}] = neg %{2 * i}\n'
     for i, (t, d, m) in enumerate(SHAPES)) \
     + "  return " + ", ".join(f"y{i}=%{2 * i + 1}" for i in range(len(SHAPES))) + "\n}\n"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ....ir.dtypes import DType
 from ....ir.graph import Node, Value
 from ....ir.types import TensorType
-from ....ops.masking import apply_masks, causal_allowed, causal_offset
+from ....ops.masking import allowed_keys, apply_masks, causal_allowed, causal_offset
 from ..dtypes import FLOATS
 from ..exprs import CExpr, float_literal
 from ..family import KernelFamily, KernelStep, register
@@ -55,26 +55,51 @@ def _may_split(q_len, k_len, bk: int) -> bool:
 
 def attention_scratch(node: Node) -> TensorType | None:
     """The arena scratch a decode-split run of ``node`` writes its partial
-    rows to (``[batch dims..., MAX_SPLITS, SIMT_ROWS, dv + 2]`` float32: each
-    row's unnormalised sum, max and total), or None where no run can split."""
+    rows to (``[batch dims..., MAX_SPLITS, SIMT_ROWS, dv + _part_tail]`` float32:
+    each row's unnormalised sum, max and total, and for a guard its flag),
+    or None where no run can split."""
     q, k, v = node.inputs[:3]
     dk, dv = q.shape[-1], v.shape[-1]
     if not (isinstance(dk, int) and isinstance(dv, int) and 0 < dk <= MAX_HEAD_DIM and 0 < dv <= MAX_HEAD_DIM):
         return None   # emit_attention refuses it by name
     if not _may_split(q.shape[-2], k.shape[-2], _simt_key_tile(dk, dv)):
         return None
-    return TensorType(DType.float32, tuple(node.outputs[0].shape[:-2]) + (MAX_SPLITS, SIMT_ROWS, dv + 2))
+    width = dv + _part_tail(_allowed(node.attrs))
+    return TensorType(DType.float32, tuple(node.outputs[0].shape[:-2]) + (MAX_SPLITS, SIMT_ROWS, width))
+
+
+def _part_tail(allowed: str | None) -> int:
+    """Floats a split run keeps per row after its sum over the values: max
+    and total, and where a guard reads the mask, whether the row saw an allowed key."""
+    return 2 + (allowed is not None)
+
+
+def _mask_loads(attrs) -> list[CExpr]:
+    loads = {"additive": "blockc_to_compute(mrow[key * m_col])", "bool": "mrow[key * m_col]"}
+    return [CExpr(loads[attrs["mask"]])] if attrs["mask"] in loads else []
+
+
+def _causal() -> CExpr:
+    return causal_allowed(CExpr("row"), CExpr("key"), CExpr("q_len"), CExpr("k_len"))
 
 
 def _score(attrs) -> str:
     """The C expression of one masked score, from the one rule every target uses."""
-    loads = {"additive": "blockc_to_compute(mrow[key * m_col])", "bool": "mrow[key * m_col]"}
-    masks = [CExpr(loads[attrs["mask"]])] if attrs["mask"] in loads else []
     # The scale is a run-time argument: layers that differ only in scale share a kernel.
-    return str(apply_masks(CExpr("s"), masks, attrs, mul=lambda x, _: CExpr(f"({x} * scale)"),
+    return str(apply_masks(CExpr("s"), _mask_loads(attrs), attrs, mul=lambda x, _: CExpr(f"({x} * scale)"),
                            add=lambda x, m: CExpr(f"({x} + {m})"), where=lambda c, x, f: CExpr(f"({c} ? {x} : {f})"),
-                           fill=CExpr("fill"),
-                           causal=lambda: causal_allowed(CExpr("row"), CExpr("key"), CExpr("q_len"), CExpr("k_len"))))
+                           fill=CExpr("fill"), causal=_causal))
+
+
+def _allowed(attrs) -> str | None:
+    """The C test of whether query ``row`` may attend ``key``, which a guarded
+    kernel's guard reads (the rule of ``masking.guard_rows``), or None where
+    nothing is guarded: not ``guarded``, or no key forbidden."""
+    if not attrs["guarded"]:
+        return None
+    allowed = allowed_keys(_mask_loads(attrs), attrs, logical_and=lambda a, b: CExpr(f"({a} && {b})"),
+                           causal=_causal)
+    return None if allowed is None else str(allowed)
 
 
 def _batch_strides(view: View, value: Value, batch: int) -> list:
@@ -126,8 +151,9 @@ def emit_attention(step: KernelStep) -> list[KernelCode]:
     title = (f"attention, scale + {'no mask' if mask_kind == 'none' else mask_kind + ' mask'}"
              f"{' + causal mask' if attrs['causal'] else ''}{', rows with no key zero' if attrs['guarded'] else ''}"
              f", head size {dk}")
+    allowed = _allowed(attrs)
     params = dict(title=title, T=ctype(dtype), MT=mask_t, mask=mask_kind, causal=attrs["causal"],
-                  guarded=attrs["guarded"], dk=dk, dv=dv,
+                  allowed=allowed, part_tail=_part_tail(allowed), dk=dk, dv=dv,
                   nv=(dv + 31) // 32, simt_bk=_simt_key_tile(dk, dv), mma=mma, mma_bk=MMA_HEAD_DIMS.get(dk),
                   bq=SIMT_ROWS, split=part is not None, max_splits=MAX_SPLITS,
                   score=_score(attrs),

@@ -1,0 +1,140 @@
+"""A Hugging Face directory's copied weights (a Llama's transposed ``nn.Linear``
+matrices, GPT-2's q/k/v columns) come from one prepared cache file
+(``hf_dir.Checkpoint``, ``prepared.py``): made on the first load, file views
+on the next, never stale (a rewritten checkpoint gets a new key), never
+cached from a checkpoint written just now. Values are checked against the
+safetensors tensors mapped in memory by the loaders' own state-dict path,
+and generation against Hugging Face's ``generate``."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from cache_testing import fresh_cache, not_racy  # noqa: E402,F401  (fixtures)
+from hf_dirs import hf_dir  # noqa: E402,F401  (the shared random directories)
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from blockc import files, trace  # noqa: E402
+from blockc.frontends import build_model, init_weights  # noqa: E402
+from blockc.frontends.hf_gpt2 import load_hf_gpt2_state_dict  # noqa: E402
+from blockc.frontends.hf_llama import load_hf_llama_state_dict  # noqa: E402
+from blockc.frontends.weights import file_region  # noqa: E402
+from blockc.runtime.ort_runner import OrtSession  # noqa: E402
+
+FROM_STATE_DICT = {"llama": load_hf_llama_state_dict, "gpt2": load_hf_gpt2_state_dict}
+
+
+@pytest.fixture
+def copy_of(hf_dir, tmp_path):
+    return lambda family: shutil.copytree(hf_dir(family), tmp_path / family)
+
+
+def load(path):
+    model = build_model(str(path), {})
+    return model, dict(init_weights(model, seed=0))
+
+
+def want(family, path, model):
+    """The weights the state-dict path makes from the checkpoint's tensors, in memory."""
+    return FROM_STATE_DICT[family](load_file(os.path.join(path, "model.safetensors")), model)
+
+
+def regions(weights):
+    """Each weight's file: 'prepared', 'checkpoint', or None (made in memory)."""
+    where = {}
+    for name, a in weights.items():
+        r = file_region(a)
+        where[name] = None if r is None else "prepared" if r.path.endswith("prepared.safetensors") else "checkpoint"
+    return where
+
+
+def assert_equal(got, expected):
+    assert sorted(got) == sorted(expected)
+    for name, a in expected.items():
+        assert got[name].dtype == a.dtype, name
+        np.testing.assert_array_equal(got[name], a, err_msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_second_load_makes_no_copy(copy_of, fresh_cache, not_racy, family):
+    path = copy_of(family)
+    model, first = load(path)
+    assert files.CACHE_COUNTS["weights", "miss"] == 1
+    model, second = load(path)
+    assert files.CACHE_COUNTS["weights", "hit"] == 1 and files.CACHE_COUNTS["weights", "miss"] == 1
+    expected = want(family, path, model)
+    assert_equal(first, expected)
+    assert_equal(second, expected)
+    where = regions(second)
+    prepared_ones = {n for n, w in where.items() if w == "prepared"}
+    if family == "llama":   # every nn.Linear weight is stored [out, in]
+        assert "blocks.0.attn.w_q.weight" in prepared_ones and "blocks.0.ffn.down.weight" in prepared_ones
+    else:                   # c_attn's columns; its bias's slices are views of the checkpoint itself
+        assert "blocks.0.attn.w_q.weight" in prepared_ones and where["blocks.0.attn.w_q.bias"] == "checkpoint"
+    assert where["tok.weight"] == "checkpoint"
+    assert {n for n, w in where.items() if w is None} <= {"rope.cos", "rope.sin"}   # tables the model makes
+
+
+def test_a_rewritten_checkpoint_is_read_afresh(copy_of, fresh_cache, not_racy):
+    path = copy_of("llama")
+    load(path)
+    weights = path / "model.safetensors"
+    st = weights.stat()
+    rng = np.random.default_rng(7)
+    changed = {k: rng.standard_normal(a.shape).astype(a.dtype) for k, a in load_file(weights).items()}
+    save_file(changed, str(weights), metadata={"format": "pt"})   # in place: same size, same inode
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns - 10 * 10**9))
+    model, got = load(path)
+    assert files.CACHE_COUNTS["weights", "miss"] == 2 and files.CACHE_COUNTS["weights", "hit"] == 0
+    assert_equal(got, FROM_STATE_DICT["llama"](changed, model))
+
+
+def test_a_checkpoint_written_just_now_caches_nothing(copy_of, fresh_cache):
+    path = copy_of("llama")   # copied this second: racy
+    model, got = load(path)
+    assert not files.CACHE_COUNTS and not (fresh_cache / "weights").exists()
+    assert "prepared" not in regions(got).values()
+    assert_equal(got, want("llama", path, model))
+
+
+def test_a_damaged_prepared_file_is_rebuilt(copy_of, fresh_cache, not_racy):
+    path = copy_of("llama")
+    load(path)
+    (entry,) = (fresh_cache / "weights").glob("*/prepared.safetensors")
+    with open(entry, "r+b") as f:
+        f.truncate(entry.stat().st_size // 2)
+    model, got = load(path)
+    assert files.CACHE_COUNTS["weights", "miss"] == 2
+    assert_equal(got, want("llama", path, model))
+
+
+def test_an_unusable_cache_loads_as_without_one(copy_of, tmp_path, monkeypatch, not_racy):
+    path = copy_of("llama")
+    (tmp_path / "afile").write_text("not a folder")
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "afile"))
+    model, got = load(path)
+    assert "prepared" not in regions(got).values()
+    assert_equal(got, want("llama", path, model))
+
+
+def test_generation_from_prepared_weights_is_hugging_faces(copy_of, fresh_cache, not_racy):
+    import torch
+    import transformers
+
+    from blockc.generate import generate
+    path = copy_of("llama")
+    prompt, new = [[5, 9, 13, 2, 7]], 4
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    ids = torch.tensor(prompt)
+    with torch.no_grad():
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                               do_sample=False, pad_token_id=0)[0, len(prompt[0]):].tolist()
+    for _ in range(2):   # cold, then warm from the prepared file
+        model, weights = load(path)
+        assert generate(model, weights, prompt, new).tokens == [expected]
+    assert files.CACHE_COUNTS["weights", "hit"] == 1
+    with OrtSession(trace(model), weights) as session:   # ONNX Runtime maps them: none is handed over to copy
+        assert {tuple(v.shape()) for v in session._weight_values} == {weights["rope.cos"].shape}
