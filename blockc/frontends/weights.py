@@ -35,7 +35,7 @@ import mmap
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -217,8 +217,7 @@ class SafetensorsFiles(Mapping):
         the whole file in this process's resident memory a second time
         beside ONNX Runtime's own map of it (``ort_runner.OrtSession``)."""
         for m in (self._maps or {}).values():
-            if hasattr(mmap, "MADV_DONTNEED"):   # not on every OS; where absent, the pages stay
-                m.madvise(mmap.MADV_DONTNEED)
+            _drop_pages(m)
 
     def close(self) -> None:
         """Drop this object's maps; arrays already handed out keep theirs (see the class docstring)."""
@@ -274,12 +273,33 @@ def file_region(array: np.ndarray) -> FileRegion | None:
     if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or array.nbytes == 0 \
             or array.dtype.byteorder == ">":
         return None
-    base = array
-    while base is not None and not isinstance(base, _FileMap):
-        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    base = _file_map(array)
     if base is None:
         return None
     return FileRegion(base.path, array.ctypes.data - base.address, array.nbytes)
+
+
+def _file_map(array: np.ndarray) -> _FileMap | None:
+    """The ``SafetensorsFiles`` map ``array`` is a view of, if it is one."""
+    base = array
+    while base is not None and not isinstance(base, _FileMap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return base
+
+
+def release_pages(arrays: Iterable[np.ndarray]) -> None:
+    """``SafetensorsFiles.release_pages`` for the maps that ``arrays`` view:
+    after reading every byte of some weights to make others from them
+    (``runtime/folded_params.py``), those pages would count in this
+    process's resident memory a second time beside ONNX Runtime's own map
+    of the file."""
+    for m in {id(m): m for a in arrays if (m := _file_map(a)) is not None}.values():
+        _drop_pages(m)
+
+
+def _drop_pages(m: mmap.mmap) -> None:
+    if hasattr(mmap, "MADV_DONTNEED"):   # not on every OS; where absent, the pages stay
+        m.madvise(mmap.MADV_DONTNEED)
 
 
 class NonFiniteWeightsWarning(UserWarning):

@@ -19,11 +19,12 @@ from ..errors import BlockcError
 from ..files import cache_key, cached_value
 from ..frontends.weights import FileRegion, file_region
 from ..ir.dtypes import DType
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Value
 from ..ir.printer import print_graph
 from ..version import code_version
 from .interface import CachedStep
 from .bindings import bind_inputs
+from .folded_params import folded_over_files
 from .threads import intra_op_threads
 
 _CUDA, _CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -150,6 +151,11 @@ class OrtSession:
     (``SessionOptions.add_external_initializers``). Serializing them would
     copy every weight twice and take seconds on a 125M model; a model of any
     size loads the same way. The arrays are kept as long as the session.
+    A node computed from parameters alone that lie in ``.safetensors``
+    files (a QKV merge, a tied head's transpose) is not left to ONNX
+    Runtime, which would fold it in each session: it comes folded, its
+    array made once into the cache and mapped from there
+    (``folded_params.folded_over_files``).
     """
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, provider: str = "cpu",
@@ -167,10 +173,11 @@ class OrtSession:
         providers = [_CUDA, _CPU] if provider in ("cuda", "auto") and _CUDA in available else [_CPU]
 
         self.graph = graph
-        self._weights = dict(checked_weights(graph, weights))   # the memory ONNX Runtime reads: kept alive
-        model, self.decisions = weightless_export(graph, fused_as=fused_as, opset=opset, decide=decide,
+        # the memory ONNX Runtime reads, kept alive; parameter-only nodes over file views come folded, from the cache
+        exported, self._weights = folded_over_files(graph, dict(checked_weights(graph, weights)))
+        model, self.decisions = weightless_export(exported, fused_as=fused_as, opset=opset, decide=decide,
                                                   provider="cuda" if _CUDA in providers else "cpu")
-        model = self._bind_weights(ort, options, model)
+        model = self._bind_weights(ort, options, model, exported.params)
         try:
             self._session = ort.InferenceSession(model, options, providers=providers)
         except Exception as err:  # onnxruntime's exceptions share no public base class
@@ -187,14 +194,14 @@ class OrtSession:
         self._bfloat16 = any(v.dtype == DType.bfloat16 for v in graph.inputs) or \
             any(v.dtype == DType.bfloat16 for _, v in graph.outputs)
 
-    def _bind_weights(self, ort, options, model: bytes) -> bytes:
+    def _bind_weights(self, ort, options, model: bytes, params: Mapping[str, Value]) -> bytes:
         """The weights handed to ONNX Runtime, and the model that declares
         them: a parameter whose array lies in a ``.safetensors`` file
         (``weights.file_region``) is declared as external data at its place
         in that file, which ONNX Runtime memory-maps itself (no copy, one
         copy in memory for every session over the file); the rest are bound
-        as OrtValues over their arrays (which ONNX Runtime 1.31 copies)."""
-        params = self.graph.params
+        as OrtValues over their arrays (which ONNX Runtime 1.31 copies).
+        ``params``: the exported graph's."""
         regions = {name: r for name, a in self._weights.items() if (r := file_region(a)) is not None}
         if regions and len({os.path.splitdrive(r.path)[0] for r in regions.values()}) > 1:
             regions = {}   # files on two drives have no common folder to name them from: bound instead

@@ -132,9 +132,13 @@ def test_generation_from_prepared_weights_is_hugging_faces(copy_of, fresh_cache,
     with torch.no_grad():
         expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                                do_sample=False, pad_token_id=0)[0, len(prompt[0]):].tolist()
-    for _ in range(2):   # cold, then warm from the prepared file
+    for warm in (False, True):   # cold, then warm from the prepared file
+        hits = files.CACHE_COUNTS["weights", "hit"]
         model, weights = load(path)
+        assert files.CACHE_COUNTS["weights", "hit"] == hits + warm
         assert generate(model, weights, prompt, new).tokens == [expected]
-    assert files.CACHE_COUNTS["weights", "hit"] == 1
+    # each made once: the checkpoint's copies (the load) and the QKV and gate/up merges folded over them
+    # (runtime/folded_params.py: the prefill's session makes them, the decode's and the warm run's find them)
+    assert (files.CACHE_COUNTS["weights", "miss"], files.CACHE_COUNTS["weights", "hit"]) == (2, 4)
     with OrtSession(trace(model), weights) as session:   # ONNX Runtime maps them: none is handed over to copy
         assert {tuple(v.shape()) for v in session._weight_values} == {weights["rope.cos"].shape}

@@ -338,6 +338,33 @@ def test_file_region_gives_a_views_place_in_its_file(tmp_path):
     assert file_region(view.T) is None and file_region(np.array(view)) is None and file_region(arrays["a"]) is None
 
 
+def resident_kib(path) -> int:
+    """Kilobytes of ``path``'s pages resident in this process's maps of it (Linux's smaps)."""
+    total, mapped = 0, False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:   # a mapping's first line: its range, ..., its path
+            mapped = line.rstrip("\n").endswith(" " + str(path))
+        elif mapped and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's memory accounting")
+def test_release_pages_takes_a_read_files_pages_out_of_this_process(tmp_path):
+    """Folding weights reads every byte of their views (``runtime/folded_params.py``);
+    released, those pages stop counting in this process (ONNX Runtime's own map reads them)."""
+    from blockc.frontends.weights import release_pages
+    want = np.arange(2 << 20, dtype=np.float32)   # 8 MiB
+    save_weights(tmp_path / "w.safetensors", {"a": want})
+    a = SafetensorsFiles([tmp_path / "w.safetensors"])["a"]
+    assert float(a.sum()) == float(want.sum())
+    assert resident_kib(tmp_path / "w.safetensors") > 6 << 10
+    release_pages([a, np.ones(3)])   # an array of no file is passed over
+    assert resident_kib(tmp_path / "w.safetensors") < 1 << 10
+    np.testing.assert_array_equal(a, want)   # read again from the file
+
+
 def test_closing_refuses_new_reads_and_keeps_arrays_handed_out(tmp_path):
     save_weights(tmp_path / "w.safetensors", {"a": np.arange(4, dtype=np.float32)})
     with SafetensorsFiles([tmp_path / "w.safetensors"]) as files:

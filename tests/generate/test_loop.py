@@ -236,13 +236,19 @@ def test_a_bad_pick_is_refused():
 def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypatch, prompts, decode_prepacks):
     """Both sessions declare every weight at the same place in the .safetensors
     file, which ONNX Runtime maps: one copy in memory, the OS's page cache,
-    for both. A decode step of one prompt multiplies one row by each weight,
-    so its session keeps them as they are (no prepacked copy); with more rows
-    it repacks them, as the prefill does."""
+    for both; the QKV and gate/up merges come folded, from one file in the
+    cache, the same for both (``runtime/folded_params.py``). A decode step
+    of one prompt multiplies one row by each weight, so its session keeps
+    them as they are (no prepacked copy); with more rows it repacks them,
+    as the prefill does."""
     import onnx
     import onnxruntime as ort
 
+    from blockc.frontends import prepared
     from blockc.frontends.weights import load_weights, save_weights
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    # the clock 10 s on: the file written just now is not racy, and its merges are folded (prepared.py)
+    monkeypatch.setattr(prepared, "_now_ns", lambda: prepared.time.time_ns() + 10 * 10**9)
     made, real = [], ort.InferenceSession
 
     def spy(model, options, **kw):
@@ -260,7 +266,12 @@ def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypa
     assert got.tokens == generate(model, {k: np.array(a) for k, a in weights.items()}, prompts, 3).tokens
     (prefill, prefill_unpacked), (decode, decode_unpacked) = made[:2]   # the file-backed generation's
     places = [{t.name: [(e.key, e.value) for e in t.external_data] for t in m.graph.initializer
-               if t.name in weights} for m in (prefill, decode)]
-    assert places[0] == places[1] and set(places[0]) == set(weights)
-    assert all(dict(p)["location"] == "w.safetensors" for p in places[0].values())
+               if t.external_data} for m in (prefill, decode)]
+    assert places[0] == places[1]
+    merged = {"w_q", "w_k", "w_v", "gate", "up"}
+    assert set(places[0]) & set(weights) == {name for name in weights if name.split(".")[-2] not in merged}
+    assert all(dict(p)["location"] == "w.safetensors" for name, p in places[0].items() if name in weights)
+    assert sorted(name.split("(")[0] for name in places[0] if name not in weights) == ["concat", "concat"]
+    assert {tuple(dict(p)["location"].split("/")[:2]) for name, p in places[0].items() if name not in weights} \
+        == {("cache", "weights")}
     assert (prefill_unpacked, decode_unpacked) == (False, not decode_prepacks)
