@@ -58,6 +58,11 @@ BLOCK_SLACK = 1.15         # the block's time over its roofline, at most
 # On a GPU each sample is 20 back-to-back runs between two events: an event
 # around each run alone adds 3-10 us of host time to it (timing.measure).
 GPU_TIMING = {"warmup": 5, "min_repeats": 50, "min_time_s": 0.5, "runs_per_sample": 20}
+# The block both kits time: (model, its settings, dims) on a GPU, and the toy
+# one --emulate runs. One toy block for both kits, so the emulated quick kit
+# finds the full kit's build of it in the cache (tests/codegen/cuda/test_gpu_kit.py).
+GPU_BLOCK = ("gpt2-block", {"dtype": "float16"}, {"batch": 8, "seq": 512})
+EMULATED_BLOCK = ("gpt2-block", {"d_model": "64", "heads": "2", "dtype": "float16"}, {"batch": 1, "seq": 16})
 
 # Each row kernel as blockc's IR text: symbolic rows and row length `n`.
 # The softmax is causal from the bottom right over `q` rows of `n` keys each.
@@ -183,7 +188,7 @@ def main(argv=None) -> int:
         backend = make_backend("cuda-emu")
         device, peak = "cuda-emu (the CPU: times mean nothing)", args.peak_gbps
         timing = {"warmup": 0, "min_repeats": 2, "min_time_s": 0.0}
-        block = ("gpt2-block", {"d_model": "64", "heads": "2", "dtype": "float32"}, {"batch": 1, "seq": 16})
+        block = EMULATED_BLOCK
     else:
         backend = make_backend("cuda")
         try:
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
         if peak is None:
             print(f"no published peak for {device or why}: give --peak-gbps", file=sys.stderr)
         timing = GPU_TIMING
-        block = ("gpt2-block", {"dtype": "float16"}, {"batch": 8, "seq": 512})
+        block = GPU_BLOCK
 
     print(f"device: {device}; peak {peak or 'unknown'} GB/s; command: python {' '.join(sys.argv)}\n")
     print("| kernel | dtype | row length | MB moved | us, median [blocks' range] | GB/s | of peak | "

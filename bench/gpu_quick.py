@@ -49,9 +49,9 @@ ATTENTION = """graph attention_f16(%q: f16[{b},{h},{s},64], %k: f16[{b},{h},{s},
 """
 PLANS = {   # what each mode measures: row lengths, attention's (batch, heads, seq), the block
     "gpu": {"lengths": (1024, 4096), "working_bytes": 256 << 20, "attention": (8, 12, 512),
-            "block": ("gpt2-block", {"dtype": "float16"}, {"batch": 8, "seq": 512}), "timing": gpu_kernels.GPU_TIMING},
+            "block": gpu_kernels.GPU_BLOCK, "timing": gpu_kernels.GPU_TIMING},
     "emulate": {"lengths": (256,), "working_bytes": 1 << 16, "attention": (1, 1, 64),
-                "block": ("gpt2-block", {"d_model": "64", "heads": "2", "dtype": "float16"}, {"batch": 1, "seq": 16}),
+                "block": gpu_kernels.EMULATED_BLOCK,
                 "timing": {"warmup": 0, "min_repeats": 2, "min_time_s": 0.0, "runs_per_sample": 2}},
 }
 

@@ -22,9 +22,28 @@ from blockc.files import cache_root, cached_file
 
 needs_gxx = pytest.mark.skipif(toolchain.find_gxx() is None, reason="no g++: the CUDA emulator needs one")
 SETTINGS = {"layers": "1", "d_model": "32", "heads": "2", "vocab": "50"}
+# What the cache holds does not depend on the model's size: a one-launch model
+# (a table lookup) is a build of the runtime and host code like a gpt2's, in a
+# fifth of its g++ time. The two-process test keeps a gpt2, whose longer
+# build is the window in which the two first builds overlap.
+LOOKUP = """graph cache_lookup(%input_ids: i64[batch,seq]) {
+  param @wte: f32[50,32]
+  %0:f32[batch,seq,32] = gather @wte, %input_ids {axis=0}
+  return logits=%0
+}
+"""
 
 
-def _tiny(**changes):
+def _lookup_weights(seed: int) -> dict:
+    return {"wte": np.random.default_rng(seed).standard_normal((50, 32)).astype(np.float32)}
+
+
+def _lookup_model(seed: int = 0):
+    from blockc.codegen.cuda.lower import generate
+    return generate(blockc.parse_graph(LOOKUP), _lookup_weights(seed))
+
+
+def _gpt2(**changes):
     from blockc.codegen.cuda.lower import generate
     model = blockc.build_model("gpt2", {**SETTINGS, **changes})
     return generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model))
@@ -110,7 +129,7 @@ def test_blockc_cache_sets_the_one_cache_folder(tmp_path, monkeypatch):
 
 # -- the key ------------------------------------------------------------------------
 def test_the_key_covers_the_emulator_runtime_header_flags_and_compiler(tmp_path, monkeypatch):
-    cm = _tiny()
+    cm = _lookup_model()
     before = cuda_build.source_hash(cm, "emu", compiler="g++ 13")
     assert cuda_build.source_hash(cm, "emu", compiler="g++ 14") != before
     assert cuda_build.source_hash(cm, "emu", "-O3", compiler="g++ 13") != before
@@ -152,7 +171,7 @@ def _run(cm, so):
 @needs_gxx
 def test_every_emulated_build_is_under_blockc_cache(cache):
     from blockc.runtime.cuda_runner import emulated_library
-    so = emulated_library(_tiny())
+    so = emulated_library(_lookup_model())
     assert so.is_relative_to(cache)
     assert list((cache / "emu").glob("*/cuda_emu_runtime.o"))  # the emulator's own objects too
 
@@ -160,15 +179,13 @@ def test_every_emulated_build_is_under_blockc_cache(cache):
 @needs_gxx
 def test_one_entry_serves_every_weights_of_a_graph_and_holds_none(cache):
     # the key is the graph's build; the weights are each run's, uploaded at load
-    from blockc.codegen.cuda.lower import generate
     from blockc.runtime.cuda_runner import emulated_library, run_model
-    model = blockc.build_model("gpt2", SETTINGS)
-    graph = blockc.to_form(blockc.trace(model), "fused")
+    graph = blockc.parse_graph(LOOKUP)
     ids = {"input_ids": np.arange(6, dtype=np.int64).reshape(1, 6) % 50}
     outputs = []
     for seed in (0, 1):
-        weights = blockc.init_weights(model, seed=seed)
-        cm = generate(graph, weights)
+        weights = _lookup_weights(seed)
+        cm = _lookup_model(seed)
         so = emulated_library(cm)
         outputs.append(run_model(cm, so, ids, emulated=True).outputs["logits"])
         np.testing.assert_allclose(outputs[-1], blockc.run_reference(graph, weights, ids)["logits"], rtol=1e-4,
@@ -182,7 +199,7 @@ def test_one_entry_serves_every_weights_of_a_graph_and_holds_none(cache):
 @pytest.mark.parametrize("damage", [b"", b"\x7fELF"])
 def test_a_truncated_cached_library_is_rebuilt(cache, damage):
     from blockc.runtime.cuda_runner import emulated_library
-    cm = _tiny()
+    cm = _lookup_model()
     so = emulated_library(cm)
     expected = _run(cm, so)
     so.write_bytes(damage)  # what a kill -9 or a full disk leaves
@@ -197,9 +214,9 @@ def test_two_processes_building_one_model_for_the_first_time(cache, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_cuda_cache import _tiny, _run
+        from test_cuda_cache import _gpt2, _run
         from blockc.runtime.cuda_runner import emulated_library
-        cm = _tiny(d_model="48")
+        cm = _gpt2(d_model="48")
         out = _run(cm, emulated_library(cm))
         print(sorted(out))
     """)

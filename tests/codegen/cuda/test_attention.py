@@ -204,8 +204,13 @@ def test_tensor_core_attention_compiles_without_spills(tmp_path):
 
 @needs_nvcc
 def test_tensor_core_attention_ptx_has_mma_ldmatrix_and_cp_async(tmp_path, kernel_ptx):
+    from blockc.compare.kernels import isolate_nodes
     model = blockc.build_model("gpt2-block", {"d_model": "128", "heads": "2", "dtype": "float16"})
-    cm = generate(blockc.to_form(blockc.trace(model), "fused"), blockc.init_weights(model))
+    fused = blockc.to_form(blockc.trace(model), "fused")
+    attention = [n for n in fused.nodes if n.op == "qkv_attention"]
+    assert len(attention) == 1
+    # the block's attention node alone: the block's attention kernels, without nvcc compiling its GEMMs and norms
+    cm = generate(isolate_nodes(attention, "gpt2_block_attention"), {})
     for arch in ("sm_80", "sm_90"):
         bodies = kernel_ptx(cm, tmp_path, arch)
         mma = [b for name, b in bodies.items() if "attention" in name and "_mmaP" in name]

@@ -29,23 +29,31 @@ def rotary_graph(t: str) -> str:
     """Heads of 16 turned whole (16) and in part (8), in halves and in pairs,
     at positions per row and shared by the batch; and at positions the
     graph computes (seq - 1 - s: every position below seq)."""
-    tables = "".join(f"  param @{w}{rd}: {t}[{ROWS},{rd}]\n" for rd in (16, 8) for w in ("cos", "sin"))
-    return f"""graph rotary_{t}(%x: {t}[b,3,s,16], %pos: i64[b,s], %shared: i64[s]) {{
-{tables}  %0:{t}[b,3,s,16] = rotary %x, @cos16, @sin16, %pos {{interleaved=false}}
-  %1:{t}[b,3,s,16] = rotary %x, @cos16, @sin16, %pos {{interleaved=true}}
-  %2:{t}[b,3,s,16] = rotary %x, @cos8, @sin8, %shared {{interleaved=false}}
-  %3:{t}[b,3,s,16] = rotary %x, @cos8, @sin8, %shared {{interleaved=true}}
-  %4:i64[s] = arange {{n=s}}
-  %5:i64[s] = sub %shared, %4
-  %6:{t}[b,3,s,16] = rotary %x, @cos16, @sin16, %5 {{interleaved=false}}
-  return half=%0, pairs=%1, half_part=%2, pairs_part=%3, computed=%6
-}}
+    inputs, body, outputs = _rotary_parts(t)
+    return f"graph rotary_{t}({inputs}) {{\n{body}  return {outputs}\n}}\n"
+
+
+def _rotary_parts(t: str, p: str = "") -> tuple[str, str, str]:
+    """rotary_graph's inputs, params and nodes, and outputs, every name prefixed with ``p``."""
+    tables = "".join(f"  param @{p}{w}{rd}: {t}[{ROWS},{rd}]\n" for rd in (16, 8) for w in ("cos", "sin"))
+    x, pos, shared = f"%{p}x", f"%{p}pos", f"%{p}shared"
+    inputs = f"{x}: {t}[b,3,s,16], {pos}: i64[b,s], {shared}: i64[s]"
+    body = tables + f"""  %{p}0:{t}[b,3,s,16] = rotary {x}, @{p}cos16, @{p}sin16, {pos} {{interleaved=false}}
+  %{p}1:{t}[b,3,s,16] = rotary {x}, @{p}cos16, @{p}sin16, {pos} {{interleaved=true}}
+  %{p}2:{t}[b,3,s,16] = rotary {x}, @{p}cos8, @{p}sin8, {shared} {{interleaved=false}}
+  %{p}3:{t}[b,3,s,16] = rotary {x}, @{p}cos8, @{p}sin8, {shared} {{interleaved=true}}
+  %{p}4:i64[s] = arange {{n=s}}
+  %{p}5:i64[s] = sub {shared}, %{p}4
+  %{p}6:{t}[b,3,s,16] = rotary {x}, @{p}cos16, @{p}sin16, %{p}5 {{interleaved=false}}
 """
+    outputs = (f"{p}half=%{p}0, {p}pairs=%{p}1, {p}half_part=%{p}2, {p}pairs_part=%{p}3, "
+               f"{p}computed=%{p}6")
+    return inputs, body, outputs
 
 
-def weights_for(t: str) -> dict:
+def weights_for(t: str, p: str = "") -> dict:
     rng = np.random.default_rng(1)
-    return {f"{w}{rd}": rng.standard_normal((ROWS, rd)).astype(NUMPY[t]) for rd in (16, 8) for w in ("cos", "sin")}
+    return {f"{p}{w}{rd}": rng.standard_normal((ROWS, rd)).astype(NUMPY[t]) for rd in (16, 8) for w in ("cos", "sin")}
 
 
 def feeds_for(t: str, b: int, s: int, seed: int) -> dict:
@@ -107,15 +115,16 @@ def test_computed_positions_outside_the_tables_fail_the_run():
 
 @needs_nvcc
 def test_every_variant_compiles_for_sm80_and_sm90_without_spills(tmp_path):
-    for t in NUMPY:
-        graph = blockc.parse_graph(rotary_graph(t))
-        cm = generate(graph, weights_for(t))
-        out = tmp_path / t
-        out.mkdir()
-        cuda_build.write_build(cm, str(out))
-        result = toolchain.compile_nvcc(str(out / "model.cu"), ["sm_80", "sm_90"], werror=True,
-                                        extra_flags=[f"-I{out}"])
-        rotary = [k for k in result.kernels if k.short_name.startswith("rotary_")]
-        assert {k.arch for k in rotary} == {"sm_80", "sm_90"} and len(rotary) == 2 * len(
-            {c.name for c in cm.steps if c.ops == ["rotary"]})
-        assert all(k.spill_store_bytes == 0 and k.spill_load_bytes == 0 for k in rotary)
+    # every dtype's graph in one model: one nvcc run (most of a run is the host code's, whatever the kernels)
+    parts = [_rotary_parts(t, f"{t}_") for t in NUMPY]
+    graph = blockc.parse_graph(f"graph rotary_all({', '.join(i for i, _, _ in parts)}) {{\n"
+                               + "".join(b for _, b, _ in parts) + f"  return {', '.join(o for _, _, o in parts)}\n}}\n")
+    cm = generate(graph, {k: v for t in NUMPY for k, v in weights_for(t, f"{t}_").items()})
+    assert {s.name.rsplit("_", 1)[1] for s in cm.steps if s.ops == ["rotary"]} == set(NUMPY)
+    cuda_build.write_build(cm, str(tmp_path))
+    result = toolchain.compile_nvcc(str(tmp_path / "model.cu"), ["sm_80", "sm_90"], werror=True,
+                                    extra_flags=[f"-I{tmp_path}"])
+    rotary = [k for k in result.kernels if k.short_name.startswith("rotary_")]
+    assert {k.arch for k in rotary} == {"sm_80", "sm_90"} and len(rotary) == 2 * len(
+        {c.name for c in cm.steps if c.ops == ["rotary"]})
+    assert all(k.spill_store_bytes == 0 and k.spill_load_bytes == 0 for k in rotary)
