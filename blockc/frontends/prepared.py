@@ -34,8 +34,8 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import CACHE_COUNTS, cached_entry
-from .weights import SafetensorsFiles, write_safetensors
+from ..files import CACHE_COUNTS, EntryUse, cached_entry
+from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
 FILE = "prepared.safetensors"
@@ -98,7 +98,11 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
 
 def _views(entry: Path, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
     """The arrays of the prepared file ``entry``, once its header holds
-    ``specs`` exactly (else a ``WeightsError``: the entry is made again)."""
+    ``specs`` exactly (else a ``WeightsError``: the entry is made again).
+    The entry is in use (``files.EntryUse``) as long as the views live: ONNX
+    Runtime opens the file by its path for each session made from them, so
+    no prune may remove it meanwhile."""
+    use = EntryUse(entry)
     files = SafetensorsFiles([entry])
     arrays = {name: files[name] for name in files}
     got = {name: (a.dtype, a.shape) for name, a in arrays.items()}
@@ -107,5 +111,6 @@ def _views(entry: Path, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -
         wrong = sorted(set(got.items()) ^ set(want.items()), key=str)[:3]
         raise WeightsError(f"{entry}: the prepared weights do not match what was asked for "
                            f"({', '.join(printable(str(w)) for w in wrong)})")
+    keep_with_maps(arrays.values(), use)
     files.close()
     return arrays

@@ -1,7 +1,10 @@
 """Prepared weights (``frontends/prepared.py``): arrays made once into a
 cache file and handed out as views of it, keyed by what ``stat`` says of
 their sources; a racy source caches nothing."""
+import gc
 import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -59,6 +62,27 @@ def test_a_prepared_file_whose_header_does_not_fit_is_made_again(fresh_cache):
     arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert made == ["w", "w", "b"]   # float32 before bfloat16: by falling item size
     assert sorted(arrays) == ["b", "w"] and file_region(arrays["b"]).path == os.path.realpath(entry)
+
+
+def prune_in_another_process() -> int:
+    """How many entries ``prune_cache(0)`` (``blockc cache --clear``) removes, run by another process."""
+    code = "from blockc.files import prune_cache; print(len(prune_cache(0)))"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              timeout=120).stdout)
+
+
+def test_an_entry_is_not_pruned_while_its_views_live(fresh_cache):
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by([]))
+    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    # ONNX Runtime opens the file by its path for each session made from the views: it must stay
+    assert files.prune_cache(0) == [] and prune_in_another_process() == 0 and entry.is_file()
+    hit = prepared.prepared_arrays("k1", SPECS, made_by([]))   # a second reader shares the entry
+    del arrays
+    gc.collect()
+    assert files.prune_cache(0) == [] and file_region(hit["w"]).path == os.path.realpath(entry)
+    del hit
+    gc.collect()   # the last view gone: the entry is an ordinary one again
+    assert len(files.prune_cache(0)) == 1 and not entry.exists()
 
 
 def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
