@@ -21,6 +21,7 @@ from blockc import files, trace  # noqa: E402
 from blockc.frontends import build_model, init_weights  # noqa: E402
 from blockc.frontends.hf_gpt2 import load_hf_gpt2_state_dict  # noqa: E402
 from blockc.frontends.hf_llama import load_hf_llama_state_dict  # noqa: E402
+from blockc.frontends.prepared import UncachedWeightsWarning  # noqa: E402
 from blockc.frontends.weights import file_region  # noqa: E402
 from blockc.runtime.ort_runner import OrtSession  # noqa: E402
 
@@ -154,9 +155,12 @@ def test_generation_under_a_cap_smaller_than_its_prepared_weights_is_hugging_fac
     path = copy_of("llama")
     prompt, new = [[5, 9, 13, 2, 7]], 3
     # room for the checkpoint's copies or for the merges folded over them, not both: making one must not
-    # prune the other while its views are in use (ONNX Runtime opens them by path for each session)
+    # prune the other while its views are in use (ONNX Runtime opens them by path for each session); the
+    # copies, over half the cap, are not cached at all
     monkeypatch.setenv("BLOCKC_CACHE_MAX", str(int(os.path.getsize(path / "model.safetensors") * 1.2)))
     expected = hf_tokens(path, prompt, new)
     for run in range(2):
-        model, weights = load(path)
+        with pytest.warns(UncachedWeightsWarning, match="BLOCKC_CACHE_MAX"):
+            model, weights = load(path)
+        assert "prepared" not in regions(weights).values()
         assert generate(model, weights, prompt, new).tokens == [expected], run

@@ -94,6 +94,20 @@ def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
     np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
 
 
+def test_arrays_over_half_the_caps_are_made_in_memory_and_not_written(fresh_cache, monkeypatch):
+    size = sum(a.nbytes for a in SOURCES.values())
+    monkeypatch.setenv("BLOCKC_CACHE_MAX", str(2 * size - 1))
+    made = []
+    with pytest.warns(prepared.UncachedWeightsWarning, match="over half the cache's cap .*BLOCKC_CACHE_MAX"):
+        arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert sorted(made) == ["b", "w"] and all(file_region(a) is None for a in arrays.values())
+    np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
+    assert not (fresh_cache / "weights").exists() and not files.CACHE_COUNTS
+    monkeypatch.setenv("BLOCKC_CACHE_MAX", str(2 * size))   # exactly half: kept
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert files.CACHE_COUNTS["weights", "miss"] == 1 and file_region(arrays["w"]) is not None
+
+
 def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(fresh_cache):
     def broken(name):
         raise ValueError("no such tensor")
