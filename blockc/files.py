@@ -582,26 +582,60 @@ def cache_entries() -> list[CacheEntry]:
     return sorted((CacheEntry(f, _folder_size(f), used) for f, used in folders.items()), key=lambda e: e.used)
 
 
-def _in_use(folder: Path) -> bool:
-    """Whether another process holds one of the entry's build locks."""
-    for lock in folder.glob("*.lock"):
+class EntryUse:
+    """A shared ``flock`` on a cache entry's ``NAME.use``, held until
+    ``close()`` or until this object is garbage collected: while it is held,
+    no ``prune_cache`` (of this process or another) removes the entry.
+    Taken by whoever reads an entry by its path after ``cached_entry``
+    returns (``frontends/prepared.py``: ONNX Runtime opens prepared weights
+    by path when each session is made) and kept as long as what it read."""
+
+    def __init__(self, path: Path):
+        use = path.with_name(path.name + ".use")
+        self._fd: int | None = None
+        self._fd = os.open(use, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)   # waits while a prune removes the entry
+        # a prune that removed the entry before we held the lock: our lock is on a removed file
         try:
-            fd = os.open(lock, os.O_RDWR)
+            held = os.stat(use).st_ino == os.fstat(self._fd).st_ino and path.is_file()
         except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-    return False
+            held = False
+        if not held:
+            self.close()
+            raise BlockcError(f"the cache entry {path} was removed while it was opened")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)   # releases the lock
+            self._fd = None
+
+    __del__ = close
+
+
+@contextlib.contextmanager
+def _claimed(folder: Path) -> Iterator[bool]:
+    """Whether no process builds or uses the entry ``folder`` (holds one of
+    its ``*.lock`` or ``*.use`` files); when none does, the locks are held
+    until the block ends, so no reader starts using the entry while it is removed."""
+    with contextlib.ExitStack() as held:
+        for lock in [*folder.glob("*.lock"), *folder.glob("*.use")]:
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except OSError:
+                continue
+            held.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+        yield True
 
 
 def prune_cache(limit: int | None = None, *, keep: Path | None = None) -> list[CacheEntry]:
     """Remove the least recently used entries until the cache holds at most
     ``limit`` bytes (``cache_limit()``); never ``keep`` (the entry just made)
-    nor one being built. Returns the entries removed."""
+    nor one being built or in use (``EntryUse``). Returns the entries removed."""
     limit = cache_limit() if limit is None else limit
     entries = cache_entries()
     total = sum(e.size for e in entries)
@@ -609,9 +643,12 @@ def prune_cache(limit: int | None = None, *, keep: Path | None = None) -> list[C
     for entry in entries:
         if total <= limit:
             break
-        if entry.path == keep or _in_use(entry.path):
+        if entry.path == keep:
             continue
-        shutil.rmtree(entry.path, ignore_errors=True)
+        with _claimed(entry.path) as free:
+            if not free:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
         total -= entry.size
         removed.append(entry)
     return removed

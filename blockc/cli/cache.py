@@ -11,7 +11,7 @@ DESCRIPTION = ("List the build cache's entries (size, last use), most recent fir
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--clear", action="store_true", help="remove every entry (those being built are left)")
+    p.add_argument("--clear", action="store_true", help="remove every entry (those being built or in use are left)")
 
 
 def run(args) -> int:

@@ -26,20 +26,26 @@ None and callers make their arrays in memory, caching nothing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import CACHE_COUNTS, cached_entry
-from .weights import SafetensorsFiles, write_safetensors
+from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes
+from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
 FILE = "prepared.safetensors"
 RACY_NS = 2_000_000_000   # a file changed this recently may change again without its stat changing
+
+
+class UncachedWeightsWarning(UserWarning):
+    """Prepared weights too large for the cache, made in memory on every run instead."""
 
 
 def _now_ns() -> int:
@@ -75,8 +81,17 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
     ``files.CACHE_COUNTS["weights", "hit" | "miss"]``. A damaged file is
     made again. Where the cache cannot be written (an unusable
     ``BLOCKC_CACHE``, a full disk) the arrays are made in memory, as without
-    a cache; an error of ``make``'s own is raised as it is, and a made
+    a cache; so are arrays totalling more than half of ``files.cache_limit()``
+    (an ``UncachedWeightsWarning``, shown once): kept, they would leave no
+    room for the merges folded over them or for the compile cache, and the
+    prune after each build would remove the entry the next run looks for. An error of ``make``'s own is raised as it is, and a made
     array of another dtype or shape than its spec is a ``WeightsError``."""
+    if sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in specs.values()) > cache_limit() // 2:
+        # one text for every call, so Python shows it once per process
+        warnings.warn(UncachedWeightsWarning(
+            f"prepared weights over half the cache's cap ({format_bytes(cache_limit())}: BLOCKC_CACHE_MAX) "
+            f"are made in memory on every run, not cached; a cap of twice their size keeps them"))
+        return {name: make(name) for name in specs}
     failed: list[BaseException] = []
 
     def made(name: str) -> np.ndarray:
@@ -98,7 +113,11 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
 
 def _views(entry: Path, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
     """The arrays of the prepared file ``entry``, once its header holds
-    ``specs`` exactly (else a ``WeightsError``: the entry is made again)."""
+    ``specs`` exactly (else a ``WeightsError``: the entry is made again).
+    The entry is in use (``files.EntryUse``) as long as the views live: ONNX
+    Runtime opens the file by its path for each session made from them, so
+    no prune may remove it meanwhile."""
+    use = EntryUse(entry)
     files = SafetensorsFiles([entry])
     arrays = {name: files[name] for name in files}
     got = {name: (a.dtype, a.shape) for name, a in arrays.items()}
@@ -107,5 +126,6 @@ def _views(entry: Path, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -
         wrong = sorted(set(got.items()) ^ set(want.items()), key=str)[:3]
         raise WeightsError(f"{entry}: the prepared weights do not match what was asked for "
                            f"({', '.join(printable(str(w)) for w in wrong)})")
+    keep_with_maps(arrays.values(), use)
     files.close()
     return arrays

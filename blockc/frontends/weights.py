@@ -293,8 +293,19 @@ def release_pages(arrays: Iterable[np.ndarray]) -> None:
     (``runtime/folded_params.py``), those pages would count in this
     process's resident memory a second time beside ONNX Runtime's own map
     of the file."""
-    for m in {id(m): m for a in arrays if (m := _file_map(a)) is not None}.values():
+    for m in _maps_of(arrays):
         _drop_pages(m)
+
+
+def keep_with_maps(arrays: Iterable[np.ndarray], holder: object) -> None:
+    """Keep ``holder`` alive as long as any map that ``arrays`` view (a
+    cache entry's ``files.EntryUse``: the entry stays while its views live)."""
+    for m in _maps_of(arrays):
+        m.holder = holder
+
+
+def _maps_of(arrays: Iterable[np.ndarray]) -> list[_FileMap]:
+    return list({id(m): m for a in arrays if (m := _file_map(a)) is not None}.values())
 
 
 def _drop_pages(m: mmap.mmap) -> None:

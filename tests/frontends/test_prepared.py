@@ -1,7 +1,10 @@
 """Prepared weights (``frontends/prepared.py``): arrays made once into a
 cache file and handed out as views of it, keyed by what ``stat`` says of
 their sources; a racy source caches nothing."""
+import gc
 import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -61,6 +64,27 @@ def test_a_prepared_file_whose_header_does_not_fit_is_made_again(fresh_cache):
     assert sorted(arrays) == ["b", "w"] and file_region(arrays["b"]).path == os.path.realpath(entry)
 
 
+def prune_in_another_process() -> int:
+    """How many entries ``prune_cache(0)`` (``blockc cache --clear``) removes, run by another process."""
+    code = "from blockc.files import prune_cache; print(len(prune_cache(0)))"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              timeout=120).stdout)
+
+
+def test_an_entry_is_not_pruned_while_its_views_live(fresh_cache):
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by([]))
+    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    # ONNX Runtime opens the file by its path for each session made from the views: it must stay
+    assert files.prune_cache(0) == [] and prune_in_another_process() == 0 and entry.is_file()
+    hit = prepared.prepared_arrays("k1", SPECS, made_by([]))   # a second reader shares the entry
+    del arrays
+    gc.collect()
+    assert files.prune_cache(0) == [] and file_region(hit["w"]).path == os.path.realpath(entry)
+    del hit
+    gc.collect()   # the last view gone: the entry is an ordinary one again
+    assert len(files.prune_cache(0)) == 1 and not entry.exists()
+
+
 def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "file"))
@@ -68,6 +92,20 @@ def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
     arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert sorted(made) == ["b", "w"] and all(file_region(a) is None for a in arrays.values())
     np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
+
+
+def test_arrays_over_half_the_caps_are_made_in_memory_and_not_written(fresh_cache, monkeypatch):
+    size = sum(a.nbytes for a in SOURCES.values())
+    monkeypatch.setenv("BLOCKC_CACHE_MAX", str(2 * size - 1))
+    made = []
+    with pytest.warns(prepared.UncachedWeightsWarning, match="over half the cache's cap .*BLOCKC_CACHE_MAX"):
+        arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert sorted(made) == ["b", "w"] and all(file_region(a) is None for a in arrays.values())
+    np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
+    assert not (fresh_cache / "weights").exists() and not files.CACHE_COUNTS
+    monkeypatch.setenv("BLOCKC_CACHE_MAX", str(2 * size))   # exactly half: kept
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
+    assert files.CACHE_COUNTS["weights", "miss"] == 1 and file_region(arrays["w"]) is not None
 
 
 def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(fresh_cache):
