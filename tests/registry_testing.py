@@ -26,11 +26,12 @@ def declared_collective(name: str = "test_scatter"):
 
 
 @contextmanager
-def registered_torch_backend(name: str = "torch-variant"):
-    """``name``: the PyTorch backend registered under a name of its own (compiled), unregistered after."""
+def registered_torch_backend(name: str = "torch-variant", cls=None, **fixed):
+    """``name``: the PyTorch backend (or ``cls``, a subclass) registered under a
+    name of its own, compiled unless ``fixed`` says otherwise; unregistered after."""
     from blockc.runtime.backend import register, unregister
     from blockc.runtime.backends.pytorch import TorchBackend
-    register(name, TorchBackend, compile=True)
+    register(name, cls or TorchBackend, **{"compile": True, **fixed})
     try:
         yield name
     finally:

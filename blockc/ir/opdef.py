@@ -30,6 +30,12 @@ about it, attached to its ``OpDef`` by decorators or keywords:
   them, on every backend, before any run;
 * ``fused``     -- whether the fusion passes make it: reports draw it, ONNX
   export writes it in a fused-op encoding, ``blockc compare`` times it alone;
+* ``moves_data`` -- whether its result is its inputs' elements moved or
+  copied (``transpose``, ``concat``, ``slice``, ...) or each converted alone
+  by the one IEEE rounding (``cast``): any runtime gives the same bits, so
+  ``runtime/folded_params.py`` may compute it over parameters itself, where
+  arithmetic (a scale folded into a weight, ``1 + w``) is left to the
+  runtime that would round it its own way;
 * ``collective`` -- whether it exchanges values between the ranks of a
   tensor-parallel group (of ``world`` ranks, an attribute every collective
   has): ``compare --tp`` times these alone, through their ``torch`` rule,
@@ -89,6 +95,7 @@ class OpDef:
     traffic: Callable | None = None        # fn(node, bindings) -> (bytes read, bytes written); None: each once
     fused: bool = False                    # made by the fusion passes
     collective: bool = False               # exchanges values between the ranks (attribute ``world``)
+    moves_data: bool = False               # its result is its inputs' elements moved or converted: the same bits anywhere
     colour: str | None = None              # a fused op's colour in report pictures (else a spare one)
     indexes: Callable | None = None        # fn(node) -> [(ids value, table value, axis)] (ops/limits.py)
     bounds: Callable | None = None         # fn(node) -> [(end dim, value, axis)]: end <= value's axis (ops/limits.py)
@@ -215,7 +222,7 @@ OPS: dict[str, OpDef] = {}
 def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str | None = None,
            cuda_expr: str | Callable | None = None, flops: int | Callable = 1, fused: bool = False,
            colour: str | None = None, indexes: Callable | None = None, bounds: Callable | None = None,
-           traffic: Callable | None = None, collective: bool = False) -> OpDef:
+           traffic: Callable | None = None, collective: bool = False, moves_data: bool = False) -> OpDef:
     """Declare an op; returns the ``OpDef`` whose decorators attach its rules."""
     if name in OPS:
         raise AssertionError(f"op {name} declared twice")
@@ -225,7 +232,7 @@ def define(name: str, inputs, *, outputs=1, attrs=None, doc: str = "", cuda: str
         raise AssertionError(f"op {name}: an elementwise CUDA op, and only one, gives its C expression")
     op = OpDef(name, tuple(inputs), outputs, dict(attrs or {}), doc, cuda=cuda, cuda_expr=cuda_expr,
                flops=flops, fused=fused, colour=colour, indexes=indexes, bounds=bounds, traffic=traffic,
-               collective=collective)
+               collective=collective, moves_data=moves_data)
     OPS[name] = op
     return op
 

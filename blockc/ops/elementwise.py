@@ -143,7 +143,7 @@ def _cast_c(attrs, args, out_dtype) -> str:
 
 
 cast = define("cast", ("x",), attrs={"to": (STR, REQUIRED)}, doc="convert the element type",
-              cuda="elementwise", cuda_expr=_cast_c, flops=0)
+              cuda="elementwise", cuda_expr=_cast_c, flops=0, moves_data=True)
 
 
 @cast.infer

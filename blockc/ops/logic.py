@@ -95,6 +95,7 @@ dim_value.torch(lambda b, node, xs: b.call(b.torch.tensor, b.dim(node.attrs["val
 # An elementwise identity on CUDA: the elementwise kernels already read each
 # input at its broadcast offset, and so it joins the chain that reads it.
 expand = define("expand", ("x",), attrs={"shape": (DIMS, REQUIRED)}, cuda="elementwise", cuda_expr="{0}", flops=0,
+                moves_data=True,
                 doc="broadcast to a shape, numpy (ONNX Expand) rules: the result is the broadcast of both")
 
 

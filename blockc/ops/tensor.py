@@ -36,7 +36,8 @@ matmul.onnx(lambda e, node, ins: [e.emit("MatMul", ins)])
 matmul.torch(lambda b, node, xs: b.call(b.torch.matmul, *xs))
 
 # ---- transpose -------------------------------------------------------------
-transpose = define("transpose", ("x",), attrs={"perm": (DIMS, REQUIRED)}, doc="permute axes", cuda="copy", flops=0)
+transpose = define("transpose", ("x",), attrs={"perm": (DIMS, REQUIRED)}, doc="permute axes", cuda="copy", flops=0,
+                   moves_data=True)
 
 
 @transpose.infer
@@ -52,7 +53,7 @@ transpose.onnx(lambda e, node, ins: [e.emit("Transpose", ins, perm=list(node.att
 transpose.torch(lambda b, node, xs: b.method("permute", xs[0], list(node.attrs["perm"])))
 
 # ---- reshape ---------------------------------------------------------------
-reshape = define("reshape", ("x",), attrs={"shape": (DIMS, REQUIRED)}, cuda="alias", flops=0,
+reshape = define("reshape", ("x",), attrs={"shape": (DIMS, REQUIRED)}, cuda="alias", flops=0, moves_data=True,
                  doc="reshape; ONNX rules: 0 copies the input dim, -1 is inferred")
 
 
@@ -117,7 +118,7 @@ def _(b, node, xs):
 
 # ---- concat ------------------------------------------------------------------
 concat = define("concat", ("*xs",), attrs={"axis": (INT, REQUIRED)}, doc="join along an axis", cuda="copy",
-                flops=0)
+                flops=0, moves_data=True)
 
 
 @concat.infer
@@ -142,7 +143,7 @@ concat.onnx(lambda e, node, ins: [e.emit("Concat", ins, axis=node.attrs["axis"])
 concat.torch(lambda b, node, xs: b.call(b.torch.cat, list(xs), dim=node.attrs["axis"]))
 
 # ---- split ---------------------------------------------------------------------
-split = define("split", ("x",), outputs=lambda attrs, n: len(attrs["sizes"]), cuda="copy", flops=0,
+split = define("split", ("x",), outputs=lambda attrs, n: len(attrs["sizes"]), cuda="copy", flops=0, moves_data=True,
                attrs={"axis": (INT, REQUIRED), "sizes": (DIMS, REQUIRED)}, doc="split into pieces of given sizes")
 
 
@@ -182,7 +183,7 @@ def _(b, node, xs):
 
 # ---- slice -----------------------------------------------------------------------
 slice_ = define("slice", ("x",), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED), "end": (DIM, REQUIRED)},
-                cuda="copy", flops=0, bounds=lambda n: [(n.attrs["end"], n.inputs[0], n.attrs["axis"])],
+                cuda="copy", flops=0, moves_data=True, bounds=lambda n: [(n.attrs["end"], n.inputs[0], n.attrs["axis"])],
                 doc="x[start:end] along one axis; start/end may be symbolic (e.g. end=past+seq)")
 
 
@@ -225,7 +226,7 @@ def _(b, node, xs):
 
 # ---- gather ----------------------------------------------------------------------
 gather = define("gather", ("data", "indices"), attrs={"axis": (INT, 0)}, doc="take rows (embedding lookup)",
-                cuda="copy", flops=0, indexes=lambda n: [(n.inputs[1], n.inputs[0], n.attrs["axis"])])
+                cuda="copy", flops=0, moves_data=True, indexes=lambda n: [(n.inputs[1], n.inputs[0], n.attrs["axis"])])
 
 
 @gather.infer

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..environment import env_setting
 from ..errors import LaunchError
+from .rank_backend import carried_registration
 
 MASTER_ADDR = "127.0.0.1"
 
@@ -45,7 +46,8 @@ def rank_backends() -> tuple[str, ...]:
     PyTorch backend, since each rank is a PyTorch process (``worker.py``)
     and lowers its graph as that backend's registration says
     (``rank_model.rank_session``). Read from the registry at each call: a
-    torch backend registered later is one too."""
+    torch backend registered later is one too, and its registration travels
+    to the ranks in the job (``rank_backend.py``)."""
     from ..runtime.backend import registrations
     from ..runtime.backends.pytorch import TorchBackend
     return tuple(r.name for r in registrations() if issubclass(r.cls, TorchBackend))
@@ -107,6 +109,7 @@ class Case:
         if self.backend not in ranks:
             raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
                               f"not {self.backend!r}")
+        carried_registration(self.backend)   # one a rank could not register again, refused before any starts
 
 
 def run_tp(model: str, tp: int, feeds: Mapping[str, np.ndarray], **options) -> list[dict[str, np.ndarray]]:
@@ -225,6 +228,7 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0, timing: di
     for i, case in enumerate(cases):
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
         spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)
+        spec["registration"] = carried_registration(case.backend)   # the ranks know only blockc's own
         save_npz(spec["feeds"], case.feeds)
         if case.generate is not None:   # the pick and criteria (``generate_tp``) beside the job, by pickle
             spec["generate"] = {**case.generate, "choices": os.path.join(job["out"], f"choices{i}.pkl")}

@@ -25,7 +25,8 @@ group: ``model`` (a built-in name, a ``.py`` or ``.onnx`` spec),
 ``overrides``, ``seed`` (the weights made from it) or ``weights`` (a
 ``.safetensors`` file, each rank reading only its slices), ``feeds`` (an
 ``.npz``), ``pad_vocab``, ``fused``, ``backend`` (``torch-eager`` or
-``torch-compile``), ``repeat`` (runs of the forward pass, the last one
+``torch-compile``, or one registered at run time: ``registration``,
+``parallel/rank_backend.py``, registers it here again), ``repeat`` (runs of the forward pass, the last one
 kept), ``generate`` (``{"prompts": [[ids]], "max_new": n, "form", "cache",
 "cache_len", "choices"}``, ``choices`` a pickle of ``generate``'s ``pick``,
 ``stop_id`` and ``stopping``: generation instead of one forward pass,
@@ -40,6 +41,7 @@ import sys
 
 from ..environment import env_setting, positive_float
 from ..errors import BlockcError
+from .rank_backend import register_carried
 from .rank_model import rank_graph_and_weights, rank_session
 
 
@@ -81,6 +83,9 @@ def collective_timeout() -> float:
 def run_rank(job: dict) -> None:
     import torch.distributed as dist
     rank, world = rank_env()
+    for case in job["cases"]:   # a backend the launching process registered at run time
+        if case.get("registration"):
+            register_carried(case["registration"])
     dist.init_process_group(group_backend(RANK_DEVICE), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=collective_timeout()))
     try:

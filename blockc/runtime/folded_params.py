@@ -24,7 +24,12 @@ After::
     param @"concat(w_q,w_k,w_v){axis=1}": f32[64,128]
     %0:f32[batch,seq,128] = matmul %x, @"concat(w_q,w_k,w_v){axis=1}"
 
-A node is folded when it is a load-time node (``ir/load_time.py``: fixed
+A node is folded when its op moves data alone (the registry's
+``moves_data``: ``concat``, ``transpose``, ``split``, ``cast``, ...; numpy
+gives the bits ONNX Runtime's kernel would, where arithmetic such as a
+scale folded into a weight, ``1 + w`` or a matmul of two parameters could
+round otherwise in float16 or bfloat16, and is left to ONNX Runtime), it is
+a load-time node (``ir/load_time.py``: fixed
 size, no symbolic attribute; ``slice @rope.cos {end=total}`` stays) whose
 inputs are all parameters or folded results (a node over constants is
 constant folding's: ``passes/constant_fold.py``), and no result of it is a
@@ -48,6 +53,7 @@ from ..frontends.weights import FileRegion, file_region, release_pages
 from ..ir.graph import Graph, Node, Value
 from ..ir.load_time import load_time_nodes
 from ..ir.printer import format_attr
+from ..ops import registry
 from ..ops.evaluate import Env, evaluate_node
 from ..version import code_version
 
@@ -78,7 +84,8 @@ def foldable_nodes(graph: Graph, only: Callable[[str], bool] = lambda name: True
     folded: set[int] = set()
     out = []
     for n in graph.nodes:
-        if id(n) in static and n.inputs and not any(id(o) in outputs for o in n.outputs) and \
+        if id(n) in static and n.inputs and registry.get(n.op).moves_data and \
+                not any(id(o) in outputs for o in n.outputs) and \
                 all(only(v.name) if v.kind == "param" else id(v.producer) in folded for v in n.inputs):
             folded.add(id(n))
             out.append(n)
@@ -108,7 +115,7 @@ def fold_params(graph: Graph, weights: Mapping[str, np.ndarray],
         g.remove_node(copies[id(n)])
     g.remove_unused_params()
     leaves = {name: list(_leaf_params(v)) for name, v in derived.items()}
-    return FoldedParams(g, derived, leaves, lambda name: _evaluate(derived[name], weights))
+    return FoldedParams(g, derived, leaves, lambda name: _evaluate(derived[name], weights, {}))
 
 
 def _derived_names(nodes: list[Node]) -> dict[int, str]:
@@ -129,13 +136,17 @@ def _leaf_params(v: Value) -> dict[str, None]:
     return {name: None for i in v.producer.inputs for name in _leaf_params(i)}
 
 
-def _evaluate(v: Value, weights: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``v``'s value, computed from ``weights`` by each node's numpy rule in the graph's dtypes."""
+def _evaluate(v: Value, weights: Mapping[str, np.ndarray], made: dict) -> np.ndarray:
+    """``v``'s value, computed from ``weights`` by each node's numpy rule in
+    the graph's dtypes; ``made``: ``{id(node): its results}`` so far, so a
+    node two inputs share (a split's results concatenated) runs once."""
     if v.kind == "param":
         return np.asarray(weights[v.name])
-    args = [_evaluate(i, weights) for i in v.producer.inputs]
+    n = v.producer
+    if id(n) not in made:
+        made[id(n)] = evaluate_node(n, [_evaluate(i, weights, made) for i in n.inputs], Env({}, float64=False))
     # contiguous: a transpose's rule gives a view, and whoever stores or binds the array reads it in order
-    return _contiguous(evaluate_node(v.producer, args, Env({}, float64=False))[v.index])
+    return _contiguous(made[id(n)][v.index])
 
 
 _TILE = 256   # rows and columns a tile of a 2-D copy: its source and target both stay in cache

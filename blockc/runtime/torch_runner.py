@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..ir.graph import Graph, Node
-from ..ir.opdef import attr_symbols
+from ..ir.load_time import load_time_nodes
 from ..ops import registry
 from ..passes.legalize import legalize
 from ..ir.dims import is_plain_symbol
@@ -243,8 +243,9 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
             env[id(v)] = g.get_attr(attr)
         return env[id(v)]
 
+    load_time = load_time_nodes(graph)
     for n in graph.nodes:
-        if _foldable(n, static, fold_constants):
+        if id(n) in load_time and (fold_constants or not n.inputs):   # fold_constants=False: constants alone
             with torch.no_grad():
                 outs = eager_lowering(n)(*[static[id(v)][0] for v in n.inputs])
             for i, (o, t) in enumerate(zip(n.outputs, outs)):
@@ -258,13 +259,6 @@ def lower_to_torch(graph: Graph, weights: Mapping[str, np.ndarray], *, fold_cons
     g.eliminate_dead_code()  # size() of symbols no dim used
     g.lint()
     return fx.GraphModule(root, g, class_name="BlockcModule")
-
-
-def _foldable(n: Node, static: dict, fold_constants: bool) -> bool:
-    if n.inputs and not fold_constants:
-        return False
-    return (all(id(v) in static for v in n.inputs) and not attr_symbols(n.attrs)
-            and all(isinstance(d, int) for o in n.outputs for d in o.shape))
 
 
 def _as_list(result) -> list:

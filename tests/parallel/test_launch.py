@@ -244,3 +244,34 @@ def test_a_torch_backend_registered_later_is_one_a_rank_runs(torch_variant):
     with pytest.raises(LaunchError, match="its backend is torch-eager or torch-compile or torch-variant, "
                                           "not 'ort-cpu'"):
         Case("gpt2", {}, backend="ort-cpu")
+
+
+def test_a_torch_backend_registered_at_run_time_runs_on_the_ranks():
+    """The ranks are fresh processes that know only blockc's own backends:
+    the registration travels in the job, and the ranks register it again
+    (once every rank died 'unknown backend')."""
+    over = {"layers": "1"}
+    feeds = feeds_for("llama-tiny", over)
+    with registered_torch_backend("torch-eager-variant", compile=False) as name:
+        ranks = run_tp("llama-tiny", 2, feeds, overrides=over, backend=name, timeout=120)
+    want = unsharded("llama-tiny", over, feeds)
+    for rank, got in enumerate(ranks):
+        for out in want:
+            np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-5, err_msg=f"rank {rank} {out}")
+
+
+def test_a_backend_a_rank_cannot_import_is_refused_before_any_rank_starts():
+    from blockc.runtime.backends.pytorch import TorchBackend
+
+    class Local(TorchBackend):   # a function's own class: no fresh interpreter finds it by name
+        pass
+    started: list = []
+    with registered_torch_backend("torch-local", cls=Local) as name:
+        with pytest.raises(LaunchError, match=r"^backend 'torch-local' is the class .*<locals>\.Local, which a "
+                                              r"rank \(a fresh Python process\) cannot import by that name"):
+            run_tp("llama-tiny", 2, {}, overrides={"layers": "1"}, backend=name,
+                   on_start=lambda p, f: started.extend(p))
+        with registered_torch_backend("torch-odd", mode=object()) as odd:
+            with pytest.raises(LaunchError, match="^backend 'torch-odd' fixes the options .* which cannot travel"):
+                Case("gpt2", {}, backend=odd)
+    assert not started

@@ -91,6 +91,17 @@ def test_chains_fold_to_what_unfolded_nodes_read_and_the_rest_stays():
     assert folded.leaves[chain] == ["w"]
 
 
+def test_a_node_two_inputs_share_is_computed_once(monkeypatch):
+    """The chain's split feeds both inputs of its concat: made once."""
+    from blockc.runtime import folded_params
+    g = parse_graph(ir(CHAINS))
+    folded = fold_params(g, random_weights(g))
+    ran, real = [], folded_params.evaluate_node
+    monkeypatch.setattr(folded_params, "evaluate_node", lambda n, *a: ran.append(n.op) or real(n, *a))
+    folded.make(next(name for name in folded.derived if name.startswith("transpose(concat")))
+    assert ran == ["split", "concat", "transpose"]
+
+
 def test_folded_graph_computes_what_the_graph_did():
     g = parse_graph(ir(CHAINS))
     w = random_weights(g)
@@ -269,6 +280,46 @@ def test_in_memory_and_just_written_weights_are_left_to_onnx_runtime(gpt2_steps,
             assert sorted(s.weights) == sorted(prefill.params)
     assert [sorted(over_initializers(m)) for m in made] == [["Concat", "Concat", "Transpose"]] * 2
     assert not any(kind == "weights" for kind, _ in files.CACHE_COUNTS)
+
+
+ARITHMETIC = """
+    graph g(%x: f16[seq,4]) {
+      param @a: f16[4,4]
+      param @b: f16[4,4]
+      param @s: f16[4]
+      param @lora_a: f16[4,2]
+      param @lora_b: f16[2,4]
+      %0:f16[4,8] = concat @a, @b {axis=1}
+      %1:f16[4,4] = mul @a, @s
+      %2:f16[4,4] = matmul @lora_a, @lora_b
+      %3:f16[4,4] = add %1, %2
+      %4:f16[seq,8] = matmul %x, %0
+      %5:f16[seq,4] = matmul %x, %3
+      return y=%4, z=%5
+    }
+"""
+
+
+def test_arithmetic_over_parameters_is_left_to_onnx_runtime(gpt2_steps, on_file, monkeypatch):
+    """Only ops that move data fold (the registry's ``moves_data``): a scale
+    folded into a weight or a matmul of two parameters (a LoRA merge) would
+    round in numpy's float16, not as ONNX Runtime's kernels do, so ONNX
+    Runtime folds those itself; the concat beside them still comes made.
+    The outputs are the unfolded session's, bit for bit."""
+    from blockc.runtime.ort_runner import OrtSession
+    g = parse_graph(ir(ARITHMETIC))
+    w = random_weights(g)
+    folded = fold_params(g, w)
+    assert list(folded.derived) == ["concat(a,b){axis=1}"]
+    assert folded.graph.op_counts() == {"mul": 1, "matmul": 3, "add": 1}
+    made = sessions_made(monkeypatch)
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 4)).astype(np.float16)}
+    with OrtSession(g, on_file(w)) as session:
+        assert "concat(a,b){axis=1}" in session.weights
+        got = session.run(feeds)
+    assert sorted(over_initializers(made[0])) == ["MatMul", "Mul"]   # and the add over them
+    for name, want in run_ort(g, w, feeds).items():
+        np.testing.assert_array_equal(got[name].view(np.uint16), want.view(np.uint16), err_msg=name)
 
 
 @pytest.mark.parametrize("variant", ["basic", "all"])

@@ -1,0 +1,67 @@
+"""A rank's backend registration, carried in the job.
+
+The ranks are fresh ``python -m blockc.parallel.worker`` processes: they
+know only the backends blockc registers at import. A PyTorch backend the
+launching process registered at run time (``runtime.backend.register``)
+travels in ``job.json`` as its class's ``module:qualname`` and its fixed
+options, and the worker registers it again before it makes the backend::
+
+    {"name": "torch-variant", "cls": "blockc.runtime.backends.pytorch:TorchBackend",
+     "fixed": {"compile": true}}
+
+What a fresh interpreter could not rebuild (a class defined in
+``__main__`` or inside a function, fixed options JSON cannot hold) is
+refused by name before any rank starts.
+"""
+from __future__ import annotations
+
+import json
+import pkgutil
+
+from ..errors import LaunchError
+
+
+def carried_registration(name: str) -> dict:
+    """The registration of the backend ``name`` as a job carries it; a
+    ``LaunchError`` naming it where a rank could not register it again."""
+    from ..runtime.backend import registration
+    entry = registration(name)
+    where = f"{entry.cls.__module__}:{entry.cls.__qualname__}"
+    if _importable(entry.cls) is not entry.cls:
+        raise LaunchError(f"backend {name!r} is the class {where}, which a rank (a fresh Python process) cannot "
+                          f"import by that name: define it at the top level of an importable module")
+    fixed = dict(entry.fixed)
+    try:
+        same = json.loads(json.dumps(fixed)) == fixed
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise LaunchError(f"backend {name!r} fixes the options {fixed!r}, which cannot travel to the ranks in "
+                          f"job.json: fix only numbers, strings, booleans, lists and dicts of them")
+    return {"name": name, "cls": where, "fixed": fixed}
+
+
+def register_carried(carried: dict) -> None:
+    """Register again, in a rank, what ``carried_registration`` wrote."""
+    from ..runtime.backend import register
+    try:
+        cls = _resolve(carried["cls"])
+    except (ImportError, AttributeError, ValueError) as e:
+        raise LaunchError(f"backend {carried['name']!r}: this rank cannot import its class {carried['cls']} "
+                          f"({e})") from None
+    register(carried["name"], cls, **carried["fixed"])
+
+
+def _importable(cls: type):
+    """``cls`` as a fresh interpreter finds it by its module and qualified name, or None."""
+    if cls.__module__ == "__main__" or "<" in cls.__qualname__:   # a script's own, or a function's local
+        return None
+    try:
+        return _resolve(f"{cls.__module__}:{cls.__qualname__}")
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _resolve(where: str):
+    # the user's class, named at run time: no blockc module is imported by a string here
+    return pkgutil.resolve_name(where)
