@@ -6,8 +6,11 @@ launching process registered at run time (``runtime.backend.register``)
 travels in ``job.json`` as its class's ``module:qualname`` and its fixed
 options, and the worker registers it again before it makes the backend::
 
-    {"name": "torch-variant", "cls": "blockc.runtime.backends.pytorch:TorchBackend",
-     "fixed": {"compile": true}}
+    {"name": "torch-variant", "cls": "my_backends:FastTorch", "fixed": {"compile": true}}
+
+A class of blockc's own (its PyTorch backend under another name and
+options) is found among the classes the rank registered at import, never
+imported by a string.
 
 What a fresh interpreter could not rebuild (a class defined in
 ``__main__`` or inside a function, fixed options JSON cannot hold) is
@@ -63,5 +66,14 @@ def _importable(cls: type):
 
 
 def _resolve(where: str):
-    # the user's class, named at run time: no blockc module is imported by a string here
+    """The class named ``module:qualname``: one of blockc's from the rank's own
+    registrations (blockc's modules are imported by name, never by a string:
+    tests/test_layering.py), the user's by its module."""
+    from ..runtime.backend import registrations
+    module = where.split(":", 1)[0]
+    if module == "blockc" or module.startswith("blockc."):
+        for entry in registrations():
+            if f"{entry.cls.__module__}:{entry.cls.__qualname__}" == where:
+                return entry.cls
+        raise ImportError(f"{where} is not a backend class blockc registers")
     return pkgutil.resolve_name(where)
