@@ -83,13 +83,31 @@ def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(fresh_cache):
 def test_source_identity_is_what_stat_says_and_none_while_racy(tmp_path, not_racy, monkeypatch):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"x" * 16)
-    first = prepared.source_identity([path])
+    read = {str(path): path.stat()}
+    first = prepared.source_identity(read)
     assert first is not None and str(path) in first
-    assert prepared.source_identity([path]) == first
+    assert prepared.source_identity(read) == first
     st = path.stat()
     path.write_bytes(b"y" * 16)   # rewritten in place: same size, same inode
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10 * 10**9))
-    assert prepared.source_identity([path]) not in (None, first)
-    assert prepared.source_identity([path, tmp_path / "missing"]) is None
+    assert prepared.source_identity({str(path): path.stat()}) not in (None, first)
+    assert prepared.source_identity(read) is None   # the path no longer names the file that was read
+    assert prepared.source_identity({**read, str(tmp_path / "missing"): st}) is None
     monkeypatch.undo()   # the real clock: the file was just written
-    assert prepared.source_identity([path]) is None
+    assert prepared.source_identity({str(path): path.stat()}) is None
+
+
+def test_an_entry_whose_sources_change_while_it_is_made_is_not_kept(tmp_path, fresh_cache, not_racy):
+    """git re-stats after hashing too: the arrays are what this process read,
+    but the key named the file as it was before."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"x" * 16)
+    read = {str(path): path.stat()}
+
+    def make(name):
+        path.write_bytes(b"y" * 16)   # rewritten while the entry is made
+        return SOURCES[name]
+    got = prepared.prepared_arrays("k1", SPECS, make, read)
+    assert not files.CACHE_COUNTS and not list((fresh_cache / "weights").rglob("*.safetensors"))
+    for name, a in got.items():
+        np.testing.assert_array_equal(a.view(np.uint8), SOURCES[name].view(np.uint8))
