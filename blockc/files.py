@@ -458,11 +458,11 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
 def _fingerprint(path: Path, verify: str = "sha256") -> dict:
     """What ``PATH.ok`` records of an entry: its size, and its SHA-256
     (``verify="sha256"``) or what ``stat`` says of the placed file
-    (``verify="stat"``: its mtime and inode, which a rewrite or a
+    (``verify="stat"``: its ``stat_identity``, which a rewrite or a
     replacement changes; no read of its bytes, for entries of gigabytes)."""
     st = path.stat()
     if verify == "stat":
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+        return stat_identity(st)._asdict()
     if verify != "sha256":
         raise ValueError(f"verify must be 'sha256' or 'stat', not {verify!r}")
     h = hashlib.sha256()
@@ -489,7 +489,7 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
     size and SHA-256 recorded in ``PATH.ok``. An entry without that record or
     not matching it (a 0-byte file from a killed build, a truncated or changed
     one) is made again. ``verify="stat"`` records and checks the placed
-    file's size, mtime and inode instead of its SHA-256 (``_fingerprint``):
+    file's ``stat_identity`` instead of its SHA-256 (``_fingerprint``):
     for large entries (prepared weights) whose hashing would cost seconds on
     every use; such an entry is never written in place, only replaced."""
     path = Path(path)
@@ -511,8 +511,8 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
             if not tmp.is_file() or tmp.stat().st_size == 0:
                 raise BlockcError(f"building {path} made no file")
             os.chmod(tmp, user_mode())
-            record = _fingerprint(tmp, verify)   # a rename keeps the inode and the mtime
             os.replace(tmp, path)
+            record = _fingerprint(path, verify)   # once placed: a rename changes the ctime
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
