@@ -111,3 +111,22 @@ def test_an_entry_whose_sources_change_while_it_is_made_is_not_kept(tmp_path, fr
     assert not files.CACHE_COUNTS and not list((fresh_cache / "weights").rglob("*.safetensors"))
     for name, a in got.items():
         np.testing.assert_array_equal(a.view(np.uint8), SOURCES[name].view(np.uint8))
+
+
+@pytest.mark.parametrize("where", ["header", "middle"])
+def test_a_rewrite_stat_cannot_see_still_changes_the_identity(tmp_path, not_racy, monkeypatch, where):
+    """A filesystem without real ctimes (FUSE object stores, some SMB mounts:
+    ctime = mtime) and a same-size file copied over with its mtime kept:
+    only the content sample tells."""
+    real = prepared.stat_identity
+    monkeypatch.setattr(prepared, "stat_identity", lambda f: real(f)._replace(ctime_ns=real(f).mtime_ns))
+    path = tmp_path / "model.safetensors"
+    data = bytearray((16).to_bytes(8, "little") + b'{"a":1}'.ljust(16) + bytes(4 << 20))
+    path.write_bytes(data)
+    first = prepared.source_identity({str(path): path.stat()})
+    st = path.stat()
+    data[10 if where == "header" else len(data) // 2] ^= 1
+    with open(path, "r+b") as f:   # in place, the old mtime kept
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepared.source_identity({str(path): path.stat()}) not in (None, first)
