@@ -45,10 +45,11 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Sequence, TypeVar
+from typing import IO, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 from .environment import env_setting
 from .errors import BlockcError
@@ -388,6 +389,43 @@ def _remove_folders(folders: list[str]) -> None:
 
 
 # -- the cache ------------------------------------------------------------------
+class StatIdentity(NamedTuple):
+    """What ``stat`` says of a file that a rewrite or a replacement changes:
+    the one rule for "has this file changed" without reading it (a cache
+    entry's record, a checkpoint's part of a prepared-weights key, an nvcc's
+    cached answers). ctime is there because ``cp -p`` and ``rsync --inplace``
+    keep size, inode and mtime but not ctime; what it cannot see (a
+    filesystem without real ctimes or inodes) is said in docs/CACHE.md."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    dev: int
+
+
+RACY_NS = 2_000_000_000   # a file changed this recently may change again without its stat changing
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+def stat_identity(file: str | os.PathLike | os.stat_result) -> StatIdentity:
+    """The ``StatIdentity`` of a path, or of an ``os.stat``/``os.fstat`` result."""
+    st = file if isinstance(file, os.stat_result) else os.stat(file)
+    return StatIdentity(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def racy(identity: StatIdentity) -> bool:
+    """Whether the file changed within ``RACY_NS`` of now, either way (a clock
+    set back counts too): git's rule for its index. A rewrite within the
+    filesystem's timestamp tick could leave the same stat behind, so nothing
+    made from a racy file may be kept under its stat."""
+    now = _now_ns()
+    return abs(now - identity.mtime_ns) < RACY_NS or abs(now - identity.ctime_ns) < RACY_NS
+
+
 def cache_root() -> Path:
     """blockc's one cache folder: ``$BLOCKC_CACHE``, else ``$XDG_CACHE_HOME/blockc``,
     else ``~/.cache/blockc``. Created on first use; one that cannot be created is
@@ -420,11 +458,11 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
 def _fingerprint(path: Path, verify: str = "sha256") -> dict:
     """What ``PATH.ok`` records of an entry: its size, and its SHA-256
     (``verify="sha256"``) or what ``stat`` says of the placed file
-    (``verify="stat"``: its mtime and inode, which a rewrite or a
+    (``verify="stat"``: its ``stat_identity``, which a rewrite or a
     replacement changes; no read of its bytes, for entries of gigabytes)."""
     st = path.stat()
     if verify == "stat":
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+        return stat_identity(st)._asdict()
     if verify != "sha256":
         raise ValueError(f"verify must be 'sha256' or 'stat', not {verify!r}")
     h = hashlib.sha256()
@@ -451,7 +489,7 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
     size and SHA-256 recorded in ``PATH.ok``. An entry without that record or
     not matching it (a 0-byte file from a killed build, a truncated or changed
     one) is made again. ``verify="stat"`` records and checks the placed
-    file's size, mtime and inode instead of its SHA-256 (``_fingerprint``):
+    file's ``stat_identity`` instead of its SHA-256 (``_fingerprint``):
     for large entries (prepared weights) whose hashing would cost seconds on
     every use; such an entry is never written in place, only replaced."""
     path = Path(path)
@@ -473,8 +511,8 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
             if not tmp.is_file() or tmp.stat().st_size == 0:
                 raise BlockcError(f"building {path} made no file")
             os.chmod(tmp, user_mode())
-            record = _fingerprint(tmp, verify)   # a rename keeps the inode and the mtime
             os.replace(tmp, path)
+            record = _fingerprint(path, verify)   # once placed: a rename changes the ctime
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()

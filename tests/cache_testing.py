@@ -31,7 +31,6 @@ def fresh_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def not_racy(monkeypatch):
-    """``prepared``'s clock 10 s on: files the test just wrote are no longer
-    racy (``source_identity``), as they are not on a second run."""
-    from blockc.frontends import prepared
-    monkeypatch.setattr(prepared, "_now_ns", lambda: time.time_ns() + 10 * 10**9)
+    """``files``' clock 10 s on: files the test just wrote are no longer
+    racy (``files.racy``), as they are not on a second run."""
+    monkeypatch.setattr(files, "_now_ns", lambda: time.time_ns() + 10 * 10**9)

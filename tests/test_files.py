@@ -121,10 +121,10 @@ def test_a_damaged_stat_verified_entry_is_rebuilt(tmp_path, damage):
     if damage == "truncated":
         with open(path, "r+b") as f:
             f.truncate(400)
-    elif damage == "rewritten in place":   # same size and inode: its mtime tells (set apart: a tick may hold both)
+    elif damage == "rewritten in place":   # same size, inode and mtime (cp -p, rsync --inplace): its ctime tells
         st = path.stat()
         path.write_bytes(b"WEIGHTS!" * 100)
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     elif damage == "replaced":             # same size, a new file renamed over it: its inode tells
         (tmp_path / "other").write_bytes(b"WEIGHTS!" * 100)
         os.utime(tmp_path / "other", ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))

@@ -150,7 +150,7 @@ class Checkpoint:
     def _prepare(self) -> dict[str, np.ndarray]:
         """The copying takes as views of their prepared file; none (each made on
         its own read) when the checkpoint is racy."""
-        identity = source_identity(sorted(set(self.files.files.values())))
+        identity = source_identity(self.files.stats)
         if identity is None or not self.copying:
             return {}
         recipe, specs = [], {}
@@ -158,7 +158,8 @@ class Checkpoint:
             take, dtype, shape = self.takes[name]
             recipe.append([name, take.key, take.transpose, take.start, take.stop, dtype.name])
             specs[name] = (dtype.numpy, shape)
-        return prepared_arrays(cache_key(identity, json.dumps(recipe), code_version()), specs, self.make)
+        return prepared_arrays(cache_key(identity, json.dumps(recipe), code_version()), specs, self.make,
+                               self.files.stats)
 
 
 def read_config(path: str) -> dict:

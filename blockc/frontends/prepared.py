@@ -15,20 +15,24 @@ checked by ``stat`` rather than by hashing gigabytes, pruned, listed and
 cleared by ``blockc cache``); later runs map the file.
 
 The key must name everything the arrays are made from. For a checkpoint's
-tensors that is its files' ``source_identity`` (what ``stat`` says of
-them: a rewritten checkpoint gets a new key, so cached values are never
-taken for new ones) with the recipe of each array and
-``version.code_version()``. A file written within the last two seconds is
-"racy" (git's rule for its index): a rewrite within the filesystem's
-timestamp tick could leave the same stat behind, so ``source_identity`` is
-None and callers make their arrays in memory, caching nothing.
+tensors that is its files' ``source_identity``: what ``stat`` says of the
+files whose bytes were actually read (``files.stat_identity`` of the
+``os.fstat`` taken when each was mapped, or its header read), so a
+rewritten checkpoint gets a new key and cached values are never taken for
+new ones; with the recipe of each array and ``version.code_version()``.
+Nothing is cached (``source_identity`` None: the arrays are made in
+memory) when a path no longer names the file that was read (replaced since:
+``rsync``, ``cp`` and ``mv``, ``git checkout``), or when a file is "racy"
+(``files.racy``, git's rule for its index: a rewrite within the
+filesystem's timestamp tick could leave the same stat behind); and an entry
+is not kept when the sources changed while it was being made.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -36,42 +40,64 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes
+from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes, racy, stat_identity
 from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
 FILE = "prepared.safetensors"
-RACY_NS = 2_000_000_000   # a file changed this recently may change again without its stat changing
 
 
 class UncachedWeightsWarning(UserWarning):
     """Prepared weights too large for the cache, made in memory on every run instead."""
 
 
-def _now_ns() -> int:
-    return time.time_ns()
+class _SourcesChanged(BlockcError):
+    """The sources changed while an entry was made from them: it is not kept (never shown to a user)."""
 
 
-def source_identity(paths: Iterable[str | os.PathLike]) -> str | None:
-    """What ``stat`` says of each of ``paths`` (its real path, size, mtime,
-    ctime, inode and device), as one text; None when any of them cannot be
-    read or is racy (changed within ``RACY_NS`` of now, either way: a clock
-    set back counts too), when nothing made from them may be cached."""
-    now, parts = _now_ns(), []
-    for path in paths:
-        real = os.path.realpath(os.fspath(path))
+def source_identity(sources: Mapping[str, os.stat_result]) -> str | None:
+    """What ``stat`` says of each file of ``sources`` (``{path: os.fstat of
+    the file whose bytes are read}``, as ``weights.mapped_files`` or
+    ``SafetensorsFiles.stats`` give it) with a sample of its content
+    (``_content_sample``), as one text; None, when nothing
+    made from them may be cached, when a path cannot be read, names another
+    file now (replaced since it was read), or is racy (``files.racy``)."""
+    parts = []
+    for path, read in sorted(sources.items()):
         try:
-            st = os.stat(real)
+            with open(path, "rb") as f:
+                now = stat_identity(os.fstat(f.fileno()))
+                if now != stat_identity(read) or racy(now):
+                    return None
+                parts.append([path, *now, _content_sample(f.fileno(), now.size)])
         except OSError:
             return None
-        if abs(now - st.st_mtime_ns) < RACY_NS or abs(now - st.st_ctime_ns) < RACY_NS:
-            return None
-        parts.append([real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev])
     return json.dumps(parts)
 
 
+SAMPLE_ENDS = 1 << 20                 # the first and the last MiB
+SAMPLE_BLOCKS, SAMPLE_BLOCK = 16, 64 << 10   # and 16 strided blocks of 64 KiB: milliseconds for any size
+
+
+def _content_sample(fd: int, size: int) -> str:
+    """SHA-256 of a cheap sample of the file: its safetensors header, its
+    first and last MiB and 16 strided 64 KiB blocks. Where ``stat`` cannot
+    see a rewrite (a filesystem without real ctimes or inodes: FUSE object
+    stores, some SMB mounts; a clock skewed past the racy rule) a new
+    checkpoint of the same size still differs here (docs/CACHE.md)."""
+    header_end = min(size, 8 + int.from_bytes(os.pread(fd, 8, 0), "little"))
+    spans = [(0, max(header_end, SAMPLE_ENDS)), (size - SAMPLE_ENDS, SAMPLE_ENDS),
+             *((i * size // SAMPLE_BLOCKS, SAMPLE_BLOCK) for i in range(SAMPLE_BLOCKS))]
+    h = hashlib.sha256()
+    for start, length in spans:
+        start = max(0, start)
+        h.update(os.pread(fd, max(0, min(length, size - start)), start))
+    return h.hexdigest()
+
+
 def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
-                    make: Callable[[str], np.ndarray]) -> dict[str, np.ndarray]:
+                    make: Callable[[str], np.ndarray],
+                    sources: Mapping[str, os.stat_result] | None = None) -> dict[str, np.ndarray]:
     """``{name: array}`` for every ``specs`` entry ``name: (dtype, shape)``:
     read-only views over ``$BLOCKC_CACHE/weights/KEY/prepared.safetensors``
     (``weights.file_region`` finds them), which is made on a miss by calling
@@ -84,14 +110,19 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
     a cache; so are arrays totalling more than half of ``files.cache_limit()``
     (an ``UncachedWeightsWarning``, shown once): kept, they would leave no
     room for the merges folded over them or for the compile cache, and the
-    prune after each build would remove the entry the next run looks for. An error of ``make``'s own is raised as it is, and a made
-    array of another dtype or shape than its spec is a ``WeightsError``."""
+    prune after each build would remove the entry the next run looks for.
+    An error of ``make``'s own is raised as it is, and a made array of
+    another dtype or shape than its spec is a ``WeightsError``.
+    ``sources`` (what ``source_identity`` was given for ``key``) are looked
+    at again once the arrays are made: if they changed meanwhile, the entry
+    is not kept and the arrays are made in memory."""
     if sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in specs.values()) > cache_limit() // 2:
         # one text for every call, so Python shows it once per process
         warnings.warn(UncachedWeightsWarning(
             f"prepared weights over half the cache's cap ({format_bytes(cache_limit())}: BLOCKC_CACHE_MAX) "
             f"are made in memory on every run, not cached; a cap of twice their size keeps them"))
         return {name: make(name) for name in specs}
+    identity = None if sources is None else source_identity(sources)
     failed: list[BaseException] = []
 
     def made(name: str) -> np.ndarray:
@@ -101,8 +132,11 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             failed.append(e)
             raise
     try:
-        return cached_entry(KIND, key, FILE, lambda tmp: write_safetensors(tmp, specs, made),
-                            lambda entry: _views(entry, specs), verify="stat")
+        def write(tmp: Path) -> None:
+            write_safetensors(tmp, specs, made)
+            if sources is not None and (identity is None or source_identity(sources) != identity):   # git re-stats after hashing too
+                raise _SourcesChanged(f"the sources of {key} changed while it was made")
+        return cached_entry(KIND, key, FILE, write, lambda entry: _views(entry, specs), verify="stat")
     except WeightsError:   # made arrays that do not fit their specs: the caller's mistake
         raise
     except (OSError, BlockcError):   # the cache's folder, lock or file

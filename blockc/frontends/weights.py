@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import check_writable, replace_together
+from ..files import check_writable, replace_together, stat_identity
 from ..ir.dtypes import DType, is_float_numpy
 from ..ir.graph import Graph
 
@@ -183,8 +183,10 @@ class SafetensorsFiles(Mapping):
         self.dtypes: dict[str, str] = {}   # safetensors' codes: F32, F16, BF16, I64...
         self._where: dict[str, tuple[int, int]] = {}   # name -> (first byte, end) in its file
         self._maps: dict[str, _FileMap] | None = {}
+        self.stats: dict[str, os.stat_result] = {}   # each file as its header was read (os.fstat)
         for path in map(os.fspath, paths):
-            for name, entry, start in _safetensors_header(path):
+            tensors, self.stats[path] = _safetensors_header(path)
+            for name, entry, start in tensors:
                 if name in self.files:
                     raise WeightsError(f"{path}: tensor {printable(name)} is also in {self.files[name]}")
                 if entry["dtype"] not in _SAFETENSORS_DTYPES:
@@ -203,7 +205,10 @@ class SafetensorsFiles(Mapping):
         if start == end:   # an empty tensor (it may sit at the very end, where no buffer starts)
             return np.empty(self.shapes[name], dtype)
         if path not in self._maps:
-            self._maps[path] = _FileMap.of(path)
+            m = _FileMap.of(path)
+            if stat_identity(m.stat) != stat_identity(self.stats[path]):   # its header described another file
+                raise WeightsError(f"{path} changed since its header was read: load the weights again")
+            self._maps[path] = m
         return np.frombuffer(self._maps[path], dtype, (end - start) // dtype.itemsize, start).reshape(self.shapes[name])
 
     def dtype_of(self, name: str) -> np.dtype:
@@ -243,11 +248,13 @@ class _FileMap(mmap.mmap):
 
     path: str
     address: int
+    stat: os.stat_result
 
     @classmethod
     def of(cls, path: str) -> "_FileMap":
         with open(path, "rb") as f:
             m = cls(f.fileno(), 0, access=mmap.ACCESS_READ)
+            m.stat = os.fstat(f.fileno())   # the file mapped, which the path may no longer name
         # the file itself: a Hugging Face cache links snapshots/*/model.safetensors to ../../blobs/<hash>,
         # and ONNX Runtime refuses an external file that resolves outside the folder it was given
         m.path = os.path.realpath(path)
@@ -285,6 +292,12 @@ def _file_map(array: np.ndarray) -> _FileMap | None:
     while base is not None and not isinstance(base, _FileMap):
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     return base
+
+
+def mapped_files(arrays: Iterable[np.ndarray]) -> dict[str, os.stat_result]:
+    """``{path: fstat}`` of the files that ``arrays`` view, as they were when
+    mapped: what their bytes are, whatever the paths name now."""
+    return {m.path: m.stat for a in arrays if (m := _file_map(a)) is not None}
 
 
 def release_pages(arrays: Iterable[np.ndarray]) -> None:
@@ -332,11 +345,12 @@ def _safetensors_header(path: str):
         with safe_open(path, framework="numpy"):   # the library's own checks of the header and the offsets
             pass
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
             size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(size))
     except Exception as e:   # a bad header: safetensors' own error says what is wrong with it
         raise WeightsError(f"cannot read weights from {path!r}: {type(e).__name__}: {e}") from None
-    return [(name, entry, 8 + size) for name, entry in header.items() if name != "__metadata__"]
+    return [(name, entry, 8 + size) for name, entry in header.items() if name != "__metadata__"], st
 
 
 def non_finite_weights(weights: Mapping[str, np.ndarray]) -> list[str]:

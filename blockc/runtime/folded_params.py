@@ -49,7 +49,7 @@ import numpy as np
 
 from ..files import cache_key
 from ..frontends.prepared import prepared_arrays, source_identity
-from ..frontends.weights import FileRegion, file_region, release_pages
+from ..frontends.weights import FileRegion, file_region, mapped_files, release_pages
 from ..ir.graph import Graph, Node, Value
 from ..ir.load_time import load_time_nodes
 from ..ir.printer import format_attr
@@ -173,18 +173,20 @@ def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[
     (``prepared.prepared_arrays``: a file view, which every session maps
     and none copies). Left as they are (ONNX Runtime folds such nodes itself,
     in each session) where no such node reads only file views, or where a
-    file was written just now (``source_identity`` None: a rewrite could keep
-    its stat). The key names the files' identity, each array's recipe (the
-    node chain in its name, its type, the regions it reads) and this code."""
+    file was written just now or replaced since it was mapped
+    (``source_identity`` None). The key names the files' identity, each
+    array's recipe (the node chain in its name, its type, the regions it
+    reads) and this code."""
     regions = {name: r for name, a in weights.items() if (r := file_region(a)) is not None}
     folded = fold_params(graph, weights, only=regions.__contains__)
     if folded is None:
         return graph, dict(weights)
-    identity = source_identity(sorted({regions[p].path for leaves in folded.leaves.values() for p in leaves}))
+    sources = mapped_files(weights[p] for leaves in folded.leaves.values() for p in leaves)
+    identity = source_identity(sources)
     if identity is None:
         return graph, dict(weights)
     made = prepared_arrays(cache_key(identity, _recipe(graph, folded, regions), code_version()),
-                           folded.specs(), folded.make)
+                           folded.specs(), folded.make, sources)
     # made on a miss, every byte of their sources was read through this process's map: not its memory
     release_pages(weights[p] for leaves in folded.leaves.values() for p in leaves)
     return folded.graph, {**{name: weights[name] for name in folded.graph.params if name in weights}, **made}

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from cache_testing import fresh_cache, not_racy  # noqa: E402,F401  (fixtures)
 from hf_dirs import hf_dir  # noqa: E402,F401  (the shared random directories)
-from safetensors.numpy import load_file, save_file  # noqa: E402
+from safetensors.numpy import load_file, save, save_file  # noqa: E402
 
 from blockc import files, trace  # noqa: E402
 from blockc.frontends import build_model, init_weights  # noqa: E402
@@ -86,8 +86,10 @@ def test_a_rewritten_checkpoint_is_read_afresh(copy_of, fresh_cache, not_racy):
     st = weights.stat()
     rng = np.random.default_rng(7)
     changed = {k: rng.standard_normal(a.shape).astype(a.dtype) for k, a in load_file(weights).items()}
-    save_file(changed, str(weights), metadata={"format": "pt"})   # in place: same size, same inode
-    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns - 10 * 10**9))
+    with open(weights, "r+b") as f:   # in place: same size, same inode (save_file would make a new file)
+        f.write(save(changed, metadata={"format": "pt"}))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))   # the old mtime, as cp -p and rsync --inplace keep it
+    assert (weights.stat().st_size, weights.stat().st_ino) == (st.st_size, st.st_ino)   # only ctime tells
     model, got = load(path)
     assert files.CACHE_COUNTS["weights", "miss"] == 2 and files.CACHE_COUNTS["weights", "hit"] == 0
     assert_equal(got, FROM_STATE_DICT["llama"](changed, model))

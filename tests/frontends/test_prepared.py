@@ -121,13 +121,50 @@ def test_errors_of_make_and_arrays_unlike_their_specs_are_raised(fresh_cache):
 def test_source_identity_is_what_stat_says_and_none_while_racy(tmp_path, not_racy, monkeypatch):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"x" * 16)
-    first = prepared.source_identity([path])
+    read = {str(path): path.stat()}
+    first = prepared.source_identity(read)
     assert first is not None and str(path) in first
-    assert prepared.source_identity([path]) == first
+    assert prepared.source_identity(read) == first
     st = path.stat()
     path.write_bytes(b"y" * 16)   # rewritten in place: same size, same inode
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10 * 10**9))
-    assert prepared.source_identity([path]) not in (None, first)
-    assert prepared.source_identity([path, tmp_path / "missing"]) is None
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))   # the old mtime, as cp -p and rsync --inplace keep it
+    assert prepared.source_identity({str(path): path.stat()}) not in (None, first)
+    assert prepared.source_identity(read) is None   # the path no longer names the file that was read
+    assert prepared.source_identity({**read, str(tmp_path / "missing"): st}) is None
     monkeypatch.undo()   # the real clock: the file was just written
-    assert prepared.source_identity([path]) is None
+    assert prepared.source_identity({str(path): path.stat()}) is None
+
+
+def test_an_entry_whose_sources_change_while_it_is_made_is_not_kept(tmp_path, fresh_cache, not_racy):
+    """git re-stats after hashing too: the arrays are what this process read,
+    but the key named the file as it was before."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"x" * 16)
+    read = {str(path): path.stat()}
+
+    def make(name):
+        path.write_bytes(b"y" * 16)   # rewritten while the entry is made
+        return SOURCES[name]
+    got = prepared.prepared_arrays("k1", SPECS, make, read)
+    assert not files.CACHE_COUNTS and not list((fresh_cache / "weights").rglob("*.safetensors"))
+    for name, a in got.items():
+        np.testing.assert_array_equal(a.view(np.uint8), SOURCES[name].view(np.uint8))
+
+
+@pytest.mark.parametrize("where", ["header", "middle"])
+def test_a_rewrite_stat_cannot_see_still_changes_the_identity(tmp_path, not_racy, monkeypatch, where):
+    """A filesystem without real ctimes (FUSE object stores, some SMB mounts:
+    ctime = mtime) and a same-size file copied over with its mtime kept:
+    only the content sample tells."""
+    real = prepared.stat_identity
+    monkeypatch.setattr(prepared, "stat_identity", lambda f: real(f)._replace(ctime_ns=real(f).mtime_ns))
+    path = tmp_path / "model.safetensors"
+    data = bytearray((16).to_bytes(8, "little") + b'{"a":1}'.ljust(16) + bytes(4 << 20))
+    path.write_bytes(data)
+    first = prepared.source_identity({str(path): path.stat()})
+    st = path.stat()
+    data[10 if where == "header" else len(data) // 2] ^= 1
+    with open(path, "r+b") as f:   # in place, the old mtime kept
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepared.source_identity({str(path): path.stat()}) not in (None, first)

@@ -146,6 +146,18 @@ def test_shards_are_read_from_their_headers_and_one_tensor_at_a_time(tmp_path):
     assert files.files["b"] == str(tmp_path / "2.safetensors")
 
 
+
+def test_a_shard_replaced_after_its_header_was_read_is_refused(tmp_path):
+    """Its header describes another file than the one a read would map (a
+    new inode at the path: ``rsync``, ``cp`` + ``mv``): the offsets would read garbage."""
+    path = tmp_path / "1.safetensors"
+    safetensors.numpy.save_file({"a": np.ones(4, np.float32)}, str(path))
+    files = SafetensorsFiles([path])
+    safetensors.numpy.save_file({"a": np.zeros(4, np.float32)}, str(tmp_path / "new.safetensors"))
+    os.replace(tmp_path / "new.safetensors", path)
+    with pytest.raises(WeightsError, match="1.safetensors changed since its header was read"):
+        files["a"]
+
 def test_a_tensor_in_two_shards_is_refused(tmp_path):
     for name in ("1", "2"):
         safetensors.numpy.save_file({"a": np.ones(2, np.float32)}, str(tmp_path / f"{name}.safetensors"))

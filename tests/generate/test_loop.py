@@ -244,11 +244,11 @@ def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypa
     import onnx
     import onnxruntime as ort
 
-    from blockc.frontends import prepared
+    from blockc import files
     from blockc.frontends.weights import load_weights, save_weights
     monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
-    # the clock 10 s on: the file written just now is not racy, and its merges are folded (prepared.py)
-    monkeypatch.setattr(prepared, "_now_ns", lambda: prepared.time.time_ns() + 10 * 10**9)
+    # the clock 10 s on: the file written just now is not racy, and its merges are folded (files.racy)
+    monkeypatch.setattr(files, "_now_ns", lambda: files.time.time_ns() + 10 * 10**9)
     made, real = [], ort.InferenceSession
 
     def spy(model, options, **kw):

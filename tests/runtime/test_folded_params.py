@@ -195,10 +195,9 @@ FEEDS = {"input_ids": np.array([[5, 9, 13]]), "attention_mask": np.ones((1, 3), 
 def on_file(gpt2_steps, tmp_path, monkeypatch):
     """Saves weights to a .safetensors file and loads them back as views of
     it, the file not racy (the clock ``later_s`` on: a file written in the
-    last 2 s could be rewritten keeping its stat, ``prepared.source_identity``);
+    last 2 s could be rewritten keeping its stat, ``files.racy``);
     an empty cache."""
     from blockc import files
-    from blockc.frontends import prepared
     from blockc.frontends.weights import load_weights, save_weights
     monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
     files.CACHE_COUNTS.clear()
@@ -206,7 +205,7 @@ def on_file(gpt2_steps, tmp_path, monkeypatch):
 
     def saved(weights, later_s=10):
         save_weights(path, weights)
-        monkeypatch.setattr(prepared, "_now_ns", lambda: time.time_ns() + later_s * 10**9)
+        monkeypatch.setattr(files, "_now_ns", lambda: time.time_ns() + later_s * 10**9)
         return load_weights(path)
     return saved
 
@@ -267,6 +266,25 @@ def test_rewritten_weights_are_folded_afresh(gpt2_steps, on_file):
                                rtol=1e-4, atol=1e-4)
     assert not np.allclose(got, first, rtol=1e-3, atol=1e-3)
 
+
+
+def test_weights_replaced_after_mapping_are_not_cached_under_the_new_file(gpt2_steps, on_file, tmp_path):
+    """A long-lived process maps the file; ``rsync``/``cp`` + ``mv``/``git
+    checkout`` then put a new file (a new inode) at its path. Its next session
+    folds from the OLD bytes: they must not be kept under the new file's key,
+    or every later run on the new file would hit them (issue 24)."""
+    from blockc import files
+    from blockc.frontends.weights import load_weights, save_weights
+    (prefill, _), w = gpt2_steps
+    old = on_file(w)
+    changed = {name: a * 0.5 for name, a in w.items()}
+    save_weights(tmp_path / "new.safetensors", changed)
+    os.replace(tmp_path / "new.safetensors", tmp_path / "w.safetensors")
+    run_ort(prefill, old, FEEDS)   # (ONNX Runtime maps the unfolded weights by path: the file must not change)
+    assert not any(kind == "weights" for kind, _ in files.CACHE_COUNTS)   # the old bytes: nothing cached
+    got = run_ort(prefill, load_weights(tmp_path / "w.safetensors"), FEEDS)["logits"]
+    assert files.CACHE_COUNTS["weights", "miss"] == 1 and files.CACHE_COUNTS["weights", "hit"] == 0
+    np.testing.assert_array_equal(got, run_ort(prefill, changed, FEEDS)["logits"])
 
 def test_in_memory_and_just_written_weights_are_left_to_onnx_runtime(gpt2_steps, on_file, monkeypatch):
     """In-memory weights, or a file written just now (whose stat a rewrite

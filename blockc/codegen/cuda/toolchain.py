@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from blockc.errors import BlockcError
-from blockc.files import cache_root, cached_file, partial_prefix
+from blockc.files import StatIdentity, cache_root, cached_file, partial_prefix, stat_identity
 from blockc.process import run_command
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
@@ -234,14 +234,14 @@ def find_toolkit() -> Toolkit:
 
 def _nvcc_says(nvcc: str, *args: str) -> tuple[int, str, str] | Exception:
     """``(returncode, stdout, stderr)`` of ``nvcc ARGS``, or why it could not
-    run; asked once per nvcc (its real path and modification time), so a
-    toolkit replaced in place is asked again."""
+    run; asked once per nvcc (its real path and ``files.stat_identity``), so a
+    toolkit replaced or rewritten in place is asked again."""
     real = os.path.realpath(nvcc)
-    return _asked(real, os.stat(real).st_mtime, args)
+    return _asked(real, stat_identity(real), args)
 
 
 @functools.lru_cache(maxsize=None)
-def _asked(nvcc: str, stamp: float, args: tuple[str, ...]) -> tuple[int, str, str] | Exception:
+def _asked(nvcc: str, stamp: StatIdentity, args: tuple[str, ...]) -> tuple[int, str, str] | Exception:
     try:
         done = run_command([nvcc, *args], timeout=60)
     except OSError as e:
