@@ -300,6 +300,23 @@ def mapped_files(arrays: Iterable[np.ndarray]) -> dict[str, os.stat_result]:
     return {m.path: m.stat for a in arrays if (m := _file_map(a)) is not None}
 
 
+def check_still_mapped(arrays: Iterable[np.ndarray]) -> None:
+    """A ``WeightsError`` naming the first file that ``arrays`` view which is
+    no longer the file at its path (replaced or rewritten since it was
+    mapped: ``rsync``, ``git checkout``, a save over it). ONNX Runtime opens
+    the weights by their path when a session is made (``OrtSession``): it
+    would read the new file's bytes at the old file's offsets, beside weights
+    made from the old bytes, and nothing would say so."""
+    for path, mapped in mapped_files(arrays).items():
+        try:
+            now = stat_identity(os.stat(path))
+        except OSError:
+            now = None
+        if now != stat_identity(mapped):
+            raise WeightsError(f"{path} was replaced or changed after its weights were loaded; a session made now "
+                               f"would read the new file beside weights made from the old one: load the weights again")
+
+
 def release_pages(arrays: Iterable[np.ndarray]) -> None:
     """``SafetensorsFiles.release_pages`` for the maps that ``arrays`` view:
     after reading every byte of some weights to make others from them

@@ -17,7 +17,7 @@ import numpy as np
 from ..codegen.onnx_export import checked_weights, export_onnx_decided
 from ..errors import BlockcError
 from ..files import cache_key, cached_value
-from ..frontends.weights import FileRegion, file_region
+from ..frontends.weights import FileRegion, check_still_mapped, file_region
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Value
 from ..ir.printer import print_graph
@@ -179,7 +179,14 @@ class OrtSession:
                                                   provider="cuda" if _CUDA in providers else "cpu")
         model = self._bind_weights(ort, options, model, exported.params)
         try:
+            # ONNX Runtime opens the weights files by their paths: each must still be the file the arrays map,
+            # before and after it has read them
+            check_still_mapped(self._weights.values())
             self._session = ort.InferenceSession(model, options, providers=providers)
+            check_still_mapped(self._weights.values())
+        except BlockcError:
+            self.close()
+            raise
         except Exception as err:  # onnxruntime's exceptions share no public base class
             self.close()
             raise BlockcError(f"onnxruntime could not load the exported model: {_short(err)}") from err

@@ -12,6 +12,7 @@ import onnx
 import pytest
 
 from blockc import parse_graph, run_reference, verify
+from blockc.errors import WeightsError
 from blockc.runtime.folded_params import fold_params
 from blockc.runtime.ort_runner import run_ort
 
@@ -271,8 +272,10 @@ def test_rewritten_weights_are_folded_afresh(gpt2_steps, on_file):
 def test_weights_replaced_after_mapping_are_not_cached_under_the_new_file(gpt2_steps, on_file, tmp_path):
     """A long-lived process maps the file; ``rsync``/``cp`` + ``mv``/``git
     checkout`` then put a new file (a new inode) at its path. Its next session
-    folds from the OLD bytes: they must not be kept under the new file's key,
-    or every later run on the new file would hit them (issue 24)."""
+    would fold from the OLD bytes and have ONNX Runtime read the NEW file at
+    the old offsets: it is refused, naming the file, and nothing is kept
+    under the new file's key, which every later run on the new file would
+    hit (issue 24)."""
     from blockc import files
     from blockc.frontends.weights import load_weights, save_weights
     (prefill, _), w = gpt2_steps
@@ -280,7 +283,8 @@ def test_weights_replaced_after_mapping_are_not_cached_under_the_new_file(gpt2_s
     changed = {name: a * 0.5 for name, a in w.items()}
     save_weights(tmp_path / "new.safetensors", changed)
     os.replace(tmp_path / "new.safetensors", tmp_path / "w.safetensors")
-    run_ort(prefill, old, FEEDS)   # (ONNX Runtime maps the unfolded weights by path: the file must not change)
+    with pytest.raises(WeightsError, match="w.safetensors was replaced or changed after its weights were loaded"):
+        run_ort(prefill, old, FEEDS)
     assert not any(kind == "weights" for kind, _ in files.CACHE_COUNTS)   # the old bytes: nothing cached
     got = run_ort(prefill, load_weights(tmp_path / "w.safetensors"), FEEDS)["logits"]
     assert files.CACHE_COUNTS["weights", "miss"] == 1 and files.CACHE_COUNTS["weights", "hit"] == 0
