@@ -6,7 +6,13 @@ launching process registered at run time (``runtime.backend.register``)
 travels in ``job.json`` as its class's ``module:qualname`` and its fixed
 options, and the worker registers it again before it makes the backend::
 
-    {"name": "torch-variant", "cls": "my_backends:FastTorch", "fixed": {"compile": true}}
+    {"name": "torch-variant", "cls": "my_backends:FastTorch", "fixed": {"compile": true},
+     "path": ["/home/me/exp"]}
+
+``path`` is the folder that makes the class's module importable (the parent
+of its top package): the launching process may have found it on a path the
+ranks do not share (a script's own folder, a notebook's ``sys.path``), so
+the rank puts it on its ``sys.path`` before it imports the class.
 
 A class of blockc's own (its PyTorch backend under another name and
 options) is found among the classes the rank registered at import, never
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 import json
 import pkgutil
+import sys
+from pathlib import Path
 
 from ..errors import LaunchError
 
@@ -41,18 +49,34 @@ def carried_registration(name: str) -> dict:
     if not same:
         raise LaunchError(f"backend {name!r} fixes the options {fixed!r}, which cannot travel to the ranks in "
                           f"job.json: fix only numbers, strings, booleans, lists and dicts of them")
-    return {"name": name, "cls": where, "fixed": fixed}
+    return {"name": name, "cls": where, "fixed": fixed, "path": _import_root(entry.cls)}
 
 
 def register_carried(carried: dict) -> None:
     """Register again, in a rank, what ``carried_registration`` wrote."""
     from ..runtime.backend import register
+    for folder in reversed(carried.get("path", [])):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     try:
         cls = _resolve(carried["cls"])
     except (ImportError, AttributeError, ValueError) as e:
         raise LaunchError(f"backend {carried['name']!r}: this rank cannot import its class {carried['cls']} "
                           f"({e})") from None
     register(carried["name"], cls, **carried["fixed"])
+
+
+def _import_root(cls: type) -> list[str]:
+    """The folder a fresh interpreter must have on its path to import ``cls``'s
+    module (the parent of its top package), as a list: empty where the module
+    has no file (a namespace package's, a built-in one)."""
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return []
+    folder = Path(file).absolute().parent   # not resolved: a symlinked file is imported where it is linked
+    depth = cls.__module__.count(".") + (Path(file).stem == "__init__")   # a package's own file is one deeper
+    return [str(folder.parents[depth - 1] if depth else folder)]
 
 
 def _importable(cls: type):

@@ -246,18 +246,53 @@ def test_a_torch_backend_registered_later_is_one_a_rank_runs(torch_variant):
         Case("gpt2", {}, backend="ort-cpu")
 
 
-def test_a_torch_backend_registered_at_run_time_runs_on_the_ranks():
-    """The ranks are fresh processes that know only blockc's own backends:
-    the registration travels in the job, and the ranks register it again
-    (once every rank died 'unknown backend')."""
+@pytest.fixture(scope="module")
+def llama_one_layer():
+    """llama-tiny of one layer: its overrides, feeds and unsharded outputs (computed once)."""
     over = {"layers": "1"}
     feeds = feeds_for("llama-tiny", over)
-    with registered_torch_backend("torch-eager-variant", compile=False) as name:
-        ranks = run_tp("llama-tiny", 2, feeds, overrides=over, backend=name, timeout=120)
-    want = unsharded("llama-tiny", over, feeds)
+    return over, feeds, unsharded("llama-tiny", over, feeds)
+
+
+def assert_ranks_equal(ranks: list, want: dict) -> None:
     for rank, got in enumerate(ranks):
         for out in want:
             np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-5, err_msg=f"rank {rank} {out}")
+
+
+def test_a_torch_backend_registered_at_run_time_runs_on_the_ranks(llama_one_layer):
+    """The ranks are fresh processes that know only blockc's own backends:
+    the registration travels in the job, and the ranks register it again
+    (once every rank died 'unknown backend')."""
+    over, feeds, want = llama_one_layer
+    with registered_torch_backend("torch-eager-variant", compile=False) as name:
+        ranks = run_tp("llama-tiny", 2, feeds, overrides=over, backend=name, timeout=120)
+    assert_ranks_equal(ranks, want)
+
+
+def test_a_users_backend_imported_from_a_folder_the_ranks_lack_runs_on_them(llama_one_layer, tmp_path,
+                                                                           monkeypatch):
+    """A class the launching process imports from a folder on its own path
+    only (a script's folder, a notebook's sys.path) is imported by the ranks
+    too: the folder travels with the registration (once every rank died
+    'cannot import its class' after launch)."""
+    over, feeds, want = llama_one_layer
+    (tmp_path / "users_pkg").mkdir()
+    (tmp_path / "users_pkg" / "__init__.py").write_text("")
+    (tmp_path / "users_pkg" / "fast_torch.py").write_text(
+        "from blockc.runtime.backends.pytorch import TorchBackend\n\n\nclass FastTorch(TorchBackend):\n    pass\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)   # the ranks' cwd, first on their path, does not hold it either
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from users_pkg.fast_torch import FastTorch
+    try:
+        with registered_torch_backend("torch-users", cls=FastTorch, compile=False) as name:
+            ranks = run_tp("llama-tiny", 2, feeds, overrides=over, backend=name, timeout=120)
+    finally:
+        for module in ("users_pkg.fast_torch", "users_pkg"):
+            sys.modules.pop(module, None)
+    assert_ranks_equal(ranks, want)
 
 
 def test_a_backend_a_rank_cannot_import_is_refused_before_any_rank_starts():
