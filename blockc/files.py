@@ -403,6 +403,14 @@ class StatIdentity(NamedTuple):
     ino: int
     dev: int
 
+    def without_ctime(self) -> dict[str, int]:
+        """This identity less its ctime: for a file that is only ever replaced,
+        never rewritten in place (a cache entry; a file already mapped, whose
+        offsets need the same bytes, not the same metadata). Its ctime would
+        also change on a chmod, chown, new hard link or xattr, and call an
+        unchanged file changed."""
+        return {k: v for k, v in self._asdict().items() if k != "ctime_ns"}
+
 
 RACY_NS = 2_000_000_000   # a file changed this recently may change again without its stat changing
 
@@ -458,11 +466,11 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
 def _fingerprint(path: Path, verify: str = "sha256") -> dict:
     """What ``PATH.ok`` records of an entry: its size, and its SHA-256
     (``verify="sha256"``) or what ``stat`` says of the placed file
-    (``verify="stat"``: its ``stat_identity``, which a rewrite or a
+    (``verify="stat"``: its ``stat_identity`` less its ctime, which a
     replacement changes; no read of its bytes, for entries of gigabytes)."""
     st = path.stat()
     if verify == "stat":
-        return stat_identity(st)._asdict()
+        return stat_identity(st).without_ctime()
     if verify != "sha256":
         raise ValueError(f"verify must be 'sha256' or 'stat', not {verify!r}")
     h = hashlib.sha256()
@@ -489,9 +497,12 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
     size and SHA-256 recorded in ``PATH.ok``. An entry without that record or
     not matching it (a 0-byte file from a killed build, a truncated or changed
     one) is made again. ``verify="stat"`` records and checks the placed
-    file's ``stat_identity`` instead of its SHA-256 (``_fingerprint``):
-    for large entries (prepared weights) whose hashing would cost seconds on
-    every use; such an entry is never written in place, only replaced."""
+    file's ``stat_identity`` less its ctime instead of its SHA-256
+    (``_fingerprint``): for large entries (prepared weights) whose hashing
+    would cost seconds on every use; such an entry is never written in
+    place, only replaced. A rebuild removes only the record, never the file:
+    a reader elsewhere finds the old file at the path until the new one
+    replaces it."""
     path = Path(path)
     stamp = path.with_name(path.name + ".ok")
     if _intact(path, stamp, verify):
@@ -502,9 +513,10 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
         if _intact(path, stamp, verify):
             return path
         remove_stale_partials(path)
-        for old in (stamp, path):
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
+        # only the record: the old file stays at the path for readers in other processes
+        # until os.replace swaps the new one in
+        with contextlib.suppress(FileNotFoundError):
+            stamp.unlink()
         tmp = path.with_name(f"{partial_prefix(path)}build.tmp")
         try:
             make(tmp)
@@ -566,9 +578,8 @@ def cached_entry(kind: str, key: str, name: str, write: Callable[[Path], None], 
         except Exception:
             if made or attempt:
                 raise
-            for stale in (entry.with_name(entry.name + ".ok"), entry):
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
+            with contextlib.suppress(FileNotFoundError):   # the file itself stays until replaced
+                entry.with_name(entry.name + ".ok").unlink()
             continue
         CACHE_COUNTS[kind, "miss" if made else "hit"] += 1
         return value
