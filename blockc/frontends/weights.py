@@ -206,7 +206,8 @@ class SafetensorsFiles(Mapping):
             return np.empty(self.shapes[name], dtype)
         if path not in self._maps:
             m = _FileMap.of(path)
-            if stat_identity(m.stat) != stat_identity(self.stats[path]):   # its header described another file
+            # its header described another file (a chmod, which changes the ctime only, is no change here)
+            if stat_identity(m.stat).without_ctime() != stat_identity(self.stats[path]).without_ctime():
                 raise WeightsError(f"{path} changed since its header was read: load the weights again")
             self._maps[path] = m
         return np.frombuffer(self._maps[path], dtype, (end - start) // dtype.itemsize, start).reshape(self.shapes[name])

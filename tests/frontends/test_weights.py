@@ -158,6 +158,18 @@ def test_a_shard_replaced_after_its_header_was_read_is_refused(tmp_path):
     with pytest.raises(WeightsError, match="1.safetensors changed since its header was read"):
         files["a"]
 
+
+def test_a_metadata_change_after_the_header_was_read_is_not_a_change(tmp_path):
+    """A chmod or a new hard link (``cp -al``, ``--local-dir`` downloads) changes
+    the ctime only: the header's offsets still read the same bytes."""
+    path = tmp_path / "1.safetensors"
+    safetensors.numpy.save_file({"a": np.ones(4, np.float32)}, str(path))
+    files = SafetensorsFiles([path])
+    os.chmod(path, 0o600)
+    os.link(path, tmp_path / "linked.safetensors")
+    assert np.array_equal(files["a"], np.ones(4, np.float32))
+
+
 def test_a_tensor_in_two_shards_is_refused(tmp_path):
     for name in ("1", "2"):
         safetensors.numpy.save_file({"a": np.ones(2, np.float32)}, str(tmp_path / f"{name}.safetensors"))
