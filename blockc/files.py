@@ -503,36 +503,52 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
     place, only replaced. A rebuild removes only the record, never the file:
     a reader elsewhere finds the old file at the path until the new one
     replaces it."""
-    path = Path(path)
+    entry, use = _cached_in_use(Path(path), make, verify)
+    use.close()
+    return entry
+
+
+def _cached_in_use(path: Path, make: Callable[[Path], None], verify: str) -> tuple[Path, EntryUse]:
+    """``cached_file``, with the entry in use (``EntryUse``) from before its
+    build lock is released and its prune runs: no prune of another process
+    removes it before the caller reads it."""
     stamp = path.with_name(path.name + ".ok")
     if _intact(path, stamp, verify):
-        _used(stamp)
-        return path
+        with contextlib.suppress(OSError, BlockcError):   # pruned meanwhile: made again below
+            use = EntryUse(path)
+            if _intact(path, stamp, verify):
+                _used(stamp)
+                return path, use
+            use.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(path.name + ".lock")):
-        if _intact(path, stamp, verify):
-            return path
-        remove_stale_partials(path)
-        # only the record: the old file stays at the path for readers in other processes
-        # until os.replace swaps the new one in
-        with contextlib.suppress(FileNotFoundError):
-            stamp.unlink()
-        tmp = path.with_name(f"{partial_prefix(path)}build.tmp")
-        try:
-            make(tmp)
-            if not tmp.is_file() or tmp.stat().st_size == 0:
-                raise BlockcError(f"building {path} made no file")
-            os.chmod(tmp, user_mode())
-            os.replace(tmp, path)
-            record = _fingerprint(path, verify)   # once placed: a rename changes the ctime
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        with atomic_write(stamp, "w") as f:
-            json.dump(record, f)
+        if not _intact(path, stamp, verify):
+            _build(path, stamp, make, verify)
+        use = EntryUse(path)
     if path.resolve().is_relative_to(cache_root().resolve()):
         prune_cache(keep=path.parent)
-    return path
+    return path, use
+
+
+def _build(path: Path, stamp: Path, make: Callable[[Path], None], verify: str) -> None:
+    remove_stale_partials(path)
+    # only the record: the old file stays at the path for readers in other processes
+    # until os.replace swaps the new one in
+    with contextlib.suppress(FileNotFoundError):
+        stamp.unlink()
+    tmp = path.with_name(f"{partial_prefix(path)}build.tmp")
+    try:
+        make(tmp)
+        if not tmp.is_file() or tmp.stat().st_size == 0:
+            raise BlockcError(f"building {path} made no file")
+        os.chmod(tmp, user_mode())
+        os.replace(tmp, path)
+        record = _fingerprint(path, verify)   # once placed: a rename changes the ctime
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    with atomic_write(stamp, "w") as f:
+        json.dump(record, f)
 
 
 # What each kind of cached artifact did in this process: CACHE_COUNTS[kind, "hit" | "miss"] (tests and
@@ -572,15 +588,17 @@ def cached_entry(kind: str, key: str, name: str, write: Callable[[Path], None], 
         def build(tmp: Path) -> None:
             made.append(True)
             write(tmp)
-        entry = cached_file(path, build, verify)
+        entry, use = _cached_in_use(path, build, verify)
         try:
             value = read(entry)
         except Exception:
+            use.close()
             if made or attempt:
                 raise
             with contextlib.suppress(FileNotFoundError):   # the file itself stays until replaced
                 entry.with_name(entry.name + ".ok").unlink()
             continue
+        use.close()   # what read kept of the entry takes its own EntryUse (frontends/prepared.py)
         CACHE_COUNTS[kind, "miss" if made else "hit"] += 1
         return value
     raise AssertionError("unreachable")
@@ -665,11 +683,17 @@ class EntryUse:
 def _claimed(folder: Path) -> Iterator[bool]:
     """Whether no process builds or uses the entry ``folder`` (holds one of
     its ``*.lock`` or ``*.use`` files); when none does, the locks are held
-    until the block ends, so no reader starts using the entry while it is removed."""
+    until the block ends, so no reader starts using the entry while it is removed.
+    Each recorded file's ``NAME.lock`` and ``NAME.use`` are locked, made if
+    missing, so an ``EntryUse`` taken meanwhile waits on the same file and
+    then sees it removed; every ``.lock`` before any ``.use``, as a builder takes them."""
+    names = {stamp.name[:-len(".ok")] for stamp in folder.glob("*.ok")}
+    locks = sorted({*(folder / f"{n}.lock" for n in names), *folder.glob("*.lock")})
+    uses = sorted({*(folder / f"{n}.use" for n in names), *folder.glob("*.use")})
     with contextlib.ExitStack() as held:
-        for lock in [*folder.glob("*.lock"), *folder.glob("*.use")]:
+        for lock in [*locks, *uses]:
             try:
-                fd = os.open(lock, os.O_RDWR)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError:
                 continue
             held.callback(os.close, fd)

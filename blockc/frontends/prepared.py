@@ -51,6 +51,10 @@ class UncachedWeightsWarning(UserWarning):
     """Prepared weights too large for the cache, made in memory on every run instead."""
 
 
+class _SpecMismatch(WeightsError):
+    """A prepared entry's header unlike the specs asked for (``_views``)."""
+
+
 class _SourcesChanged(BlockcError):
     """The sources changed while an entry was made from them: it is not kept (never shown to a user)."""
 
@@ -133,13 +137,17 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             raise
     try:
         def write(tmp: Path) -> None:
-            write_safetensors(tmp, specs, made)
+            try:
+                write_safetensors(tmp, specs, made)
+            except WeightsError as e:   # a made array unlike its spec: the caller's mistake
+                failed.append(e)
+                raise
             if sources is not None and (identity is None or source_identity(sources) != identity):   # git re-stats after hashing too
                 raise _SourcesChanged(f"the sources of {key} changed while it was made")
         return cached_entry(KIND, key, FILE, write, lambda entry: _views(entry, specs), verify="stat")
-    except WeightsError:   # made arrays that do not fit their specs: the caller's mistake
+    except _SpecMismatch:   # made arrays that do not fit their specs: the caller's mistake
         raise
-    except (OSError, BlockcError):   # the cache's folder, lock or file
+    except (OSError, BlockcError):   # the cache's folder, lock or file (its header unreadable: a WeightsError)
         if failed:
             raise
         return {name: make(name) for name in specs}
@@ -158,7 +166,7 @@ def _views(entry: Path, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -
     want = {name: (np.dtype(dtype), tuple(int(d) for d in shape)) for name, (dtype, shape) in specs.items()}
     if got != want:
         wrong = sorted(set(got.items()) ^ set(want.items()), key=str)[:3]
-        raise WeightsError(f"{entry}: the prepared weights do not match what was asked for "
+        raise _SpecMismatch(f"{entry}: the prepared weights do not match what was asked for "
                            f"({', '.join(printable(str(w)) for w in wrong)})")
     keep_with_maps(arrays.values(), use)
     files.close()
