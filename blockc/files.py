@@ -503,28 +503,28 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
     place, only replaced. A rebuild removes only the record, never the file:
     a reader elsewhere finds the old file at the path until the new one
     replaces it."""
-    entry, use = _cached_in_use(Path(path), make, verify)
-    use.close()
-    return entry
+    return _cached_in_use(Path(path), make, verify, hold=False)[0]
 
 
-def _cached_in_use(path: Path, make: Callable[[Path], None], verify: str) -> tuple[Path, EntryUse]:
-    """``cached_file``, with the entry in use (``EntryUse``) from before its
-    build lock is released and its prune runs: no prune of another process
-    removes it before the caller reads it."""
+def _cached_in_use(path: Path, make: Callable[[Path], None], verify: str,
+                   hold: bool = True) -> tuple[Path, EntryUse | None]:
+    """``cached_file``, with the entry in use (``EntryUse``, when ``hold``)
+    from before its build lock is released and its prune runs: no prune of
+    another process removes it before the caller reads it."""
     stamp = path.with_name(path.name + ".ok")
     if _intact(path, stamp, verify):
         with contextlib.suppress(OSError, BlockcError):   # pruned meanwhile: made again below
-            use = EntryUse(path)
+            use = EntryUse(path) if hold else None
             if _intact(path, stamp, verify):
                 _used(stamp)
                 return path, use
-            use.close()
+            if use:
+                use.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(path.name + ".lock")):
         if not _intact(path, stamp, verify):
             _build(path, stamp, make, verify)
-        use = EntryUse(path)
+        use = EntryUse(path) if hold else None
     if path.resolve().is_relative_to(cache_root().resolve()):
         prune_cache(keep=path.parent)
     return path, use
@@ -653,9 +653,10 @@ class EntryUse:
     """A shared ``flock`` on a cache entry's ``NAME.use``, held until
     ``close()`` or until this object is garbage collected: while it is held,
     no ``prune_cache`` (of this process or another) removes the entry.
-    Taken by whoever reads an entry by its path after ``cached_entry``
-    returns (``frontends/prepared.py``: ONNX Runtime opens prepared weights
-    by path when each session is made) and kept as long as what it read."""
+    ``cached_entry`` holds one from before the build lock is released until
+    ``read`` returns; whoever reads an entry by its path later takes its own
+    (``frontends/prepared.py``: ONNX Runtime opens prepared weights by path
+    when each session is made) and keeps it as long as what it read."""
 
     def __init__(self, path: Path):
         use = path.with_name(path.name + ".use")
