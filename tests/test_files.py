@@ -188,3 +188,24 @@ def test_an_entry_recorded_one_way_is_rebuilt_when_checked_the_other(tmp_path):
     cached_file(path, make, verify="stat")
     cached_file(path, make, verify="stat")
     assert len(builds) == 2
+
+
+def test_a_prune_locks_the_use_file_of_an_entry_that_has_none_yet(tmp_path, monkeypatch):
+    """An entry written before ``.use`` files existed, or whose first reader
+    has not opened one yet: a reader starting while the prune removes it
+    must wait on the same file, then see it removed (``EntryUse``)."""
+    import fcntl
+
+    from blockc import files
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path))
+    files.cached_value("t", "k", "v", lambda: b"x", lambda b: b)
+    use = tmp_path / "t" / "k" / "v.use"
+    use.unlink(missing_ok=True)
+    with files._claimed(use.parent) as free:
+        assert free
+        fd = os.open(use, os.O_RDWR | os.O_CREAT)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
