@@ -403,6 +403,14 @@ class StatIdentity(NamedTuple):
     ino: int
     dev: int
 
+    def without_ctime(self) -> dict[str, int]:
+        """This identity less its ctime: for a file that is only ever replaced,
+        never rewritten in place (a cache entry; a file already mapped, whose
+        offsets need the same bytes, not the same metadata). Its ctime would
+        also change on a chmod, chown, new hard link or xattr, and call an
+        unchanged file changed."""
+        return {k: v for k, v in self._asdict().items() if k != "ctime_ns"}
+
 
 RACY_NS = 2_000_000_000   # a file changed this recently may change again without its stat changing
 
@@ -458,11 +466,11 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
 def _fingerprint(path: Path, verify: str = "sha256") -> dict:
     """What ``PATH.ok`` records of an entry: its size, and its SHA-256
     (``verify="sha256"``) or what ``stat`` says of the placed file
-    (``verify="stat"``: its ``stat_identity``, which a rewrite or a
+    (``verify="stat"``: its ``stat_identity`` less its ctime, which a
     replacement changes; no read of its bytes, for entries of gigabytes)."""
     st = path.stat()
     if verify == "stat":
-        return stat_identity(st)._asdict()
+        return stat_identity(st).without_ctime()
     if verify != "sha256":
         raise ValueError(f"verify must be 'sha256' or 'stat', not {verify!r}")
     h = hashlib.sha256()
@@ -489,38 +497,58 @@ def cached_file(path: str | os.PathLike, make: Callable[[Path], None], verify: s
     size and SHA-256 recorded in ``PATH.ok``. An entry without that record or
     not matching it (a 0-byte file from a killed build, a truncated or changed
     one) is made again. ``verify="stat"`` records and checks the placed
-    file's ``stat_identity`` instead of its SHA-256 (``_fingerprint``):
-    for large entries (prepared weights) whose hashing would cost seconds on
-    every use; such an entry is never written in place, only replaced."""
-    path = Path(path)
+    file's ``stat_identity`` less its ctime instead of its SHA-256
+    (``_fingerprint``): for large entries (prepared weights) whose hashing
+    would cost seconds on every use; such an entry is never written in
+    place, only replaced. A rebuild removes only the record, never the file:
+    a reader elsewhere finds the old file at the path until the new one
+    replaces it."""
+    return _cached_in_use(Path(path), make, verify, hold=False)[0]
+
+
+def _cached_in_use(path: Path, make: Callable[[Path], None], verify: str,
+                   hold: bool = True) -> tuple[Path, EntryUse | None]:
+    """``cached_file``, with the entry in use (``EntryUse``, when ``hold``)
+    from before its build lock is released and its prune runs: no prune of
+    another process removes it before the caller reads it."""
     stamp = path.with_name(path.name + ".ok")
     if _intact(path, stamp, verify):
-        _used(stamp)
-        return path
+        with contextlib.suppress(OSError, BlockcError):   # pruned meanwhile: made again below
+            use = EntryUse(path) if hold else None
+            if _intact(path, stamp, verify):
+                _used(stamp)
+                return path, use
+            if use:
+                use.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_name(path.name + ".lock")):
-        if _intact(path, stamp, verify):
-            return path
-        remove_stale_partials(path)
-        for old in (stamp, path):
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
-        tmp = path.with_name(f"{partial_prefix(path)}build.tmp")
-        try:
-            make(tmp)
-            if not tmp.is_file() or tmp.stat().st_size == 0:
-                raise BlockcError(f"building {path} made no file")
-            os.chmod(tmp, user_mode())
-            os.replace(tmp, path)
-            record = _fingerprint(path, verify)   # once placed: a rename changes the ctime
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        with atomic_write(stamp, "w") as f:
-            json.dump(record, f)
+        if not _intact(path, stamp, verify):
+            _build(path, stamp, make, verify)
+        use = EntryUse(path) if hold else None
     if path.resolve().is_relative_to(cache_root().resolve()):
         prune_cache(keep=path.parent)
-    return path
+    return path, use
+
+
+def _build(path: Path, stamp: Path, make: Callable[[Path], None], verify: str) -> None:
+    remove_stale_partials(path)
+    # only the record: the old file stays at the path for readers in other processes
+    # until os.replace swaps the new one in
+    with contextlib.suppress(FileNotFoundError):
+        stamp.unlink()
+    tmp = path.with_name(f"{partial_prefix(path)}build.tmp")
+    try:
+        make(tmp)
+        if not tmp.is_file() or tmp.stat().st_size == 0:
+            raise BlockcError(f"building {path} made no file")
+        os.chmod(tmp, user_mode())
+        os.replace(tmp, path)
+        record = _fingerprint(path, verify)   # once placed: a rename changes the ctime
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    with atomic_write(stamp, "w") as f:
+        json.dump(record, f)
 
 
 # What each kind of cached artifact did in this process: CACHE_COUNTS[kind, "hit" | "miss"] (tests and
@@ -560,16 +588,17 @@ def cached_entry(kind: str, key: str, name: str, write: Callable[[Path], None], 
         def build(tmp: Path) -> None:
             made.append(True)
             write(tmp)
-        entry = cached_file(path, build, verify)
+        entry, use = _cached_in_use(path, build, verify)
         try:
             value = read(entry)
         except Exception:
+            use.close()
             if made or attempt:
                 raise
-            for stale in (entry.with_name(entry.name + ".ok"), entry):
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
+            with contextlib.suppress(FileNotFoundError):   # the file itself stays until replaced
+                entry.with_name(entry.name + ".ok").unlink()
             continue
+        use.close()   # what read kept of the entry takes its own EntryUse (frontends/prepared.py)
         CACHE_COUNTS[kind, "miss" if made else "hit"] += 1
         return value
     raise AssertionError("unreachable")
@@ -624,9 +653,10 @@ class EntryUse:
     """A shared ``flock`` on a cache entry's ``NAME.use``, held until
     ``close()`` or until this object is garbage collected: while it is held,
     no ``prune_cache`` (of this process or another) removes the entry.
-    Taken by whoever reads an entry by its path after ``cached_entry``
-    returns (``frontends/prepared.py``: ONNX Runtime opens prepared weights
-    by path when each session is made) and kept as long as what it read."""
+    ``cached_entry`` holds one from before the build lock is released until
+    ``read`` returns; whoever reads an entry by its path later takes its own
+    (``frontends/prepared.py``: ONNX Runtime opens prepared weights by path
+    when each session is made) and keeps it as long as what it read."""
 
     def __init__(self, path: Path):
         use = path.with_name(path.name + ".use")
@@ -654,11 +684,17 @@ class EntryUse:
 def _claimed(folder: Path) -> Iterator[bool]:
     """Whether no process builds or uses the entry ``folder`` (holds one of
     its ``*.lock`` or ``*.use`` files); when none does, the locks are held
-    until the block ends, so no reader starts using the entry while it is removed."""
+    until the block ends, so no reader starts using the entry while it is removed.
+    Each recorded file's ``NAME.lock`` and ``NAME.use`` are locked, made if
+    missing, so an ``EntryUse`` taken meanwhile waits on the same file and
+    then sees it removed; every ``.lock`` before any ``.use``, as a builder takes them."""
+    names = {stamp.name[:-len(".ok")] for stamp in folder.glob("*.ok")}
+    locks = sorted({*(folder / f"{n}.lock" for n in names), *folder.glob("*.lock")})
+    uses = sorted({*(folder / f"{n}.use" for n in names), *folder.glob("*.use")})
     with contextlib.ExitStack() as held:
-        for lock in [*folder.glob("*.lock"), *folder.glob("*.use")]:
+        for lock in [*locks, *uses]:
             try:
-                fd = os.open(lock, os.O_RDWR)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError:
                 continue
             held.callback(os.close, fd)

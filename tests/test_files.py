@@ -107,7 +107,7 @@ def test_blockc_cache_lists_and_clears_the_entries(tmp_path, monkeypatch, capsys
 
 
 # -- a large entry checked by stat, not by hashing it ---------------------------------------------
-@pytest.mark.parametrize("damage", ["truncated", "rewritten in place", "replaced", "no record"])
+@pytest.mark.parametrize("damage", ["truncated", "replaced", "no record"])
 def test_a_damaged_stat_verified_entry_is_rebuilt(tmp_path, damage):
     from blockc.files import cached_file
     path, builds = tmp_path / "entry.bin", []
@@ -121,10 +121,6 @@ def test_a_damaged_stat_verified_entry_is_rebuilt(tmp_path, damage):
     if damage == "truncated":
         with open(path, "r+b") as f:
             f.truncate(400)
-    elif damage == "rewritten in place":   # same size, inode and mtime (cp -p, rsync --inplace): its ctime tells
-        st = path.stat()
-        path.write_bytes(b"WEIGHTS!" * 100)
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     elif damage == "replaced":             # same size, a new file renamed over it: its inode tells
         (tmp_path / "other").write_bytes(b"WEIGHTS!" * 100)
         os.utime(tmp_path / "other", ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
@@ -135,6 +131,50 @@ def test_a_damaged_stat_verified_entry_is_rebuilt(tmp_path, damage):
     assert len(builds) == 2
     cached_file(path, make, verify="stat")
     assert len(builds) == 2
+
+
+def test_a_metadata_change_does_not_rebuild_a_stat_verified_entry(tmp_path):
+    """An entry is only ever replaced: a chmod (or chown, hard link, xattr) changes its ctime, not its bytes."""
+    from blockc.files import cached_file
+    path, builds = tmp_path / "entry.bin", []
+    cached_file(path, lambda tmp: builds.append(tmp.write_bytes(b"w" * 100)), verify="stat")
+    os.chmod(path, 0o600)
+    os.link(path, tmp_path / "another name")
+    cached_file(path, lambda tmp: builds.append(tmp.write_bytes(b"w" * 100)), verify="stat")
+    assert len(builds) == 1
+
+
+@pytest.mark.parametrize("verify", ["stat", "sha256"])
+def test_a_rebuild_leaves_the_old_file_at_the_path_until_it_is_replaced(tmp_path, verify):
+    """A reader in another process opens the entry by its path meanwhile (ONNX Runtime does)."""
+    from blockc.files import cached_file
+    path, seen = tmp_path / "entry.bin", []
+    cached_file(path, lambda tmp: tmp.write_bytes(b"old" * 100), verify=verify)
+    (tmp_path / "entry.bin.ok").write_text("{}")   # a damaged record
+
+    def make(tmp):
+        seen.append(path.read_bytes())
+        tmp.write_bytes(b"new" * 100)
+    assert cached_file(path, make, verify=verify).read_bytes() == b"new" * 100
+    assert seen == [b"old" * 100]
+
+
+def test_an_entry_that_read_refuses_stays_at_its_path_while_it_is_made_again(tmp_path, monkeypatch):
+    from blockc import files
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path))
+    files.cached_value("t", "k", "v", lambda: b"bad", lambda b: b)
+    path, seen = tmp_path / "t" / "k" / "v", []
+
+    def read(data):
+        if data == b"bad":
+            raise ValueError("refused")
+        return data
+
+    def make():
+        seen.append(path.read_bytes())
+        return b"good"
+    assert files.cached_value("t", "k", "v", make, read) == b"good"
+    assert seen == [b"bad"]
 
 
 def test_an_entry_recorded_one_way_is_rebuilt_when_checked_the_other(tmp_path):
@@ -148,3 +188,24 @@ def test_an_entry_recorded_one_way_is_rebuilt_when_checked_the_other(tmp_path):
     cached_file(path, make, verify="stat")
     cached_file(path, make, verify="stat")
     assert len(builds) == 2
+
+
+def test_a_prune_locks_the_use_file_of_an_entry_that_has_none_yet(tmp_path, monkeypatch):
+    """An entry written before ``.use`` files existed, or whose first reader
+    has not opened one yet: a reader starting while the prune removes it
+    must wait on the same file, then see it removed (``EntryUse``)."""
+    import fcntl
+
+    from blockc import files
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path))
+    files.cached_value("t", "k", "v", lambda: b"x", lambda b: b)
+    use = tmp_path / "t" / "k" / "v.use"
+    use.unlink(missing_ok=True)
+    with files._claimed(use.parent) as free:
+        assert free
+        fd = os.open(use, os.O_RDWR | os.O_CREAT)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)

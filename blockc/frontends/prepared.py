@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
 from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes, racy, stat_identity
-from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
+from .weights import SafetensorsFiles, keep_with_maps, same_file, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
 FILE = "prepared.safetensors"
@@ -49,6 +49,10 @@ FILE = "prepared.safetensors"
 
 class UncachedWeightsWarning(UserWarning):
     """Prepared weights too large for the cache, made in memory on every run instead."""
+
+
+class _SpecMismatch(WeightsError):
+    """A prepared entry's header unlike the specs asked for (``_views``)."""
 
 
 class _SourcesChanged(BlockcError):
@@ -66,8 +70,9 @@ def source_identity(sources: Mapping[str, os.stat_result]) -> str | None:
     for path, read in sorted(sources.items()):
         try:
             with open(path, "rb") as f:
-                now = stat_identity(os.fstat(f.fileno()))
-                if now != stat_identity(read) or racy(now):
+                st = os.fstat(f.fileno())
+                now = stat_identity(st)
+                if not same_file(read, st) or racy(now):
                     return None
                 parts.append([path, *now, _content_sample(f.fileno(), now.size)])
         except OSError:
@@ -133,13 +138,17 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             raise
     try:
         def write(tmp: Path) -> None:
-            write_safetensors(tmp, specs, made)
+            try:
+                write_safetensors(tmp, specs, made)
+            except WeightsError as e:   # a made array unlike its spec: the caller's mistake
+                failed.append(e)
+                raise
             if sources is not None and (identity is None or source_identity(sources) != identity):   # git re-stats after hashing too
                 raise _SourcesChanged(f"the sources of {key} changed while it was made")
         return cached_entry(KIND, key, FILE, write, lambda entry: _views(entry, specs), verify="stat")
-    except WeightsError:   # made arrays that do not fit their specs: the caller's mistake
+    except _SpecMismatch:   # made arrays that do not fit their specs: the caller's mistake
         raise
-    except (OSError, BlockcError):   # the cache's folder, lock or file
+    except (OSError, BlockcError):   # the cache's folder, lock or file (its header unreadable: a WeightsError)
         if failed:
             raise
         return {name: make(name) for name in specs}
@@ -158,7 +167,7 @@ def _views(entry: Path, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -
     want = {name: (np.dtype(dtype), tuple(int(d) for d in shape)) for name, (dtype, shape) in specs.items()}
     if got != want:
         wrong = sorted(set(got.items()) ^ set(want.items()), key=str)[:3]
-        raise WeightsError(f"{entry}: the prepared weights do not match what was asked for "
+        raise _SpecMismatch(f"{entry}: the prepared weights do not match what was asked for "
                            f"({', '.join(printable(str(w)) for w in wrong)})")
     keep_with_maps(arrays.values(), use)
     files.close()

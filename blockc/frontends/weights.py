@@ -206,7 +206,7 @@ class SafetensorsFiles(Mapping):
             return np.empty(self.shapes[name], dtype)
         if path not in self._maps:
             m = _FileMap.of(path)
-            if stat_identity(m.stat) != stat_identity(self.stats[path]):   # its header described another file
+            if not same_file(self.stats[path], m.stat):   # its header described another file
                 raise WeightsError(f"{path} changed since its header was read: load the weights again")
             self._maps[path] = m
         return np.frombuffer(self._maps[path], dtype, (end - start) // dtype.itemsize, start).reshape(self.shapes[name])
@@ -300,6 +300,16 @@ def mapped_files(arrays: Iterable[np.ndarray]) -> dict[str, os.stat_result]:
     return {m.path: m.stat for a in arrays if (m := _file_map(a)) is not None}
 
 
+def same_file(read: os.stat_result, now: os.stat_result | None) -> bool:
+    """Whether ``now`` (what a path's ``stat`` says now) is still the file
+    ``read`` was taken of, whose bytes were read or mapped. Its ctime counts:
+    a rewrite in place that keeps the size and the mtime (``cp -p``,
+    ``rsync --inplace``) changes only the ctime, and so does a chmod, which
+    cannot be told from it; refusing a chmod is the price of never reading
+    a rewrite's bytes at the old file's offsets."""
+    return now is not None and stat_identity(now) == stat_identity(read)
+
+
 def check_still_mapped(arrays: Iterable[np.ndarray]) -> None:
     """A ``WeightsError`` naming the first file that ``arrays`` view which is
     no longer the file at its path (replaced or rewritten since it was
@@ -309,10 +319,10 @@ def check_still_mapped(arrays: Iterable[np.ndarray]) -> None:
     made from the old bytes, and nothing would say so."""
     for path, mapped in mapped_files(arrays).items():
         try:
-            now = stat_identity(os.stat(path))
+            now = os.stat(path)
         except OSError:
             now = None
-        if now != stat_identity(mapped):
+        if not same_file(mapped, now):
             raise WeightsError(f"{path} was replaced or changed after its weights were loaded; a session made now "
                                f"would read the new file beside weights made from the old one: load the weights again")
 

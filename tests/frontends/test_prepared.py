@@ -85,6 +85,33 @@ def test_an_entry_is_not_pruned_while_its_views_live(fresh_cache):
     assert len(files.prune_cache(0)) == 1 and not entry.exists()
 
 
+def test_a_prune_of_another_process_just_after_the_build_leaves_the_entry_to_its_reader(fresh_cache,
+                                                                                       monkeypatch):
+    """The entry is in use from before its build lock is released: a prune
+    (``blockc cache --clear`` elsewhere) between the build and the read skips it."""
+    real, pruned = files.prune_cache, []
+
+    def prune_then_another(*args, **kwargs):
+        removed = real(*args, **kwargs)
+        pruned.append(prune_in_another_process())
+        return removed
+    monkeypatch.setattr(files, "prune_cache", prune_then_another)
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by([]))
+    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    assert pruned == [0] and entry.is_file() and files.CACHE_COUNTS["weights", "miss"] == 1
+    assert file_region(arrays["w"]).path == os.path.realpath(entry)
+
+
+def test_an_entry_whose_header_cannot_be_read_falls_back_to_memory(fresh_cache, monkeypatch):
+    """Reading the entry's own header is the cache failing, not the caller's mistake."""
+    def unreadable(paths):
+        raise WeightsError(f"cannot read weights from {paths[0]!r}: OSError: gone")
+    monkeypatch.setattr(prepared, "SafetensorsFiles", unreadable)
+    arrays = prepared.prepared_arrays("k1", SPECS, made_by([]))
+    assert file_region(arrays["w"]) is None
+    np.testing.assert_array_equal(arrays["w"], SOURCES["w"])
+
+
 def test_an_unusable_cache_makes_the_arrays_in_memory(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "file"))

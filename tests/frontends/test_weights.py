@@ -158,6 +158,25 @@ def test_a_shard_replaced_after_its_header_was_read_is_refused(tmp_path):
     with pytest.raises(WeightsError, match="1.safetensors changed since its header was read"):
         files["a"]
 
+
+def test_a_rewrite_in_place_keeping_size_and_mtime_after_the_header_was_read_is_refused(tmp_path):
+    """``cp -p`` or ``rsync --inplace`` over a loaded checkpoint: same inode,
+    size and mtime, new bytes; only the ctime says so. The header's offsets
+    must not read the new bytes beside tensors read before."""
+    path = tmp_path / "1.safetensors"
+    safetensors.numpy.save_file({"a": np.ones(4, np.float32)}, str(path))
+    files = SafetensorsFiles([path])
+    before = os.stat(path)
+    data = path.read_bytes()
+    with open(path, "r+b") as f:
+        f.write(data[:-16] + np.full(4, 2, np.float32).tobytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    with pytest.raises(WeightsError, match="changed since its header was read"):
+        files["a"]
+
+
 def test_a_tensor_in_two_shards_is_refused(tmp_path):
     for name in ("1", "2"):
         safetensors.numpy.save_file({"a": np.ones(2, np.float32)}, str(tmp_path / f"{name}.safetensors"))
