@@ -405,8 +405,7 @@ class StatIdentity(NamedTuple):
 
     def without_ctime(self) -> dict[str, int]:
         """This identity less its ctime: for a file that is only ever replaced,
-        never rewritten in place (a cache entry; a file already mapped, whose
-        offsets need the same bytes, not the same metadata). Its ctime would
+        never rewritten in place (a cache entry's own record). Its ctime would
         also change on a chmod, chown, new hard link or xattr, and call an
         unchanged file changed."""
         return {k: v for k, v in self._asdict().items() if k != "ctime_ns"}
@@ -423,6 +422,16 @@ def stat_identity(file: str | os.PathLike | os.stat_result) -> StatIdentity:
     """The ``StatIdentity`` of a path, or of an ``os.stat``/``os.fstat`` result."""
     st = file if isinstance(file, os.stat_result) else os.stat(file)
     return StatIdentity(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def same_file(read: os.stat_result, now: os.stat_result | None) -> bool:
+    """Whether ``now`` (what a path's ``stat`` says now) is still the file
+    ``read`` was taken of, whose bytes were read or mapped. Its ctime counts:
+    a rewrite in place that keeps the size and the mtime (``cp -p``,
+    ``rsync --inplace``) changes only the ctime, and so does a chmod, which
+    cannot be told from it; refusing a chmod is the price of never reading
+    a rewrite's bytes at the old file's offsets."""
+    return now is not None and stat_identity(now) == stat_identity(read)
 
 
 def racy(identity: StatIdentity) -> bool:
@@ -512,7 +521,7 @@ def _cached_in_use(path: Path, make: Callable[[Path], None], verify: str,
     from before its build lock is released and its prune runs: no prune of
     another process removes it before the caller reads it."""
     stamp = path.with_name(path.name + ".ok")
-    if _intact(path, stamp, verify):
+    if stamp.is_file():   # the one full check runs with the entry in use: a hit hashes it once
         with contextlib.suppress(OSError, BlockcError):   # pruned meanwhile: made again below
             use = EntryUse(path) if hold else None
             if _intact(path, stamp, verify):

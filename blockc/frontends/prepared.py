@@ -40,8 +40,8 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes, racy, stat_identity
-from .weights import SafetensorsFiles, keep_with_maps, same_file, write_safetensors
+from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
+from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
 FILE = "prepared.safetensors"

@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import check_writable, replace_together, stat_identity
+from ..files import check_writable, replace_together, same_file
 from ..ir.dtypes import DType, is_float_numpy
 from ..ir.graph import Graph
 
@@ -298,16 +298,6 @@ def mapped_files(arrays: Iterable[np.ndarray]) -> dict[str, os.stat_result]:
     """``{path: fstat}`` of the files that ``arrays`` view, as they were when
     mapped: what their bytes are, whatever the paths name now."""
     return {m.path: m.stat for a in arrays if (m := _file_map(a)) is not None}
-
-
-def same_file(read: os.stat_result, now: os.stat_result | None) -> bool:
-    """Whether ``now`` (what a path's ``stat`` says now) is still the file
-    ``read`` was taken of, whose bytes were read or mapped. Its ctime counts:
-    a rewrite in place that keeps the size and the mtime (``cp -p``,
-    ``rsync --inplace``) changes only the ctime, and so does a chmod, which
-    cannot be told from it; refusing a chmod is the price of never reading
-    a rewrite's bytes at the old file's offsets."""
-    return now is not None and stat_identity(now) == stat_identity(read)
 
 
 def check_still_mapped(arrays: Iterable[np.ndarray]) -> None:
