@@ -47,13 +47,19 @@ def to_form(graph: Graph, form: str, *, progress: Progress | None = None, **opti
         tick(1)
         return graph
     if form == "fused":
-        if set(optimize_options) - _CACHED_OPTIONS:   # printing after passes: the passes must run
+        if not _cacheable(form, optimize_options):   # printing after passes: the passes must run
             return optimize(graph, progress=progress, **optimize_options).graph
         return optimized(graph, progress, **optimize_options)
     raise BlockcError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
 
 
 _CACHED_OPTIONS = {"disable", "check"}   # optimize's options that change only the result, not what it prints
+
+
+def _cacheable(form: str, optimize_options: dict) -> bool:
+    """Whether ``form`` with these options may come from the compile cache:
+    the fused form, asked for nothing but its result."""
+    return form == "fused" and not set(optimize_options) - _CACHED_OPTIONS
 
 
 def optimized(graph: Graph, progress: Progress | None = None, **optimize_options) -> Graph:
@@ -71,7 +77,7 @@ def form_of(source: str | None, make_trace: Callable[[], Graph], form: str, *, p
     fused form, with options that change only the result: see the module
     docstring). ``source``: ``frontends.trace_key`` of the model traced,
     None where only its trace can say what it is (then it is traced)."""
-    if source is None or form != "fused" or set(optimize_options) - _CACHED_OPTIONS:
+    if source is None or not _cacheable(form, optimize_options):
         return to_form(make_trace(), form, progress=progress, **optimize_options)
     return _kept("model", source, optimize_options, lambda: optimized(make_trace(), progress, **optimize_options))
 
