@@ -151,7 +151,7 @@ class Checkpoint:
         """The copying takes as views of their prepared file; none (each made on
         its own read) when the checkpoint is racy."""
         identity = source_identity(self.files.stats)
-        if identity is None or not self.copying:
+        if identity is None:
             return {}
         recipe, specs = [], {}
         for name in self.copying:

@@ -185,10 +185,15 @@ def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[
     identity = source_identity(sources)
     if identity is None:
         return graph, dict(weights)
+    ran = []
+
+    def make(name: str) -> np.ndarray:
+        ran.append(name)
+        return folded.make(name)
     made = prepared_arrays(cache_key(identity, _recipe(graph, folded, regions), code_version()),
-                           folded.specs(), folded.make, sources)
-    # made on a miss, every byte of their sources was read through this process's map: not its memory
-    release_pages(weights[p] for leaves in folded.leaves.values() for p in leaves)
+                           folded.specs(), make, sources)
+    if ran:   # made on a miss, every byte of their sources was read through this process's map: not its memory
+        release_pages(weights[p] for leaves in folded.leaves.values() for p in leaves)
     return folded.graph, {**{name: weights[name] for name in folded.graph.params if name in weights}, **made}
 
 
