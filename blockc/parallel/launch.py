@@ -102,6 +102,8 @@ class Case:
     backend: str | None = None
     repeat: int = 1
     generate: dict | None = None
+    # the backend's registration as the job carries it to the ranks (``rank_backend``): made once, here
+    registration: dict = field(init=False, repr=False)
 
     def __post_init__(self):
         ranks = rank_backends()
@@ -109,7 +111,8 @@ class Case:
         if self.backend not in ranks:
             raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
                               f"not {self.backend!r}")
-        carried_registration(self.backend)   # one a rank could not register again, refused before any starts
+        # one a rank could not register again is refused before any starts
+        self.registration = carried_registration(self.backend)
 
 
 def run_tp(model: str, tp: int, feeds: Mapping[str, np.ndarray], **options) -> list[dict[str, np.ndarray]]:
@@ -228,7 +231,6 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0, timing: di
     for i, case in enumerate(cases):
         spec = {k: v for k, v in vars(case).items() if k != "feeds"}
         spec["feeds"], spec["overrides"] = os.path.join(job["out"], f"feeds{i}.npz"), dict(case.overrides)
-        spec["registration"] = carried_registration(case.backend)   # the ranks know only blockc's own
         save_npz(spec["feeds"], case.feeds)
         if case.generate is not None:   # the pick and criteria (``generate_tp``) beside the job, by pickle
             spec["generate"] = {**case.generate, "choices": os.path.join(job["out"], f"choices{i}.pkl")}
