@@ -56,6 +56,4 @@ def read_rank_weights(path: str, sharded, rank: int) -> dict:
 def rank_session(case: dict, graph, weights):
     """``graph`` lowered for the case's backend (``launch.Case`` checked it is one a rank runs)."""
     from ..runtime.backend import make_backend
-    from ..runtime.torch_runner import TorchSession
-    backend = make_backend(case["backend"])   # its registration says what the name means (torch.compile or not)
-    return TorchSession(graph, weights, compile=backend.compile_module)
+    return make_backend(case["backend"]).session(graph, weights)   # its registration says what the name means

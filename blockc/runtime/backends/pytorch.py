@@ -40,9 +40,15 @@ class TorchBackend(Backend):
         how = "torch.compile (inductor, one compile per shape)" if self.compile_module else "eager"
         return f"torch {torch.__version__} on the CPU, {how}, {threads} intra-op threads, inference_mode; {self.runs}"
 
-    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
+    def session(self, graph, weights, *, threads=None):
+        """The ``TorchSession`` this backend runs ``graph`` in: what ``compile``
+        wraps, and what a tensor-parallel rank runs (``parallel/rank_model``),
+        so a subclass that lowers otherwise does so on the ranks too."""
         from ..torch_runner import TorchSession
-        session = TorchSession(graph, weights, compile=self.compile_module, threads=threads)
+        return TorchSession(graph, weights, compile=self.compile_module, threads=threads)
+
+    def compile(self, graph, weights, *, variant=None, threads=None, count_kernels=False):
+        session = self.session(graph, weights, threads=threads)
         return Compiled(session.run_unchecked, graph=graph)
 
 
