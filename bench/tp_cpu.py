@@ -23,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from blockc.compare.table import with_interval  # noqa: E402
 from blockc.compare.tensor_parallel import compare_tp  # noqa: E402
 
 
@@ -53,8 +54,8 @@ def main() -> int:
           f"| all-reduced per rank |\n"
           f"| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
           f"| {args.model} {' '.join(args.set)} | {args.batch}×{args.seq} | {result['tp1_step_ms']:.1f} ms "
-          f"| {result['tp2_step_ms']:.1f} ms | {ratio['speedup']:.2f}x [{ratio['low']:.2f}–{ratio['high']:.2f}] "
-          f"| {aa['speedup']:.2f}x [{aa['low']:.2f}–{aa['high']:.2f}] "
+          f"| {result['tp2_step_ms']:.1f} ms | {with_interval(ratio)} "
+          f"| {with_interval(aa)} "
           f"| {result['tp2_collectives_ms']:.2f} ms ({result['collectives']}) "
           f"| {result['share']:.0%} | {sent / 1e6:.2f} MB |")
     if args.json:

@@ -76,6 +76,11 @@ def max_error(outputs, oracle) -> float:
     return worst
 
 
+def pooled(runs) -> Interleaved:
+    """Every timed run of ``runs`` (``Interleaved``, one a block) as one: a latency over all blocks."""
+    return Interleaved([x for t in runs for x in t.samples], [m for t in runs for m in t.round_medians])
+
+
 def latencies(contestants, times: dict, peak) -> None:
     """Each row's latency: every timed run of every block, pooled."""
     for c in contestants:
@@ -83,10 +88,10 @@ def latencies(contestants, times: dict, peak) -> None:
         row = c.row
         if not row.ok or not ran:
             continue
-        pooled = Interleaved([x for t in ran for x in t.samples], [m for t in ran for m in t.round_medians])
-        lat = pooled.timing
+        together = pooled(ran)
+        lat = together.timing
         row.latency_ms = {"median": lat.median_s * 1e3, "min": lat.min_s * 1e3, "max": lat.max_s * 1e3,
-                          "repeats": lat.repeats, "round_medians": [x * 1e3 for x in pooled.round_medians]}
+                          "repeats": lat.repeats, "round_medians": [x * 1e3 for x in together.round_medians]}
         if row.bytes_modelled is not None and lat.median_s > 0:
             row.bandwidth_gbps = row.bytes_modelled / lat.median_s / 1e9
             if peak:

@@ -33,12 +33,12 @@ from ..errors import BlockcError
 from ..frontends import build_model, trace
 from ..frontends.module import check_seed
 from ..parallel.launch import Case, rank_backends, time_cases
-from ..parallel.rank_timing import contestant_key
+from ..parallel.rank_timing import case_form, contestant_key
 from ..passes.shard import shard
 from ..report.communication import collective_bytes
 from ..runtime.interface import HOST_CLOCK
 from ..runtime.timing import Interleaved
-from .results import interval, interval_doc, max_error, resolved
+from .results import interval, interval_doc, max_error, pooled, resolved
 
 SCHEMA = "blockc.compare-tp/2"
 FORMS = ("standard", "fused")   # what a rank's graph is: sharded, then fused or not (``worker.py``)
@@ -96,7 +96,7 @@ def compare_tp(model: str, tp: int, *, overrides: Mapping[str, str] | None = Non
                        timeout=timeout)
     times, rows, outputs = {}, [], []
     for case, timed in zip(cases, ranks):
-        form = "fused" if case.fused else "standard"
+        form = case_form(case.fused)
         times.update(_case_times(case.backend, form, tp, timed))
         rows += _case_rows(case.backend, form, tp, timed, times)
         outputs.append(_output_check(case.backend, form, timed))
@@ -127,7 +127,7 @@ def _case_times(backend: str, form: str, tp: int, timed: list[dict]) -> dict[str
 
 def _case_rows(backend: str, form: str, tp: int, timed: list[dict], times: dict) -> list[TpRow]:
     def median_ms(key: str) -> float:
-        return Interleaved([x for blk in times[key] for x in blk.samples], []).timing.median_s * 1e3
+        return pooled(times[key]).timing.median_s * 1e3
     slowest = max(timed, key=lambda r: r["collectives_s"])
     return [TpRow(backend, form, 1, median_ms(contestant_key(backend, form, 1)), 0.0, 0),
             TpRow(backend, form, tp, median_ms(contestant_key(backend, form, tp)), slowest["collectives_s"] * 1e3,

@@ -47,8 +47,9 @@ def contestant_key(backend: str, form: str, ranks: int, control: bool = False) -
     return f"{backend}/{form}/tp{ranks}" + (AA if control else "")
 
 
-def case_form(case: dict) -> str:
-    return "fused" if case.get("fused") else "standard"
+def case_form(fused: bool) -> str:
+    """The form a case runs: ``Case.fused`` as compare names forms."""
+    return "fused" if fused else "standard"
 
 
 def time_job(job: dict, rank: int, world: int) -> None:
@@ -77,7 +78,7 @@ def _contestants(case: dict, feeds, out: str, rank: int, world: int):
     a function timing the split step's collectives alone."""
     from ..runtime.feeds import save_npz
     from .rank_model import rank_graph_and_weights, rank_session
-    backend, form = case["backend"], case_form(case)
+    backend, form = case["backend"], case_form(case.get("fused"))
     split = rank_graph_and_weights(case, rank, world)
     one = rank_graph_and_weights(case, 0, 1) if rank == 0 else None   # the unsplit graph: shard(tp=1) splits nothing
     save_npz(out + ".npz", rank_session(case, *split).run(feeds))
