@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.types import TensorType
-from .fused import ATTENTION_ATTRS, attention, attention_flops
+from .fused import ATTENTION_ATTRS, attention, attention_attrs, attention_flops
 from .fused_onnx import MASK_BIAS, MS, _check_fill, _dtype, _Heads, _mask_bias, emit_guard, needs_opset_23
 from .registry import NotApplicable, define
 from .tensor import concat
@@ -50,7 +50,7 @@ def _(types, attrs):
                          f"k, v [b, kv_heads, seq, d]; got {q}, {k}, {v}")
     presents = [concat.infer_fn([past, new], {"axis": 2}) for past, new in ((past_k, k), (past_v, v))]
     reads = [TensorType(p.dtype, p.shape[:2] + ((1,) if q.rank == 5 else ()) + p.shape[2:]) for p in presents]
-    out = attention.infer_fn([q, *reads, *types[5:]], {name: attrs[name] for name in ATTENTION_ATTRS})
+    out = attention.infer_fn([q, *reads, *types[5:]], attention_attrs(attrs))
     return [out, *presents]
 
 

@@ -73,6 +73,11 @@ _MASK_ATTRS = {"scale": (FLOAT, 1.0), "mask": (STR, "none"), "causal": (BOOL, Fa
 # The attention ops add ``guarded``: a query row with no key to attend gives
 # zeros (masking.guard_rows), as PyTorch's SDPA and the files it exports do.
 ATTENTION_ATTRS = {**_MASK_ATTRS, "guarded": (BOOL, False)}
+
+
+def attention_attrs(attrs: dict) -> dict:
+    """What of a node's ``attrs`` is ``attention``'s own (a fused op built on it passes these on)."""
+    return {name: attrs[name] for name in ATTENTION_ATTRS}
 MASKED_SOFTMAX_FLOPS = 6  # per score: scale, mask, max, subtract, exp, sum, divide
 
 # ---- masked_softmax ------------------------------------------------------------
@@ -367,7 +372,7 @@ def _(b, node, ins):
     parts = b.node("split", y, axis=-1, sizes=sizes).outputs
     q, k, v = (b.op("transpose", b.op("reshape", p, shape=[0, 0, h, size]), perm=[0, 2, 1, 3])
                for p, size in zip(parts, (d, d, dv)))
-    attrs = {k_: node.attrs[k_] for k_ in ATTENTION_ATTRS}
+    attrs = attention_attrs(node.attrs)
     out = b.op("attention", q, k, v, *ins[3:], **attrs)
     return [b.op("reshape", b.op("transpose", out, perm=[0, 2, 1, 3]), shape=[0, 0, h * dv])]
 

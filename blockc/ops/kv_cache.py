@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.types import TensorType
 from ._rules import fmt, norm_axis, same_dtype
-from .fused import ATTENTION_ATTRS, attention
+from .fused import ATTENTION_ATTRS, attention, attention_attrs
 from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_group_query_attention, emit_guard
 from .registry import DIM, INT, REQUIRED, NotApplicable, define
 
@@ -133,7 +133,7 @@ def _(types, attrs):
         kinds.append((written, TensorType(written.dtype, shape)))
     if q.rank not in (4, 5):
         raise ShapeError(f"cache_attention: q must be [b, heads, seq, d] or [b, kv_heads, group, seq, d], got {q}")
-    mask_attrs = {name: attrs[name] for name in ATTENTION_ATTRS}
+    mask_attrs = attention_attrs(attrs)
     out = attention.infer_fn([q, kinds[0][1], kinds[1][1], *types[5:]], mask_attrs)
     return [out, kinds[0][0], kinds[1][0]]
 
@@ -145,7 +145,7 @@ def _(xs, attrs, env):
                for cache, new in ((cache_k, k), (cache_v, v))]
     (total,) = env.eval_dims([attrs["start"] + k.shape[2]])
     keys, values = (_read(w, total, q.ndim == 5) for w in written)
-    out = attention.numpy_fn([q, keys, values, *xs[5:]], {name: attrs[name] for name in ATTENTION_ATTRS}, env)
+    out = attention.numpy_fn([q, keys, values, *xs[5:]], attention_attrs(attrs), env)
     return [out, *written]
 
 
@@ -163,7 +163,7 @@ def _(b, node, ins):
             r = b.op("reshape", r, shape=[0, kv, 1, -1, size])
         written.append(w)
         read.append(r)
-    attrs = {name: node.attrs[name] for name in ATTENTION_ATTRS}
+    attrs = attention_attrs(node.attrs)
     return [b.op("attention", q, *read, *ins[5:], **attrs), *written]
 
 

@@ -43,7 +43,7 @@ becomes::
 from __future__ import annotations
 
 from ..ir.graph import Graph
-from ..ops.fused import ATTENTION_ATTRS
+from ..ops.fused import attention_attrs
 from .base import PassResult
 from .rewrite import Op, Or, Rule, Var, apply_rules
 
@@ -105,7 +105,7 @@ def _check_appended(m):
 
 def _rewrite(b, m):
     att = m["root"]
-    attrs = {k: att.attrs[k] for k in ATTENTION_ATTRS}
+    attrs = attention_attrs(att.attrs)
     node = b.node("cache_attention", m["q"], m["k_new"], m["v_new"], m["k_cache"], m["v_cache"], *att.inputs[3:],
                   start=m["k_write"].attrs["start"], **attrs)
     out, k_cache, v_cache = node.outputs
@@ -115,7 +115,7 @@ def _rewrite(b, m):
 def _rewrite_appended(b, m):
     att = m["root"]
     node = b.node("append_attention", m["q"], m["k_new"], m["v_new"], m["k_past"], m["v_past"], *att.inputs[3:],
-                  **{k: att.attrs[k] for k in ATTENTION_ATTRS})
+                  **attention_attrs(att.attrs))
     out, present_k, present_v = node.outputs
     return {"root": out, "k_append": present_k, "v_append": present_v}
 

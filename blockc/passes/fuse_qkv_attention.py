@@ -39,7 +39,7 @@ declined with that reason: ``qkv_attention``'s packed sizes are q = k.
 from __future__ import annotations
 
 from ..ir.graph import Graph
-from ..ops.fused import ATTENTION_ATTRS
+from ..ops.fused import attention_attrs
 from .base import PassResult
 from .rewrite import Op, Or, Rule, Var, apply_rules
 
@@ -98,7 +98,7 @@ def _rewrite(b, m):
     att = m["attention"]
     shapes = [m[f"{p}_cut"].outputs[0].shape for p in "qkv"]
     sizes = [s[2] * s[3] for s in shapes]
-    attrs = {k: att.attrs[k] for k in ATTENTION_ATTRS}
+    attrs = attention_attrs(att.attrs)
     return {"root": b.op("qkv_attention", m["x"], m["w"], m["bias"], *att.inputs[3:],
                          heads=shapes[0][2], sizes=sizes, **attrs)}
 
