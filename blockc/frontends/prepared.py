@@ -35,12 +35,12 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import CACHE_COUNTS, EntryUse, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
+from ..files import EntryUse, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
 from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
