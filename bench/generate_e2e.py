@@ -5,7 +5,10 @@ Every run is a fresh process, timed by this script from before it starts to
 after it exits (wall) with its peak resident memory (``wait4``'s
 ``ru_maxrss``); each process also reports its own split: the start (loading
 and compiling, or GenAI's model load, or Hugging Face's ``from_pretrained``),
-the first token and the time per token after it. The contestants:
+the first token and the time per token after it. Each start is counted
+after the process's imports, as blockc's is (its ``start_s`` begins after
+the CLI has imported blockc), so a start is the model's load alone; the
+whole run counts the imports of all three. The contestants:
 
 * ``blockc cold``: ``blockc generate DIR --prompt-ids ...`` with an empty
   ``BLOCKC_CACHE`` (tracing, optimizing, exporting, both sessions);
@@ -68,9 +71,9 @@ GENAI_PYTHON = os.environ.get("BLOCKC_GENAI_PYTHON")
 
 HF_CHILD = """
 import json, sys, time
-t0 = time.perf_counter()
 import torch, transformers
 torch.set_num_threads(int(sys.argv[4]))
+t0 = time.perf_counter()
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
 prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
 start_s = time.perf_counter() - t0
@@ -90,9 +93,9 @@ print(json.dumps({"tokens": out[:, ids.shape[1]:].tolist(), "start_s": start_s, 
 
 GENAI_CHILD = """
 import json, sys, time
-t0 = time.perf_counter()
 import numpy as np
 import onnxruntime_genai as og
+t0 = time.perf_counter()
 model = og.Model(sys.argv[1])
 prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
 start_s = time.perf_counter() - t0
