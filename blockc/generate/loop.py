@@ -237,8 +237,9 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     steps, names = _steps(model, prompts, length, max_new > 1)
     (prefill_graph, prefill_weights), (decode_graph, decode_weights) = \
         _graphs(steps, weights, form, names.pairs, rank_of, pad_vocab)
-    with target.compile(prefill_graph, prefill_weights) as prefill:
-        # each step multiplies one row a prompt by every weight: a backend may use that, or not
+    # the prefill runs once; each decode step multiplies one row a prompt by every weight: a backend may use
+    # that, or not
+    with target.compile_hinted(prefill_graph, prefill_weights, CompileHints(runs=1)) as prefill:
         decode = target.compile_hinted(decode_graph, decode_weights, CompileHints(rows=len(prompts))) \
             if decode_graph is not None else None
         try:
