@@ -23,6 +23,7 @@ _TOKEN = re.compile(r"""
   | (?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|[0-9]+))
   | (?P<ident>-?[A-Za-z_][A-Za-z0-9_]*)
   | (?P<punct>[:,={}\[\]()<>+*-])
+  | (?P<bad>.)
 """, re.VERBOSE)
 
 
@@ -31,14 +32,14 @@ class _Line:
 
     def __init__(self, text: str, lineno: int):
         self.text, self.lineno, self.toks, self.i = text, lineno, [], 0
-        pos = 0
-        while pos < len(text):
-            m = _TOKEN.match(text, pos)
-            if not m:
-                raise ParseError(f"unexpected character {text[pos]!r}", lineno, pos + 1, text)
-            if m.lastgroup != "ws":
-                self.toks.append((m.lastgroup, m.group(), pos + 1))
-            pos = m.end()
+        # one scan of the line (a cached graph is read back on every warm start): ``bad`` takes any
+        # character no token starts with, so the matches tile the line
+        for m in _TOKEN.finditer(text):
+            kind = m.lastgroup
+            if kind == "bad":
+                raise ParseError(f"unexpected character {m.group()!r}", lineno, m.start() + 1, text)
+            if kind != "ws":
+                self.toks.append((kind, m.group(), m.start() + 1))
 
     def error(self, message: str) -> ParseError:
         col = self.toks[self.i][2] if self.i < len(self.toks) else len(self.text) + 1
