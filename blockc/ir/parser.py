@@ -110,7 +110,31 @@ def _dim(line: _Line, stops: set):
         raise line.error(f"bad dimension {text!r}: {e}") from None
 
 
+# Types read so far, by their text: a graph repeats a few types hundreds of times, and a type is
+# immutable. Bounded: cleared when full.
+_TYPES: dict[str, TensorType] = {}
+
+
 def _type(line: _Line) -> TensorType:
+    """``f32[batch,seq,768]``: a type seen before is taken whole, its tokens
+    skipped; a new one is read token by token (errors point into it)."""
+    start, close = line.i, line.i + 2
+    while close < len(line.toks) and line.toks[close][1] != "]":
+        close += 1
+    if close < len(line.toks) and line.toks[start + 1][1] == "[":
+        text = line.text[line.toks[start][2] - 1:line.toks[close][2]]
+        if text in _TYPES:
+            line.i = close + 1
+            return _TYPES[text]
+        t = _read_type(line)
+        if len(_TYPES) >= 4096:
+            _TYPES.clear()
+        _TYPES[text] = t
+        return t
+    return _read_type(line)
+
+
+def _read_type(line: _Line) -> TensorType:
     name = line.take("ident")
     try:
         dtype = DType.parse(name)
