@@ -8,6 +8,7 @@ A ``Sym`` that turns out constant is always returned as an ``int``.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Mapping, Union
 
@@ -192,8 +193,11 @@ def dim_str(d: Dim) -> str:
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(.))")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_dim(text: str) -> Dim:
-    """Parse ``seq``, ``past+seq``, ``2*heads-1``, ``768``. Raises ValueError."""
+    """Parse ``seq``, ``past+seq``, ``2*heads-1``, ``768``. Raises ValueError.
+    Remembered (a dim is immutable): a graph read back repeats a few dims
+    thousands of times."""
     tokens = []
     pos = 0
     text = text.strip()

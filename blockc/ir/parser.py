@@ -23,6 +23,7 @@ _TOKEN = re.compile(r"""
   | (?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|[0-9]+))
   | (?P<ident>-?[A-Za-z_][A-Za-z0-9_]*)
   | (?P<punct>[:,={}\[\]()<>+*-])
+  | (?P<bad>.)
 """, re.VERBOSE)
 
 
@@ -31,14 +32,14 @@ class _Line:
 
     def __init__(self, text: str, lineno: int):
         self.text, self.lineno, self.toks, self.i = text, lineno, [], 0
-        pos = 0
-        while pos < len(text):
-            m = _TOKEN.match(text, pos)
-            if not m:
-                raise ParseError(f"unexpected character {text[pos]!r}", lineno, pos + 1, text)
-            if m.lastgroup != "ws":
-                self.toks.append((m.lastgroup, m.group(), pos + 1))
-            pos = m.end()
+        # one scan of the line (a cached graph is read back on every warm start): ``bad`` takes any
+        # character no token starts with, so the matches tile the line
+        for m in _TOKEN.finditer(text):
+            kind = m.lastgroup
+            if kind == "bad":
+                raise ParseError(f"unexpected character {m.group()!r}", lineno, m.start() + 1, text)
+            if kind != "ws":
+                self.toks.append((kind, m.group(), m.start() + 1))
 
     def error(self, message: str) -> ParseError:
         col = self.toks[self.i][2] if self.i < len(self.toks) else len(self.text) + 1
@@ -109,7 +110,31 @@ def _dim(line: _Line, stops: set):
         raise line.error(f"bad dimension {text!r}: {e}") from None
 
 
+# Types read so far, by their text: a graph repeats a few types hundreds of times, and a type is
+# immutable. Bounded: cleared when full.
+_TYPES: dict[str, TensorType] = {}
+
+
 def _type(line: _Line) -> TensorType:
+    """``f32[batch,seq,768]``: a type seen before is taken whole, its tokens
+    skipped; a new one is read token by token (errors point into it)."""
+    start, close = line.i, line.i + 2
+    while close < len(line.toks) and line.toks[close][1] != "]":
+        close += 1
+    if close < len(line.toks) and line.toks[start + 1][1] == "[":
+        text = line.text[line.toks[start][2] - 1:line.toks[close][2]]
+        if text in _TYPES:
+            line.i = close + 1
+            return _TYPES[text]
+        t = _read_type(line)
+        if len(_TYPES) >= 4096:
+            _TYPES.clear()
+        _TYPES[text] = t
+        return t
+    return _read_type(line)
+
+
+def _read_type(line: _Line) -> TensorType:
     name = line.take("ident")
     try:
         dtype = DType.parse(name)

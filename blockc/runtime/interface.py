@@ -175,9 +175,12 @@ class CompileHints:
     does (a backend written before a hint existed keeps working).
 
     ``rows``: every run multiplies this many rows by each weight (a decode
-    step: one row a prompt); None: unknown, or many. ONNX Runtime skips
-    prepacking at one row (``runtime/backends/ort.py``)."""
+    step: one row a prompt); None: unknown, or many. ``runs``: how many
+    times the graph will run (a prefill: once); None: unknown, or many.
+    ONNX Runtime skips prepacking at one row and for one run
+    (``runtime/backends/ort.prepacks``)."""
     rows: int | None = None
+    runs: int | None = None
 
 
 class Backend:

@@ -8,7 +8,7 @@ from blockc import trace
 from blockc.errors import BlockcError
 from blockc.frontends import build_model, init_weights
 from blockc.generate import generate, greedy
-from blockc.generate.loop import left_pad
+from blockc.generate.loop import Generation, left_pad
 from blockc.ir.dtypes import FLOAT_NAMES
 from blockc.runtime.backend import make_backend
 
@@ -239,8 +239,9 @@ def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypa
     for both; the QKV and gate/up merges come folded, from one file in the
     cache, the same for both (``runtime/folded_params.py``). A decode step
     of one prompt multiplies one row by each weight, so its session keeps
-    them as they are (no prepacked copy); with more rows it repacks them,
-    as the prefill does."""
+    them as they are (no prepacked copy); with more rows it repacks them.
+    The prefill runs once, so its session never repacks them: its one
+    product packs each weight as it goes (``backends/ort.prepacks``)."""
     import onnx
     import onnxruntime as ort
 
@@ -274,4 +275,10 @@ def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypa
     assert sorted(name.split("(")[0] for name in places[0] if name not in weights) == ["concat", "concat"]
     assert {tuple(dict(p)["location"].split("/")[:2]) for name, p in places[0].items() if name not in weights} \
         == {("cache", "weights")}
-    assert (prefill_unpacked, decode_unpacked) == (False, not decode_prepacks)
+    assert (prefill_unpacked, decode_unpacked) == (True, not decode_prepacks)
+
+
+@pytest.mark.parametrize("steps", [[0.5], [0.25, 0.5], [3.0, 1.0, 2.0, 7.5, 0.5], [float(k % 7) for k in range(23)]])
+def test_the_p90_step_is_numpys_percentile(steps):
+    """Computed without numpy's percentile (which imports numpy.ma at the run's end), to the same value."""
+    assert Generation([[1]], 0.1, steps).step_p90_s == pytest.approx(float(np.percentile(steps, 90)), abs=1e-12)

@@ -81,3 +81,12 @@ def test_generate_saves_no_optimized_model(monkeypatch):
     model = build_model("tiny")
     generate(model, init_weights(model, seed=0), [[1, 2, 3]], 3, backend="ort-cpu")
     assert saved == [None, None]   # prefill and decode
+
+
+def test_a_graph_run_once_or_on_one_row_is_not_prepacked():
+    """Prepacking copies every MatMul weight at load: worth it only for many runs of many rows."""
+    from blockc.runtime.interface import CompileHints
+    assert ort_backend.prepacks(CompileHints())
+    assert ort_backend.prepacks(CompileHints(rows=4, runs=None))
+    assert not ort_backend.prepacks(CompileHints(rows=1))
+    assert not ort_backend.prepacks(CompileHints(runs=1))
