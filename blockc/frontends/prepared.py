@@ -40,7 +40,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import EntryUse, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
+from ..files import EntryUse, cache_key, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
+from ..version import code_version
 from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
@@ -100,15 +101,20 @@ def _content_sample(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
-def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+def prepared_arrays(recipe: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
                     make: Callable[[str], np.ndarray],
-                    sources: Mapping[str, os.stat_result] | None = None) -> dict[str, np.ndarray]:
+                    sources: Mapping[str, os.stat_result] | None = None) -> dict[str, np.ndarray] | None:
     """``{name: array}`` for every ``specs`` entry ``name: (dtype, shape)``:
     read-only views over ``$BLOCKC_CACHE/weights/KEY/prepared.safetensors``
     (``weights.file_region`` finds them), which is made on a miss by calling
     ``make(name)`` for each name in turn and streaming the result into it.
-    ``key`` (a ``files.cache_key``) must name everything the arrays are made
-    from (see the module docstring). Counted in
+    KEY names everything the arrays are made from (see the module
+    docstring): ``source_identity(sources)``, taken here once, ``recipe``
+    (how each array is made from them, as text) and ``code_version()``;
+    arrays made from no file (``sources`` None) are keyed by ``recipe``
+    alone. None where nothing made from ``sources`` may be cached
+    (``source_identity`` None): the caller makes what it needs as it would
+    without a cache (nothing is made here). Counted in
     ``files.CACHE_COUNTS["weights", "hit" | "miss"]``. A damaged file is
     made again. Where the cache cannot be written (an unusable
     ``BLOCKC_CACHE``, a full disk) the arrays are made in memory, as without
@@ -127,7 +133,10 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             f"prepared weights over half the cache's cap ({format_bytes(cache_limit())}: BLOCKC_CACHE_MAX) "
             f"are made in memory on every run, not cached; a cap of twice their size keeps them"))
         return {name: make(name) for name in specs}
-    identity = None if sources is None else source_identity(sources)
+    identity = "" if sources is None else source_identity(sources)
+    if identity is None:
+        return None
+    key = cache_key(identity, recipe, code_version())
     failed: list[BaseException] = []
 
     def made(name: str) -> np.ndarray:
@@ -143,7 +152,7 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             except WeightsError as e:   # a made array unlike its spec: the caller's mistake
                 failed.append(e)
                 raise
-            if sources is not None and (identity is None or source_identity(sources) != identity):   # git re-stats after hashing too
+            if sources is not None and source_identity(sources) != identity:   # git re-stats after hashing too
                 raise _SourcesChanged(f"the sources of {key} changed while it was made")
         return cached_entry(KIND, key, FILE, write, lambda entry: _views(entry, specs), verify="stat")
     except _SpecMismatch:   # made arrays that do not fit their specs: the caller's mistake

@@ -21,6 +21,7 @@ from blockc import files, trace  # noqa: E402
 from blockc.frontends import build_model, init_weights  # noqa: E402
 from blockc.frontends.hf_gpt2 import load_hf_gpt2_state_dict  # noqa: E402
 from blockc.frontends.hf_llama import load_hf_llama_state_dict  # noqa: E402
+from blockc.frontends import prepared  # noqa: E402
 from blockc.frontends.prepared import UncachedWeightsWarning  # noqa: E402
 from blockc.frontends.weights import file_region  # noqa: E402
 from blockc.runtime.ort_runner import OrtSession  # noqa: E402
@@ -77,6 +78,22 @@ def test_a_second_load_makes_no_copy(copy_of, fresh_cache, not_racy, family):
         assert "blocks.0.attn.w_q.weight" in prepared_ones and where["blocks.0.attn.w_q.bias"] == "checkpoint"
     assert where["tok.weight"] == "checkpoint"
     assert {n for n, w in where.items() if w is None} <= {"rope.cos", "rope.sin"}   # tables the model makes
+
+
+def test_the_checkpoints_identity_is_sampled_once_a_load_and_again_after_a_miss(copy_of, fresh_cache, not_racy,
+                                                                                   monkeypatch):
+    """``source_identity`` reads a content sample of every file: taken once for
+    the key (a hit), and once more after a miss, to see the sources did not
+    change while the entry was made."""
+    path = copy_of("llama")
+    calls = []
+    real = prepared.source_identity
+    monkeypatch.setattr(prepared, "source_identity", lambda sources: calls.append(1) or real(sources))
+    load(path)
+    assert files.CACHE_COUNTS["weights", "miss"] == 1 and len(calls) == 2
+    calls.clear()
+    load(path)
+    assert files.CACHE_COUNTS["weights", "hit"] == 1 and len(calls) == 1
 
 
 def test_a_rewritten_checkpoint_is_read_afresh(copy_of, fresh_cache, not_racy):
