@@ -24,8 +24,9 @@ Nothing is cached (``source_identity`` None: the arrays are made in
 memory) when a path no longer names the file that was read (replaced since:
 ``rsync``, ``cp`` and ``mv``, ``git checkout``), or when a file is "racy"
 (``files.racy``, git's rule for its index: a rewrite within the
-filesystem's timestamp tick could leave the same stat behind); and an entry
-is not kept when the sources changed while it was being made.
+filesystem's timestamp tick could leave the same stat behind; not a
+prepared file of this cache, whose bytes its key fixes: ``_own_entry``);
+and an entry is not kept when the sources changed while it was being made.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import EntryUse, cache_key, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
+from ..files import (EntryUse, cache_key, cache_limit, cache_root, cached_entry, format_bytes, racy, same_file,
+                     stat_identity)
 from ..version import code_version
 from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
@@ -73,12 +75,28 @@ def source_identity(sources: Mapping[str, os.stat_result]) -> str | None:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
                 now = stat_identity(st)
-                if not same_file(read, st) or racy(now):
+                if not same_file(read, st) or (racy(now) and not _own_entry(path)):
                     return None
                 parts.append([path, *now, _content_sample(f.fileno(), now.size)])
         except OSError:
             return None
     return json.dumps(parts)
+
+
+def _own_entry(path: str) -> bool:
+    """Whether ``path`` is one of these prepared files, which the racy rule
+    need not hold back: its bytes follow from its key (the path names its
+    sources, its recipe and the code), and it is only ever replaced whole
+    (``files.cached_entry``), by the same bytes. Merges folded over a
+    checkpoint's copies (``runtime/folded_params.py``) are thus kept by the
+    run that made the copies, seconds before, not left to every session of
+    it and made by the next run."""
+    try:
+        entries = (cache_root() / KIND).resolve()
+    except BlockcError:
+        return False
+    where = Path(path).resolve()
+    return where.name == FILE and where.parent.parent == entries
 
 
 SAMPLE_ENDS = 1 << 20                 # the first and the last MiB
