@@ -24,7 +24,7 @@ from ..errors import ModelError, WeightsError
 from ..ir.dtypes import DType
 from ..ops.activations import ACTIVATIONS
 from .module import Model
-from .weights import check_weights
+from .weights import check_weights, contiguous
 
 
 # A Hugging Face activation name (``hidden_act``, GPT-2's ``activation_function``)
@@ -124,7 +124,7 @@ class Take:
         if (self.start, self.stop) != (0, array.shape[-1]):
             array = array[..., self.start:self.stop]
         # no copy where none is needed: a checkpoint's own tensor stays a view of its file (a runtime maps it)
-        return np.ascontiguousarray(array).astype(dtype.numpy, copy=False)
+        return contiguous(array).astype(dtype.numpy, copy=False)
 
 
 def plan_checkpoint(shapes: Mapping[str, tuple], model: Model, layout: Layout, read: Callable[[str], Any],

@@ -33,9 +33,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import BlockcError, ModelError, WeightsError
-from ..files import cache_key
 from ..ir.dtypes import DType
-from ..version import code_version
 from .hf_bert import FAMILIES as BERT_FAMILIES, bert_config_from_hf, bert_layout
 from .hf_common import Layout, Take, plan_checkpoint
 from .hf_gpt2 import gpt2_config_from_hf, gpt2_layout
@@ -43,7 +41,7 @@ from .hf_llama import FAMILIES as LLAMA_FAMILIES, llama_config_from_hf, llama_la
 from .json_files import json_field, read_json
 from .models import DecoderLM, Encoder
 from .module import Model
-from .prepared import prepared_arrays, source_identity
+from .prepared import prepared_arrays
 from .settings import convert_setting
 from .weights import SafetensorsFiles
 
@@ -149,17 +147,13 @@ class Checkpoint:
 
     def _prepare(self) -> dict[str, np.ndarray]:
         """The copying takes as views of their prepared file; none (each made on
-        its own read) when the checkpoint is racy."""
-        identity = source_identity(self.files.stats)
-        if identity is None:
-            return {}
+        its own read) when the checkpoint is racy (``prepared_arrays`` None)."""
         recipe, specs = [], {}
         for name in self.copying:
             take, dtype, shape = self.takes[name]
             recipe.append([name, take.key, take.transpose, take.start, take.stop, dtype.name])
             specs[name] = (dtype.numpy, shape)
-        return prepared_arrays(cache_key(identity, json.dumps(recipe), code_version()), specs, self.make,
-                               self.files.stats)
+        return prepared_arrays(json.dumps(recipe), specs, self.make, self.files.stats) or {}
 
 
 def read_config(path: str) -> dict:

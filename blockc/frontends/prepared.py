@@ -24,8 +24,9 @@ Nothing is cached (``source_identity`` None: the arrays are made in
 memory) when a path no longer names the file that was read (replaced since:
 ``rsync``, ``cp`` and ``mv``, ``git checkout``), or when a file is "racy"
 (``files.racy``, git's rule for its index: a rewrite within the
-filesystem's timestamp tick could leave the same stat behind); and an entry
-is not kept when the sources changed while it was being made.
+filesystem's timestamp tick could leave the same stat behind; not a
+prepared file of this cache, whose bytes its key fixes: ``_own_entry``);
+and an entry is not kept when the sources changed while it was being made.
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import EntryUse, cache_limit, cached_entry, format_bytes, racy, same_file, stat_identity
+from ..files import (EntryUse, cache_key, cache_limit, cache_root, cached_entry, format_bytes, racy, same_file,
+                     stat_identity)
+from ..version import code_version
 from .weights import SafetensorsFiles, keep_with_maps, write_safetensors
 
 KIND = "weights"   # the cache's folder, and the kind CACHE_COUNTS counts
@@ -72,12 +75,28 @@ def source_identity(sources: Mapping[str, os.stat_result]) -> str | None:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
                 now = stat_identity(st)
-                if not same_file(read, st) or racy(now):
+                if not same_file(read, st) or (racy(now) and not _own_entry(path)):
                     return None
                 parts.append([path, *now, _content_sample(f.fileno(), now.size)])
         except OSError:
             return None
     return json.dumps(parts)
+
+
+def _own_entry(path: str) -> bool:
+    """Whether ``path`` is one of these prepared files, which the racy rule
+    need not hold back: its bytes follow from its key (the path names its
+    sources, its recipe and the code), and it is only ever replaced whole
+    (``files.cached_entry``), by the same bytes. Merges folded over a
+    checkpoint's copies (``runtime/folded_params.py``) are thus kept by the
+    run that made the copies, seconds before, not left to every session of
+    it and made by the next run."""
+    try:
+        entries = (cache_root() / KIND).resolve()
+    except BlockcError:
+        return False
+    where = Path(path).resolve()
+    return where.name == FILE and where.parent.parent == entries
 
 
 SAMPLE_ENDS = 1 << 20                 # the first and the last MiB
@@ -100,15 +119,20 @@ def _content_sample(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
-def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+def prepared_arrays(recipe: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
                     make: Callable[[str], np.ndarray],
-                    sources: Mapping[str, os.stat_result] | None = None) -> dict[str, np.ndarray]:
+                    sources: Mapping[str, os.stat_result] | None = None) -> dict[str, np.ndarray] | None:
     """``{name: array}`` for every ``specs`` entry ``name: (dtype, shape)``:
     read-only views over ``$BLOCKC_CACHE/weights/KEY/prepared.safetensors``
     (``weights.file_region`` finds them), which is made on a miss by calling
     ``make(name)`` for each name in turn and streaming the result into it.
-    ``key`` (a ``files.cache_key``) must name everything the arrays are made
-    from (see the module docstring). Counted in
+    KEY names everything the arrays are made from (see the module
+    docstring): ``source_identity(sources)``, taken here once, ``recipe``
+    (how each array is made from them, as text) and ``code_version()``;
+    arrays made from no file (``sources`` None) are keyed by ``recipe``
+    alone. None where nothing made from ``sources`` may be cached
+    (``source_identity`` None): the caller makes what it needs as it would
+    without a cache (nothing is made here). Counted in
     ``files.CACHE_COUNTS["weights", "hit" | "miss"]``. A damaged file is
     made again. Where the cache cannot be written (an unusable
     ``BLOCKC_CACHE``, a full disk) the arrays are made in memory, as without
@@ -127,7 +151,10 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             f"prepared weights over half the cache's cap ({format_bytes(cache_limit())}: BLOCKC_CACHE_MAX) "
             f"are made in memory on every run, not cached; a cap of twice their size keeps them"))
         return {name: make(name) for name in specs}
-    identity = None if sources is None else source_identity(sources)
+    identity = "" if sources is None else source_identity(sources)
+    if identity is None:
+        return None
+    key = cache_key(identity, recipe, code_version())
     failed: list[BaseException] = []
 
     def made(name: str) -> np.ndarray:
@@ -143,7 +170,7 @@ def prepared_arrays(key: str, specs: Mapping[str, tuple[np.dtype, tuple[int, ...
             except WeightsError as e:   # a made array unlike its spec: the caller's mistake
                 failed.append(e)
                 raise
-            if sources is not None and (identity is None or source_identity(sources) != identity):   # git re-stats after hashing too
+            if sources is not None and source_identity(sources) != identity:   # git re-stats after hashing too
                 raise _SourcesChanged(f"the sources of {key} changed while it was made")
         return cached_entry(KIND, key, FILE, write, lambda entry: _views(entry, specs), verify="stat")
     except _SpecMismatch:   # made arrays that do not fit their specs: the caller's mistake

@@ -93,7 +93,9 @@ def _kept(kind: str, source: str, optimize_options: dict, make: Callable[[], Gra
     def dump() -> bytes:
         fresh.append(make())
         return _dump(fresh[0])
-    loaded = cached_value(kind, cache_key(source, json.dumps(options), code_version()), "fused.json", dump, _load)
+    # made now: the graph itself, not the entry parsed back (a cold start would parse each graph twice, once a kind)
+    loaded = cached_value(kind, cache_key(source, json.dumps(options), code_version()), "fused.json", dump,
+                          lambda data: None if fresh else _load(data))
     return fresh[0] if fresh else loaded
 
 

@@ -1,9 +1,11 @@
-"""The pass manager: runs the pipeline, verifies after every pass, records
-what each pass did, and collects every fusion site for the report."""
+"""The pass manager: runs the pipeline, verifies its result (and, to name
+the pass that broke a graph, each pass's), records what each pass did, and
+collects every fusion site for the report."""
 from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,8 +61,10 @@ def optimize(graph: Graph, *, disable: Iterable[str] = (), print_after: Iterable
 
     ``disable`` names passes to skip; ``print_after`` names passes whose
     output IR is printed to ``out`` (stdout by default); ``check`` runs the
-    verifier after every pass; ``progress`` (``blockc.progress``) hears of
-    each pass done.
+    verifier on the result, and where it fails (or a pass fails) runs the
+    pipeline again verifying after every pass, so the error names the pass
+    that broke the graph; ``progress`` (``blockc.progress``) hears of each
+    pass done.
     """
     names = pass_names()
     disable, print_after = list(disable), list(print_after)
@@ -97,6 +101,21 @@ def _collector_paused():
 
 def _run_pipeline(graph: Graph, disable: list, print_after: list, print_after_all: bool, check: bool,
                   out: TextIO, progress: Progress | None) -> OptimizeResult:
+    # Verifying after every pass was two thirds of the pipeline's time (a 12-layer Llama: 0.43 s against
+    # 0.19 s) for what one check of the result tells; only a broken graph pays for naming its pass.
+    try:
+        result = _passes(graph, disable, print_after, print_after_all, False, out, progress)
+        if check:
+            verify(result.graph)
+        return result
+    except Exception:
+        if check:   # the pass that broke the graph, if one did: raised with its name
+            _passes(graph, disable, [], False, True, io.StringIO(), None)
+        raise
+
+
+def _passes(graph: Graph, disable: list, print_after: list, print_after_all: bool, check_each: bool,
+            out: TextIO, progress: Progress | None) -> OptimizeResult:
     g = label_origins(graph)
     result = OptimizeResult(g, disabled=disable)
     verified = None  # a pass that changes nothing returns its input: verified already
@@ -108,7 +127,7 @@ def _run_pipeline(graph: Graph, disable: list, print_after: list, print_after_al
         t0 = time.perf_counter()
         r = p(g)
         seconds = time.perf_counter() - t0
-        if check and r.graph is not verified:
+        if check_each and r.graph is not verified:
             try:
                 verify(r.graph)
             except BlockcError as e:

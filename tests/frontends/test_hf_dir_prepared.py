@@ -17,10 +17,11 @@ from cache_testing import fresh_cache, not_racy  # noqa: E402,F401  (fixtures)
 from hf_dirs import hf_dir  # noqa: E402,F401  (the shared random directories)
 from safetensors.numpy import load_file, save, save_file  # noqa: E402
 
-from blockc import files, trace  # noqa: E402
+from blockc import files, optimize, trace  # noqa: E402
 from blockc.frontends import build_model, init_weights  # noqa: E402
 from blockc.frontends.hf_gpt2 import load_hf_gpt2_state_dict  # noqa: E402
 from blockc.frontends.hf_llama import load_hf_llama_state_dict  # noqa: E402
+from blockc.frontends import prepared  # noqa: E402
 from blockc.frontends.prepared import UncachedWeightsWarning  # noqa: E402
 from blockc.frontends.weights import file_region  # noqa: E402
 from blockc.runtime.ort_runner import OrtSession  # noqa: E402
@@ -77,6 +78,37 @@ def test_a_second_load_makes_no_copy(copy_of, fresh_cache, not_racy, family):
         assert "blocks.0.attn.w_q.weight" in prepared_ones and where["blocks.0.attn.w_q.bias"] == "checkpoint"
     assert where["tok.weight"] == "checkpoint"
     assert {n for n, w in where.items() if w is None} <= {"rope.cos", "rope.sin"}   # tables the model makes
+
+
+def test_the_checkpoints_identity_is_sampled_once_a_load_and_again_after_a_miss(copy_of, fresh_cache, not_racy,
+                                                                                   monkeypatch):
+    """``source_identity`` reads a content sample of every file: taken once for
+    the key (a hit), and once more after a miss, to see the sources did not
+    change while the entry was made."""
+    path = copy_of("llama")
+    calls = []
+    real = prepared.source_identity
+    monkeypatch.setattr(prepared, "source_identity", lambda sources: calls.append(1) or real(sources))
+    load(path)
+    assert files.CACHE_COUNTS["weights", "miss"] == 1 and len(calls) == 2
+    calls.clear()
+    load(path)
+    assert files.CACHE_COUNTS["weights", "hit"] == 1 and len(calls) == 1
+
+
+def test_merges_over_copies_made_just_now_are_kept_by_the_same_run(copy_of, fresh_cache, monkeypatch):
+    """The checkpoint's copies were written seconds ago (racy), but a prepared
+    file's bytes follow from its key: the QKV and gate/up merges folded over
+    it are kept by this run, not left to each session and to the next run."""
+    path = copy_of("llama")
+    checkpoint = os.stat(path / "model.safetensors").st_ino
+    # the checkpoint as on a second run (written long ago), every file written since as just now
+    monkeypatch.setattr(prepared, "racy", lambda identity: identity.ino != checkpoint)
+    model, weights = load(path)
+    assert files.CACHE_COUNTS["weights", "miss"] == 1
+    with OrtSession(optimize(trace(model)).graph, weights) as session:
+        assert files.CACHE_COUNTS["weights", "miss"] == 2   # the merges, over the copies just made
+        assert {tuple(v.shape()) for v in session._weight_values} == {weights["rope.cos"].shape}
 
 
 def test_a_rewritten_checkpoint_is_read_afresh(copy_of, fresh_cache, not_racy):

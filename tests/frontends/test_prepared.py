@@ -15,10 +15,16 @@ from blockc import files
 from blockc.errors import WeightsError
 from blockc.frontends import prepared
 from blockc.frontends.weights import file_region
+from blockc.version import code_version
 
 SOURCES = {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
            "b": (np.arange(6, dtype=np.float32) / 3).reshape(2, 3).astype(ml_dtypes.bfloat16)}
 SPECS = {name: (a.dtype, a.shape) for name, a in SOURCES.items()}
+
+
+def entry_of(cache, recipe):
+    """The prepared file of arrays made from no file by ``recipe``."""
+    return cache / "weights" / files.cache_key("", recipe, code_version()) / "prepared.safetensors"
 
 
 def made_by(log):
@@ -34,7 +40,7 @@ def test_a_miss_makes_each_array_once_into_the_file_and_a_hit_makes_none(fresh_c
     assert sorted(made) == ["b", "w"] and files.CACHE_COUNTS["weights", "miss"] == 1
     second = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert len(made) == 2 and files.CACHE_COUNTS["weights", "hit"] == 1
-    entry = os.path.realpath(fresh_cache / "weights" / "k1" / "prepared.safetensors")
+    entry = os.path.realpath(entry_of(fresh_cache, "k1"))
     for arrays in (first, second):
         for name, a in arrays.items():
             assert a.dtype == SOURCES[name].dtype and not a.flags.writeable   # bfloat16 round-trips
@@ -46,7 +52,7 @@ def test_a_miss_makes_each_array_once_into_the_file_and_a_hit_makes_none(fresh_c
 def test_a_damaged_prepared_file_is_made_again(fresh_cache):
     made = []
     prepared.prepared_arrays("k1", SPECS, made_by(made))
-    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    entry = entry_of(fresh_cache, "k1")
     with open(entry, "r+b") as f:
         f.truncate(entry.stat().st_size - 4)
     arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
@@ -57,7 +63,7 @@ def test_a_damaged_prepared_file_is_made_again(fresh_cache):
 def test_a_prepared_file_whose_header_does_not_fit_is_made_again(fresh_cache):
     made = []
     prepared.prepared_arrays("k1", {"w": SPECS["w"]}, made_by(made))
-    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    entry = entry_of(fresh_cache, "k1")
     # as a build that recorded a file of other tensors would leave it: intact by stat, not what is asked for
     arrays = prepared.prepared_arrays("k1", SPECS, made_by(made))
     assert made == ["w", "w", "b"]   # float32 before bfloat16: by falling item size
@@ -73,7 +79,7 @@ def prune_in_another_process() -> int:
 
 def test_an_entry_is_not_pruned_while_its_views_live(fresh_cache):
     arrays = prepared.prepared_arrays("k1", SPECS, made_by([]))
-    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    entry = entry_of(fresh_cache, "k1")
     # ONNX Runtime opens the file by its path for each session made from the views: it must stay
     assert files.prune_cache(0) == [] and prune_in_another_process() == 0 and entry.is_file()
     hit = prepared.prepared_arrays("k1", SPECS, made_by([]))   # a second reader shares the entry
@@ -97,7 +103,7 @@ def test_a_prune_of_another_process_just_after_the_build_leaves_the_entry_to_its
         return removed
     monkeypatch.setattr(files, "prune_cache", prune_then_another)
     arrays = prepared.prepared_arrays("k1", SPECS, made_by([]))
-    entry = fresh_cache / "weights" / "k1" / "prepared.safetensors"
+    entry = entry_of(fresh_cache, "k1")
     assert pruned == [0] and entry.is_file() and files.CACHE_COUNTS["weights", "miss"] == 1
     assert file_region(arrays["w"]).path == os.path.realpath(entry)
 

@@ -46,3 +46,42 @@ def test_the_collector_is_off_during_the_passes_and_left_as_it_was(enabled, coll
     with pytest.raises(BlockcError, match="broken"):
         blockc.optimize(g)
     assert gc.isenabled() == enabled
+
+
+def test_a_valid_result_is_verified_once(monkeypatch):
+    """Verifying after every pass cost two thirds of the pipeline: the result is checked, once."""
+    g = blockc.trace(blockc.build_model("tiny"))
+    seen = []
+    real = manager.verify
+    monkeypatch.setattr(manager, "verify", lambda graph: (seen.append(graph), real(graph)))
+    r = blockc.optimize(g)
+    assert seen == [r.graph]
+
+
+@pytest.mark.parametrize("then", ["nothing", "a pass that fails on it"])
+def test_the_pass_that_breaks_the_graph_is_named(monkeypatch, then):
+    """Only a broken graph pays for the per-pass checks: the pipeline runs
+    again verifying after each pass, and the error names the pass that broke
+    it, also where a later pass fails on the broken graph first."""
+    broken = set()
+    real = manager.verify
+
+    def verify(graph):
+        if id(graph) in broken:
+            raise BlockcError("a value without a producer")
+        real(graph)
+
+    def breaks_it(graph):
+        out = graph.copy()
+        broken.add(id(out))
+        return PassResult(out, True)
+
+    def fails_on_it(graph):
+        if id(graph) in broken:
+            raise KeyError("%7")
+        return PassResult(graph, False)
+    passes = [*default_pipeline(), breaks_it] + ([fails_on_it] if then != "nothing" else [])
+    monkeypatch.setattr(manager, "default_pipeline", lambda: passes)
+    monkeypatch.setattr(manager, "verify", verify)
+    with pytest.raises(BlockcError, match="invalid after pass breaks_it: a value without a producer"):
+        blockc.optimize(blockc.trace(blockc.build_model("tiny")))

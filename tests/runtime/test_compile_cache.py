@@ -10,6 +10,7 @@ from cache_testing import DAMAGES, damage
 from blockc import files, trace
 from blockc.frontends import build_model, init_weights
 from blockc.generate import generate
+from blockc.ir.parser import parse_graph
 from blockc.ir.printer import print_graph
 from blockc.passes import forms
 from blockc.passes.forms import to_form
@@ -47,6 +48,19 @@ def test_a_second_optimization_of_the_same_trace_hits_and_keeps_sources_and_orig
     assert print_graph(again) == print_graph(first)
     assert [(n.loc, n.origin) for n in again.nodes] == [(n.loc, n.origin) for n in first.nodes]
     assert any(n.origin for n in again.nodes) and any(n.loc for n in again.nodes)
+
+
+def test_a_graph_made_now_is_not_parsed_back_and_a_hit_is(monkeypatch):
+    """A miss keeps the entry and returns the graph it made: parsing the entry
+    back (for each kind, ``model`` and ``ir``) would be a cold start's waste."""
+    parsed = []
+    monkeypatch.setattr(forms, "parse_graph", lambda text: parsed.append(1) or parse_graph(text))
+    model = build_model("tiny", {"layers": "1"})
+    forms.form_of("tiny-model", lambda: trace(model), "fused")
+    assert counts() == {("model", "miss"): 1, ("ir", "miss"): 1} and not parsed
+    again = forms.form_of("tiny-model", lambda: trace(model), "fused")
+    assert counts()["model", "hit"] == 1 and len(parsed) == 1
+    assert print_graph(again) == print_graph(to_form(trace(model), "fused"))
 
 
 def test_a_changed_option_or_code_misses(monkeypatch):

@@ -134,7 +134,7 @@ def test_bfloat16_folds_exactly():
 
 
 def test_a_transpose_larger_than_a_tile_is_made_exactly():
-    """Transposed matrices are copied tile by tile (``_contiguous``): tiles cut at both edges."""
+    """Transposed matrices are copied tile by tile (``weights.contiguous``): tiles cut at both edges."""
     g = parse_graph(ir("""
         graph g(%x: f32[seq,300]) {
           param @w: f32[600,300]
