@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends import build_model, trace
 from ..frontends.module import check_seed
-from ..parallel.launch import Case, rank_backends, time_cases
+from ..parallel.launch import Case, check_rank_backend, rank_backends, time_cases
 from ..parallel.rank_timing import case_form, contestant_key
 from ..passes.shard import shard
 from ..report.communication import collective_bytes
@@ -64,11 +64,10 @@ class TpRow:
 
 def check_tp_options(backends, tp: int, blocks: int, rounds: int, warmup: int, repeats: int) -> tuple[str, ...]:
     """The backends asked for, each one a rank runs, and the counts; else refused by name."""
-    backends, ranks = tuple(backends), rank_backends()
-    bad = [b for b in backends if b not in ranks]
-    if bad or not backends:
-        raise BlockcError(f"compare --tp times the backends a rank runs, {' and '.join(ranks)}: give "
-                          f"--backends from those (not {', '.join(bad) or 'none'})")
+    backends = tuple(check_rank_backend(b) for b in backends)
+    if not backends:
+        raise BlockcError(f"compare --tp times the backends a rank runs: give --backends from "
+                          f"{' and '.join(rank_backends())}")
     if tp < 2:
         raise BlockcError(f"compare --tp N times N ranks against one: give --tp 2 or more (not {tp})")
     if min(blocks, rounds, repeats) < 1 or warmup < 0:

@@ -53,6 +53,19 @@ def rank_backends() -> tuple[str, ...]:
     return tuple(r.name for r in registrations() if issubclass(r.cls, TorchBackend))
 
 
+def check_rank_backend(name: str | None) -> str:
+    """The backend a rank runs: ``name``, the first of ``rank_backends()``
+    where None; one a rank does not run is refused, by name. The one check
+    of it: ``Case``, ``compare --tp`` and the CLI's ``--tp`` all ask here."""
+    ranks = rank_backends()
+    if name is None:
+        return ranks[0]
+    if name not in ranks:
+        raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
+                          f"not {name!r}")
+    return name
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((MASTER_ADDR, 0))
@@ -106,11 +119,7 @@ class Case:
     registration: dict = field(init=False, repr=False)
 
     def __post_init__(self):
-        ranks = rank_backends()
-        self.backend = ranks[0] if self.backend is None else self.backend
-        if self.backend not in ranks:
-            raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
-                              f"not {self.backend!r}")
+        self.backend = check_rank_backend(self.backend)
         # one a rank could not register again is refused before any starts
         self.registration = carried_registration(self.backend)
 
