@@ -38,7 +38,7 @@ from ..passes.shard import shard
 from ..report.communication import collective_bytes
 from ..runtime.interface import HOST_CLOCK
 from ..runtime.timing import Interleaved
-from .results import interval, interval_doc, max_error, pooled, resolved
+from .results import AA, interval, interval_doc, max_error, pooled, resolved
 
 SCHEMA = "blockc.compare-tp/2"
 FORMS = ("standard", "fused")   # what a rank's graph is: sharded, then fused or not (``worker.py``)
@@ -92,7 +92,7 @@ def compare_tp(model: str, tp: int, *, overrides: Mapping[str, str] | None = Non
     cases = [Case(model, feeds, overrides=overrides, seed=seed, weights=weights, pad_vocab=pad_vocab,
                   fused=form == "fused", backend=backend) for backend in backends for form in FORMS]
     ranks = time_cases(cases, tp, blocks=blocks, rounds=rounds, warmup=warmup, repeats=repeats, seed=seed + 1,
-                       timeout=timeout)
+                       control=AA, timeout=timeout)
     times, rows, outputs = {}, [], []
     for case, timed in zip(cases, ranks):
         form = case_form(case.fused)
@@ -153,7 +153,7 @@ def _verdicts(backends, tp: int, times: dict) -> list[dict]:
     out = []
     for b in backends:
         one = contestant_key(b, "standard", 1)
-        aa = interval(times, one, contestant_key(b, "standard", 1, control=True))
+        aa = interval(times, one, contestant_key(b, "standard", 1, AA))
         for f in FORMS:
             split = interval(times, contestant_key(b, f, 1), contestant_key(b, f, tp))
             out.append({"backend": b, "form": f, "split": interval_doc(*split), "aa": interval_doc(*aa),

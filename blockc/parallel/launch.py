@@ -142,12 +142,14 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
 
 
 def time_cases(cases: list[Case], tp: int, *, blocks: int = 5, rounds: int = 2, warmup: int = 2, repeats: int = 4,
-               seed: int = 1, timeout: float = 600.0, port: int | None = None) -> list[list[dict]]:
+               seed: int = 1, control: str, timeout: float = 600.0, port: int | None = None) -> list[list[dict]]:
     """Each case's step on ``tp`` ranks beside the same on one, timed in
     ``blocks`` blocks of fresh sessions (``parallel/rank_timing.py``):
     ``result[case][rank]`` is that rank's ``{"blocks": [{key: {"samples",
     "round_medians"}}], "collectives_s", "collectives", "split": outputs}``,
-    and on rank 0 ``"one"``: the one-rank session's outputs."""
+    and on rank 0 ``"one"``: the one-rank session's outputs. ``control``:
+    the key suffix of the A/A control, a second one-rank session of the
+    standard form (compare's ``AA``)."""
     from ..runtime.feeds import load_npz
 
     def read(path: str) -> dict:
@@ -155,7 +157,8 @@ def time_cases(cases: list[Case], tp: int, *, blocks: int = 5, rounds: int = 2, 
             timed = json.load(f)
         one = load_npz(path + ".one.npz") if os.path.exists(path + ".one.npz") else None
         return {**timed, "split": load_npz(path + ".npz"), "one": one}
-    timing = {"blocks": blocks, "rounds": rounds, "warmup": warmup, "repeats": repeats, "seed": seed}
+    timing = {"blocks": blocks, "rounds": rounds, "warmup": warmup, "repeats": repeats, "seed": seed,
+              "control": control}
     return _launch(cases, tp, timeout, port, None, read, timing=timing)
 
 
