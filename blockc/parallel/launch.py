@@ -216,8 +216,7 @@ def _pickled(choices: dict) -> bytes:
 def _launch(cases, tp, timeout, port, on_start, read, watch=None, timing=None) -> list[list]:
     from .worker import collective_timeout
     collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
-    for case in cases:
-        _check_shards(case, tp)
+    _check_shards(cases, tp)
     port = master_port() if port is None else port
     check_port(port)
     with tempfile.TemporaryDirectory(prefix="blockc-tp-") as folder:
@@ -255,15 +254,20 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0, timing: di
     return path
 
 
-def _check_shards(case: Case, tp: int) -> None:
+def _check_shards(cases: list[Case], tp: int) -> None:
     """Shard here first: what does not divide, or weights no rank can read
-    in slices, are refused before any rank starts."""
+    in slices, are refused before any rank starts. Each model once, however
+    many cases run it (compare --tp's backends and forms)."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
     from .rank_model import check_weights_file
-    if case.weights is not None:
-        check_weights_file(case.weights)
-    shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
+    models = {}
+    for case in cases:
+        if case.weights is not None:
+            check_weights_file(case.weights)
+        models[case.model, tuple(sorted(case.overrides.items())), case.pad_vocab] = case
+    for case in models.values():
+        shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
 
 
 def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:
