@@ -14,17 +14,12 @@ from ..errors import WeightsError
 def rank_graph_and_weights(job: dict, rank: int, world: int):
     """This rank's graph (sharded, then fused if asked) and its weights.
     The cases of one model share what they can (``_traced``, ``_fused``,
-    ``_initialised``): compare --tp runs each model as several cases
+    ``_rank_weights``): compare --tp runs each model as several cases
     (backends by forms), which would otherwise trace and split it per case,
     and rank 0 twice (the one-rank graph beside its part)."""
     key = (job["model"], tuple(sorted((job.get("overrides") or {}).items())), bool(job.get("pad_vocab")))
-    model, sharded = _traced(key, world)
-    graph = _fused(key, world, rank) if job.get("fused") else sharded.graphs[rank]
-    if job.get("weights"):
-        weights = read_rank_weights(job["weights"], sharded, rank)
-    else:
-        weights = sharded.rank_weights(_initialised(key, job.get("seed", 0)), rank)
-    return graph, weights
+    graph = _fused(key, world, rank) if job.get("fused") else _traced(key, world)[1].graphs[rank]
+    return graph, dict(_rank_weights(key, world, rank, job.get("weights"), job.get("seed", 0)))
 
 
 # A rank process runs one job, so what it memoises here is its cases' models, each built and traced once (the
@@ -51,10 +46,16 @@ def _fused(key: tuple, world: int, rank: int):
     return optimize(_traced(key, world)[1].graphs[rank], check=False).graph
 
 
-@functools.lru_cache(maxsize=2)
-def _initialised(key: tuple, seed: int) -> dict:
+@functools.lru_cache(maxsize=2)   # rank 0's two (its part and the one-rank graph's), case after case
+def _rank_weights(key: tuple, world: int, rank: int, path: str | None, seed: int) -> dict:
+    """This rank's slice of each weight, read from ``path`` or made from
+    ``seed``: made once for the cases that share them (the made weights
+    are what a case costs most, more than its trace)."""
     from ..frontends import init_weights
-    return init_weights(_built(key)[0], seed=seed)
+    model, sharded = _traced(key, world)
+    if path:
+        return read_rank_weights(path, sharded, rank)
+    return sharded.rank_weights(init_weights(model, seed=seed), rank)
 
 
 def check_weights_file(path: str) -> None:
