@@ -466,10 +466,21 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
     except OSError as e:
         raise BlockcError(f"cannot lock {path}: {e.strerror or e}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock(fd, fcntl.LOCK_EX, path)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _flock(fd: int, operation: int, path) -> None:
+    """``fcntl.flock`` (flock(2) on Linux), a failure refused naming the
+    file: a filesystem without working locks (NFS with no lock manager
+    says "No locks available") cannot hold the cache (docs/CACHE.md)."""
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as e:
+        raise BlockcError(f"cannot lock {path}: {e.strerror or e} (its filesystem gives no working flock; "
+                          f"set BLOCKC_CACHE to a folder on a local disk)") from None
 
 
 def _fingerprint(path: Path, verify: str = "sha256") -> dict:
@@ -671,7 +682,11 @@ class EntryUse:
         use = path.with_name(path.name + ".use")
         self._fd: int | None = None
         self._fd = os.open(use, os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(self._fd, fcntl.LOCK_SH)   # waits while a prune removes the entry
+        try:
+            _flock(self._fd, fcntl.LOCK_SH, use)   # waits while a prune removes the entry
+        except BlockcError:
+            self.close()
+            raise
         # a prune that removed the entry before we held the lock: our lock is on a removed file
         try:
             held = os.stat(use).st_ino == os.fstat(self._fd).st_ino and path.is_file()

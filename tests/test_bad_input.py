@@ -135,6 +135,21 @@ def test_unwritable_cache_or_home(variable, backend, tmp_path, monkeypatch, caps
     one_line_error(code, err, str(afile))
 
 
+def test_a_cache_on_a_filesystem_without_flock(tmp_path, monkeypatch, capsys):
+    """flock(2) failing as on NFS with no lock manager (ENOLCK): the lock
+    file named, and what to do, rather than the bare strerror."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    code, _, err = run(capsys, "run", "tiny", "--set", "layers=1", "--form", "fused")
+    one_line_error(code, err, f"cannot lock {tmp_path / 'cache'}", ".lock: No locks available (its filesystem "
+                   "gives no working flock; set BLOCKC_CACHE to a folder on a local disk)")
+
+
 # ---- options -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch, message", [
     ("sm_xx", "'sm_xx' is not a GPU architecture"),

@@ -176,12 +176,10 @@ def optimize_args(p: argparse.ArgumentParser) -> None:
 
 
 def optimize_options(args) -> dict:
-    """--disable, and the printing options only where one is asked for: an
-    optimization that prints nothing may come from the compile cache
-    (``passes/forms.py``), one that prints must run its passes."""
-    after, after_all = getattr(args, "print_after", None) or [], getattr(args, "print_after_all", False)
-    printing = {"print_after": after, "print_after_all": after_all, "out": sys.stderr} if after or after_all else {}
-    return {"disable": getattr(args, "disable", []), **printing}
+    """--disable and the printing options, as given (``passes/forms.py``
+    decides on their values whether the compile cache may serve them)."""
+    return {"disable": getattr(args, "disable", []), "print_after": getattr(args, "print_after", None) or [],
+            "print_after_all": getattr(args, "print_after_all", False), "out": sys.stderr}
 
 
 def graph_args(p: argparse.ArgumentParser, *, default: str = "standard", start: bool = False) -> None:

@@ -127,13 +127,9 @@ def rank_backend(args) -> str:
     given. One a rank does not run, or a backend option (--fused-as,
     --provider, ...) it does not take, is refused as ``make_backend``
     refuses it, rather than ignored."""
-    from ..parallel.launch import rank_backends
+    from ..parallel.launch import check_rank_backend
     from ..runtime.backend import make_backend
-    ranks = rank_backends()
-    backend = args.backend or ranks[0]
-    if backend not in ranks:
-        raise BlockcError(f"--tp runs each rank on PyTorch: give --backend {' or '.join(ranks)} "
-                          f"(not {backend})")
+    backend = check_rank_backend(args.backend or None)
     make_backend(backend, **getattr(args, "backend_options", {}))
     return backend
 

@@ -52,7 +52,7 @@ from ..errors import BlockcError, ShapeError
 from ..ir.builder import Builder
 from ..ir.dims import Sym, substitute
 from ..ir.graph import Graph, Node
-from ..ir.printer import format_attr
+from ..ir.printer import format_attrs
 from ..ir.types import TensorType
 from ..ops import registry
 from ..ops.registry import NotApplicable, fused_ops
@@ -255,8 +255,7 @@ class FunctionLibrary:
         names = {id(v): v.name for v in body.inputs}
         lower_nodes(e, body, names)
         nodes = name_outputs(e, [(out, names[id(v)]) for out, v in body.outputs])
-        attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in node.attrs.items())
-        doc = f"blockc {node.op} {{{attrs}}}: its decomposition ({opdef.doc})"
+        doc = f"blockc {node.op} {format_attrs(node.attrs)}: its decomposition ({opdef.doc})"
         return helper.make_function(
             FUNCTION_DOMAIN, node.op, inputs, outputs, nodes,
             opset_imports=[helper.make_opsetid("", self.opset)]

@@ -28,7 +28,7 @@ from ..errors import BlockcError
 from ..ir.graph import Graph
 from ..ir.opdef import get
 from ..ops.fused import takes_queries
-from ..runtime.backend import Backend, Compiled, registration
+from ..runtime.backend import Backend, Compiled, make_backend
 from ..runtime.backends.ort import OrtBackend, count_onnx_nodes
 from ..runtime.backends.pytorch import TorchBackend
 
@@ -241,10 +241,6 @@ class TorchPeer(TorchBackend):
     row_backend = "torch"
     runs = "the standard-form graph, one torch call per IR node"
 
-    def __init__(self, name: str):
-        super().__init__(**registration(name).fixed)   # what the name means is its registration's
-        self.name = name
-
 
 def make_peer(name: str, model, fused: Graph) -> Backend:
     """A peer of ``model`` (``fused``: its fused form, where the optimizer's
@@ -255,5 +251,5 @@ def make_peer(name: str, model, fused: Graph) -> Backend:
     if name == "ort-original":
         return OrtOriginalPeer(model)
     if name in ("torch-eager", "torch-compile"):
-        return TorchPeer(name)
+        return make_backend(name, TorchPeer)   # what the name fixes, its registration applies
     raise BlockcError(f"unknown peer {name!r}; peers: {', '.join(PEERS)}")

@@ -15,7 +15,12 @@ import numpy as np
 
 from ..errors import BlockcError
 from ..report.numerics import max_abs_error
-from ..runtime.timing import AA, Interleaved, RatioInterval, paired_speedup, ratio_interval
+from ..runtime.timing import Interleaved, RatioInterval, paired_speedup, ratio_interval
+
+# The key suffix of an A/A control: a second fresh session of a contestant, timed like any other, whose ratio to
+# the first shows how far apart two identical contestants come out on this machine (``verdicts``). compare --tp
+# hands it to the ranks, which name their control with it (``parallel.launch.time_cases``).
+AA = " (A/A)"
 
 
 @dataclass

@@ -32,13 +32,13 @@ import numpy as np
 from ..errors import BlockcError
 from ..frontends import build_model, trace
 from ..frontends.module import check_seed
-from ..parallel.launch import Case, rank_backends, time_cases
+from ..parallel.launch import Case, check_rank_backend, rank_backends, time_cases
 from ..parallel.rank_timing import case_form, contestant_key
 from ..passes.shard import shard
 from ..report.communication import collective_bytes
 from ..runtime.interface import HOST_CLOCK
 from ..runtime.timing import Interleaved
-from .results import interval, interval_doc, max_error, pooled, resolved
+from .results import AA, interval, interval_doc, max_error, pooled, resolved
 
 SCHEMA = "blockc.compare-tp/2"
 FORMS = ("standard", "fused")   # what a rank's graph is: sharded, then fused or not (``worker.py``)
@@ -64,11 +64,10 @@ class TpRow:
 
 def check_tp_options(backends, tp: int, blocks: int, rounds: int, warmup: int, repeats: int) -> tuple[str, ...]:
     """The backends asked for, each one a rank runs, and the counts; else refused by name."""
-    backends, ranks = tuple(backends), rank_backends()
-    bad = [b for b in backends if b not in ranks]
-    if bad or not backends:
-        raise BlockcError(f"compare --tp times the backends a rank runs, {' and '.join(ranks)}: give "
-                          f"--backends from those (not {', '.join(bad) or 'none'})")
+    backends = tuple(check_rank_backend(b) for b in backends)
+    if not backends:
+        raise BlockcError(f"compare --tp times the backends a rank runs: give --backends from "
+                          f"{' and '.join(rank_backends())}")
     if tp < 2:
         raise BlockcError(f"compare --tp N times N ranks against one: give --tp 2 or more (not {tp})")
     if min(blocks, rounds, repeats) < 1 or warmup < 0:
@@ -93,7 +92,7 @@ def compare_tp(model: str, tp: int, *, overrides: Mapping[str, str] | None = Non
     cases = [Case(model, feeds, overrides=overrides, seed=seed, weights=weights, pad_vocab=pad_vocab,
                   fused=form == "fused", backend=backend) for backend in backends for form in FORMS]
     ranks = time_cases(cases, tp, blocks=blocks, rounds=rounds, warmup=warmup, repeats=repeats, seed=seed + 1,
-                       timeout=timeout)
+                       control=AA, timeout=timeout)
     times, rows, outputs = {}, [], []
     for case, timed in zip(cases, ranks):
         form = case_form(case.fused)
@@ -154,7 +153,7 @@ def _verdicts(backends, tp: int, times: dict) -> list[dict]:
     out = []
     for b in backends:
         one = contestant_key(b, "standard", 1)
-        aa = interval(times, one, contestant_key(b, "standard", 1, control=True))
+        aa = interval(times, one, contestant_key(b, "standard", 1, AA))
         for f in FORMS:
             split = interval(times, contestant_key(b, f, 1), contestant_key(b, f, tp))
             out.append({"backend": b, "form": f, "split": interval_doc(*split), "aa": interval_doc(*aa),

@@ -112,19 +112,25 @@ class Take:
     def copies(self, shape: tuple[int, ...], stored: np.dtype, dtype: DType) -> bool:
         """Whether ``apply`` to a stored tensor of ``shape`` and dtype ``stored``
         makes a new array, rather than handing out a view of the stored one:
-        a transpose, columns of a matrix, a cast."""
-        width = shape[0] if self.transpose else shape[-1] if shape else 1
-        sliced = (self.start, self.stop) != (0, width)
-        return self.transpose or np.dtype(stored) != dtype.numpy or (sliced and len(shape) > 1)
+        where its cut is not contiguous (a transpose, columns of a matrix),
+        or a cast. Asked of ``apply``'s own cut, on a stand-in that has the
+        stored tensor's strides but no data (never read)."""
+        itemsize = np.dtype(stored).itemsize
+        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * itemsize for i in range(len(shape)))
+        stand_in = np.lib.stride_tricks.as_strided(np.empty(1, stored), shape, strides, writeable=False)
+        return not self._cut(stand_in).flags.c_contiguous or np.dtype(stored) != dtype.numpy
 
     def apply(self, tensor: Any, dtype: DType) -> np.ndarray:
-        array = to_numpy(tensor)
+        # no copy where none is needed: a checkpoint's own tensor stays a view of its file (a runtime maps it)
+        return contiguous(self._cut(to_numpy(tensor))).astype(dtype.numpy, copy=False)
+
+    def _cut(self, array: np.ndarray) -> np.ndarray:
+        """The stored tensor as the parameter reads it, a view: transposed, then the columns."""
         if self.transpose:
             array = array.T
-        if (self.start, self.stop) != (0, array.shape[-1]):
+        if array.ndim and (self.start, self.stop) != (0, array.shape[-1]):
             array = array[..., self.start:self.stop]
-        # no copy where none is needed: a checkpoint's own tensor stays a view of its file (a runtime maps it)
-        return contiguous(array).astype(dtype.numpy, copy=False)
+        return array
 
 
 def plan_checkpoint(shapes: Mapping[str, tuple], model: Model, layout: Layout, read: Callable[[str], Any],

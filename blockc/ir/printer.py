@@ -55,6 +55,13 @@ def format_attr(v) -> str:
     raise TypeError(f"cannot print attribute {v!r}")
 
 
+def format_attrs(attrs: dict, sep: str = ", ") -> str:
+    """A node's attributes as the printed IR writes them, ``{k=v, ...}``;
+    ``sep``: what goes between them (folded parameters' names join them
+    with a bare comma)."""
+    return "{" + sep.join(f"{k}={format_attr(a)}" for k, a in attrs.items()) + "}"
+
+
 def format_dense(a: np.ndarray) -> str:
     dtype = DType.from_numpy(a.dtype)
     flat = a.reshape(-1)
@@ -105,7 +112,7 @@ def print_graph(g) -> str:
         if n.inputs:
             text += " " + ", ".join(names[id(v)] for v in n.inputs)
         if n.attrs:
-            text += " {" + ", ".join(f"{k}={format_attr(a)}" for k, a in n.attrs.items()) + "}"
+            text += " " + format_attrs(n.attrs)
         lines.append(text)
     outs = ", ".join(f"{quote_if_needed(name)}={names[id(v)]}" for name, v in g.outputs)
     lines.append(f"  return {outs}")

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.types import TensorType
-from .fused import ATTENTION_ATTRS, attention, attention_attrs, attention_flops
-from .fused_onnx import MASK_BIAS, MS, _check_fill, _dtype, _Heads, _mask_bias, emit_guard, needs_opset_23
+from .fused import ATTENTION_ATTRS, attention, attention_attrs, attention_flops, kv_as_read
+from .fused_onnx import MASK_BIAS, MS, Heads, check_fill, emit_guard, mask_bias, needs_opset_23, runtime_dtype
 from .registry import NotApplicable, define
 from .tensor import concat
 
@@ -37,11 +37,6 @@ append_attention = define(
         "(the presents then read as [b, kv_heads, 1, total, d])")
 
 
-def _grouped_read(x, grouped: bool):
-    """A present ``[b, kv, total, d]`` as attention reads it."""
-    return x[:, :, None] if grouped else x
-
-
 @append_attention.infer
 def _(types, attrs):
     q, k, v, past_k, past_v = types[:5]
@@ -49,7 +44,7 @@ def _(types, attrs):
         raise ShapeError(f"append_attention: q must be [b, heads, seq, d] or [b, kv_heads, group, seq, d] and "
                          f"k, v [b, kv_heads, seq, d]; got {q}, {k}, {v}")
     presents = [concat.infer_fn([past, new], {"axis": 2}) for past, new in ((past_k, k), (past_v, v))]
-    reads = [TensorType(p.dtype, p.shape[:2] + ((1,) if q.rank == 5 else ()) + p.shape[2:]) for p in presents]
+    reads = [TensorType(p.dtype, kv_as_read(p.shape, q.rank == 5)) for p in presents]
     out = attention.infer_fn([q, *reads, *types[5:]], attention_attrs(attrs))
     return [out, *presents]
 
@@ -58,7 +53,7 @@ def _(types, attrs):
 def _(xs, attrs, env):
     q, k, v, past_k, past_v = xs[:5]
     presents = [np.concatenate([past, new], axis=2) for past, new in ((past_k, k), (past_v, v))]
-    reads = [_grouped_read(p, q.ndim == 5) for p in presents]
+    reads = [p.reshape(kv_as_read(p.shape, q.ndim == 5)) for p in presents]
     return [attention.numpy_fn([q, *reads, *xs[5:]], dict(attrs), env), *presents]
 
 
@@ -68,16 +63,18 @@ def _(b, node, ins):
     presents = [b.op("concat", past, new, axis=2) for past, new in ((past_k, k), (past_v, v))]
     reads = presents
     if q.type.rank == 5:
-        reads = [b.op("reshape", p, shape=[0, p.type.shape[1], 1, -1, p.type.shape[3]]) for p in presents]
+        # 0 copies the batch, -1 infers the total
+        reads = [b.op("reshape", p, shape=list(kv_as_read((0, p.type.shape[1], -1, p.type.shape[3]), True)))
+                 for p in presents]
     return [b.op("attention", q, *reads, *ins[5:], **node.attrs), *presents]
 
 
 def _checked(node, op_type: str):
-    """The node's heads read as the runtime op takes them (``_Heads`` over q
+    """The node's heads read as the runtime op takes them (``Heads`` over q
     and the presents), once its masking is one ``op_type`` adds exactly."""
-    dtype = _dtype(node, op_type)
-    shapes = _Heads(_AsAttention(node), op_type)
-    _check_fill(node, op_type, dtype, bias=node.attrs["mask"] != "none" or node.attrs["causal"])
+    dtype = runtime_dtype(node, op_type)
+    shapes = Heads(_AsAttention(node), op_type)
+    check_fill(node, op_type, dtype, bias=node.attrs["mask"] != "none" or node.attrs["causal"])
     if not isinstance(shapes.head, int) or shapes.head != shapes.v_head:
         raise NotApplicable(f"{op_type} needs one fixed head size for q, k and v; got {node.inputs[0].type}, "
                             f"{node.inputs[2].type}")
@@ -85,7 +82,7 @@ def _checked(node, op_type: str):
 
 
 class _AsAttention:
-    """The node as the attention it ends in (q over the presents as read), for ``_Heads``."""
+    """The node as the attention it ends in (q over the presents as read), for ``Heads``."""
 
     def __init__(self, node):
         grouped = node.inputs[0].type.rank == 5
@@ -96,7 +93,7 @@ class _AsAttention:
 
 class _Read:
     def __init__(self, t: TensorType, grouped: bool):
-        self.type = TensorType(t.dtype, t.shape[:2] + ((1,) if grouped else ()) + t.shape[2:])
+        self.type = TensorType(t.dtype, kv_as_read(t.shape, grouped))
         self.shape = self.type.shape
 
 
@@ -106,7 +103,7 @@ def _bias(e, node, ins, dtype, shapes):
         return None
     view = _AsAttention(node)
     mask = shapes.mask(e, view, [*ins[:3], *ins[5:]]) if node.attrs["mask"] != "none" else None
-    return _mask_bias(e, view, [*ins[:3], *ins[5:]], dtype, shapes.batch, shapes.heads, shapes.q_len,
+    return mask_bias(e, view, [*ins[:3], *ins[5:]], dtype, shapes.batch, shapes.heads, shapes.q_len,
                       shapes.k_len, mask=mask)
 
 

@@ -268,6 +268,14 @@ def _sdpa(b, node, q, k, v, masks, rows, cols):
 
 
 # ---- grouped-query attention: attention's broadcast over shared K/V heads ------------------
+def kv_as_read(dims, grouped: bool) -> tuple:
+    """K or V dims ``[b, kv_heads, t, d]`` as attention reads them: a grouped
+    q ``[b, kv_heads, group, s, d]`` reads them as ``[b, kv_heads, 1, t, d]``
+    (one K/V head per group, broadcast over its members). ``dims`` may be a
+    reshape's target (0 and -1 by ONNX rules): the rule is the same."""
+    return (*dims[:2], 1, *dims[2:]) if grouped else tuple(dims)
+
+
 def group_heads(q, k, v, mask, kv_heads: int, reshape):
     """Grouped-query attention as ``attention`` computes it: by broadcasting,
     without copying K and V per query head. ``q`` ``[b, heads, s, d]`` is
@@ -285,7 +293,8 @@ def group_heads(q, k, v, mask, kv_heads: int, reshape):
     heads = q.shape[1]
     group = heads // kv_heads
     q = reshape(q, [0, kv_heads, group, -1, q.shape[-1]])
-    k, v = (x if len(x.shape) == 5 else reshape(x, [0, kv_heads, 1, -1, x.shape[-1]]) for x in (k, v))
+    k, v = (x if len(x.shape) == 5 else reshape(x, list(kv_as_read([0, kv_heads, -1, x.shape[-1]], True)))
+            for x in (k, v))
     if mask is not None and len(mask.shape) >= 3:
         *lead, h, rows, cols = mask.shape
         if h not in (1, heads):

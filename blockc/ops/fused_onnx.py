@@ -45,7 +45,8 @@ MASK_BIAS = -1e30
 _FLOATS = (DType.float32, DType.float16)
 
 
-def _dtype(node, op_type: str) -> DType:
+def runtime_dtype(node, op_type: str) -> DType:
+    """The node's dtype, when the runtime op ``op_type`` takes it (float32 or float16)."""
     dtype = node.outputs[0].dtype
     if dtype not in _FLOATS:
         raise NotApplicable(f"{op_type} takes float32 or float16 in ONNX Runtime, not {dtype.name}")
@@ -68,7 +69,7 @@ def _never(reason: str):
 # ---- add_layernorm / add_rmsnorm ---------------------------------------------------
 def _skip_norm(op_type: str, e, node, ins):
     x, r = node.inputs[:2]
-    _dtype(node, op_type)
+    runtime_dtype(node, op_type)
     if x.type.rank != 3:
         raise NotApplicable(f"{op_type} takes a 3-D input [batch,seq,hidden], got {x.type}")
     if r.shape not in (x.shape, (1,) + x.shape[1:], x.shape[1:]):
@@ -88,7 +89,7 @@ add_layernorm.onnx_encoding("onnx23")(_never("ONNX has no fused add + layernorm 
 @add_rmsnorm.onnx_encoding("onnx23")
 def _(e, node, ins):
     needs_opset_23(e, "RMSNormalization")
-    _dtype(node, "RMSNormalization")
+    runtime_dtype(node, "RMSNormalization")
     s = e.emit("Add", ins[:2])
     y = e.emit("RMSNormalization", [s, ins[2]], axis=-1, epsilon=node.attrs["eps"])
     return [y, s] if node.attrs["with_sum"] else [y]
@@ -100,7 +101,7 @@ def _(e, node, ins):
     act = ACTIVATIONS[node.attrs["activation"]]
     if act.contrib is None:
         raise NotApplicable(f"com.microsoft has no bias + {act.title} op")
-    _dtype(node, act.contrib)
+    runtime_dtype(node, act.contrib)
     return [e.emit(act.contrib, [e.emit("MatMul", ins[:2]), ins[2]], domain=MS)]
 
 
@@ -114,7 +115,7 @@ masked_softmax.onnx_encoding("onnx23")(_never("ONNX has no masked softmax op"))
 
 
 # ---- attention -----------------------------------------------------------------------
-class _Heads:
+class Heads:
     """An attention's q, k, v as the runtime ops take them, 4-D [batch, heads,
     seq, head_size]: as they are, or a grouped attention's (rank 5, the layout
     of ``ops.fused.group_heads``) read that way. Grouped, q ``[b, kv, group,
@@ -193,7 +194,7 @@ def _needs_bias(node, square: bool) -> bool:
     return node.attrs["mask"] != "none" or (node.attrs["causal"] and not square)
 
 
-def _check_fill(node, op_type: str, dtype: DType, bias: bool) -> None:
+def check_fill(node, op_type: str, dtype: DType, bias: bool) -> None:
     """Decline masking that an added bias (``bias``: one held in a tensor of
     ``dtype``) would not reproduce exactly."""
     if node.attrs["mask"] == "none" and not node.attrs["causal"]:
@@ -212,12 +213,12 @@ def clamp_bias(e, bias: str, big: str) -> str:
     return e.emit("Max", [bias, big])
 
 
-def _mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len,
+def mask_bias(e, node, ins, dtype: DType, batch, heads, q_len, k_len,
                mask: tuple[str, tuple] | None = None) -> str:
     """The node's mask, causal mask and fill as one additive bias of shape
     [batch or 1, heads or 1, q_len, k_len] (the runtime ops want the last two
     dims exact). ``mask``: the mask input and its 4-D shape, when not the
-    node's own (``_Heads.mask``)."""
+    node's own (``Heads.mask``)."""
     keep = add = None
     mask_shape = ()
     if node.attrs["mask"] != "none":
@@ -282,7 +283,7 @@ def check_group_query_attention(node, dtype: DType, heads, kv_heads, size, v_siz
     if node.attrs["scale"] <= 0.0:
         raise NotApplicable(f"GroupQueryAttention reads scale<=0 as 'unset' (1/sqrt(head_size)), got "
                             f"{node.attrs['scale']:g}")
-    _check_fill(node, "GroupQueryAttention", dtype, bias=node.attrs["mask"] != "none")
+    check_fill(node, "GroupQueryAttention", dtype, bias=node.attrs["mask"] != "none")
 
 
 def emit_group_query_attention(e, q: str, k: str, v: str, *, heads: int, kv_heads: int, size: int, total,
@@ -319,8 +320,8 @@ def emit_group_query_attention(e, q: str, k: str, v: str, *, heads: int, kv_head
 
 @attention.onnx_encoding("contrib")
 def _(e, node, ins):
-    dtype = _dtype(node, "MultiHeadAttention")
-    shapes = _Heads(node, "MultiHeadAttention")
+    dtype = runtime_dtype(node, "MultiHeadAttention")
+    shapes = Heads(node, "MultiHeadAttention")
     if shapes.kv_heads != shapes.heads:
         return _grouped_contrib(e, node, ins, dtype, shapes)
     batch, heads, q_len, k_len, head = shapes.batch, shapes.heads, shapes.q_len, shapes.k_len, shapes.head
@@ -332,7 +333,7 @@ def _(e, node, ins):
     square = q_len == k_len
     padding = (node.attrs["mask"] == "bool" and not node.attrs["causal"]
                and shapes.mask_shape(node) == (batch, 1, 1, k_len))
-    _check_fill(node, "MultiHeadAttention", dtype, bias=True)  # mask_filter_value, too, must hold MASK_BIAS
+    check_fill(node, "MultiHeadAttention", dtype, bias=True)  # mask_filter_value, too, must hold MASK_BIAS
     # Inputs: query, key, value, bias, key_padding_mask, attention_bias. The
     # query goes in as [batch,seq,heads*head]; key and value stay BNSH.
     query = e.emit("Reshape", [e.emit("Transpose", [shapes.query(e, ins[0])], perm=[0, 2, 1, 3]),
@@ -344,7 +345,7 @@ def _(e, node, ins):
         flat = e.emit("Reshape", [mask[0], e.const(np.array([0, -1], np.int64))])
         inputs += ["", e.emit("Cast", [flat], to=int(DType.int32.onnx_code))]
     elif _needs_bias(node, square):
-        inputs += ["", "", _mask_bias(e, node, ins, dtype, batch, heads, q_len, k_len, mask=mask)]
+        inputs += ["", "", mask_bias(e, node, ins, dtype, batch, heads, q_len, k_len, mask=mask)]
     elif node.attrs["causal"]:
         attrs["unidirectional"] = 1  # top-left aligned: right only for a square q/k
     out = e.emit("MultiHeadAttention", inputs, domain=MS, **attrs)
@@ -357,7 +358,7 @@ def _mask_input(node, ins, at: int = 3) -> str | None:
     return ins[at] if node.attrs["mask"] != "none" else None
 
 
-def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
+def _grouped_contrib(e, node, ins, dtype: DType, shapes: Heads) -> list[str]:
     """Fewer K/V heads than query heads: ``GroupQueryAttention`` without a
     past (MultiHeadAttention takes K/V with every query head)."""
     check_group_query_attention(node, dtype, shapes.heads, shapes.kv_heads, shapes.head, shapes.v_head)
@@ -380,8 +381,8 @@ def _grouped_contrib(e, node, ins, dtype: DType, shapes: _Heads) -> list[str]:
 @attention.onnx_encoding("onnx23")
 def _(e, node, ins):
     needs_opset_23(e, "Attention")
-    dtype = _dtype(node, "Attention")
-    shapes = _Heads(node, "Attention")
+    dtype = runtime_dtype(node, "Attention")
+    shapes = Heads(node, "Attention")
     if shapes.kv_heads not in (1, shapes.heads) and not shapes.grouped:
         raise NotApplicable(f"Attention takes q heads that k/v heads divide; q has {shapes.heads}, "
                             f"k {shapes.kv_heads}")
@@ -389,13 +390,13 @@ def _(e, node, ins):
     if scale <= 0.0:
         raise NotApplicable(f"Attention scales q and k by sqrt(scale): scale={scale:g} has no real square root")
     square = shapes.q_len == shapes.k_len
-    _check_fill(node, "Attention", dtype, bias=_needs_bias(node, square))
+    check_fill(node, "Attention", dtype, bias=_needs_bias(node, square))
     attrs = dict(scale=scale)
     # 4-D inputs: the op reads the head counts off q and k (fewer K/V heads: grouped, head h on K/V h // group)
     inputs = [shapes.query(e, ins[0]), shapes.key_value(e, ins[1], shapes.head),
               shapes.key_value(e, ins[2], shapes.v_head)]
     if _needs_bias(node, square):
-        inputs.append(_mask_bias(e, node, ins, dtype, shapes.batch, shapes.heads, shapes.q_len, shapes.k_len,
+        inputs.append(mask_bias(e, node, ins, dtype, shapes.batch, shapes.heads, shapes.q_len, shapes.k_len,
                                  mask=shapes.mask(e, node, ins)))
     elif node.attrs["causal"]:
         attrs["is_causal"] = 1  # aligned to past_key, of which there is none: right for a square q/k
@@ -407,9 +408,9 @@ def _(e, node, ins):
 def _qkv_common(node, op_type: str):
     """(dtype, heads, head size, v head size) once the node's masking and fill
     are ones ``op_type`` reproduces exactly; declines anything else."""
-    dtype = _dtype(node, op_type)
+    dtype = runtime_dtype(node, op_type)
     heads, (dq, _, dv) = node.attrs["heads"], node.attrs["sizes"]
-    _check_fill(node, op_type, dtype, bias=_needs_bias(node, square=True))
+    check_fill(node, op_type, dtype, bias=_needs_bias(node, square=True))
     return dtype, heads, dq // heads, dv // heads
 
 
@@ -437,7 +438,7 @@ def _(e, node, ins):
         # mask_index *and* unidirectional, ONNX Runtime masks a fully padded
         # row unevenly (the causal part differently from the padding) where
         # the fused op averages it uniformly.
-        inputs += ["", "", _mask_bias(e, node, ins, dtype, batch, heads, seq, seq)]
+        inputs += ["", "", mask_bias(e, node, ins, dtype, batch, heads, seq, seq)]
     elif node.attrs["causal"]:
         attrs["unidirectional"] = 1   # q and k are the same sequence here: square, top-left aligned
     out = e.emit("Attention", inputs, domain=MS, **attrs)
@@ -461,7 +462,7 @@ def _(e, node, ins):
     attrs = dict(scale=scale, q_num_heads=heads, kv_num_heads=heads)
     inputs = [q, k, v]
     if _needs_bias(node, square=True):
-        inputs.append(_mask_bias(e, node, ins, dtype, batch, heads, seq, seq))
+        inputs.append(mask_bias(e, node, ins, dtype, batch, heads, seq, seq))
     elif node.attrs["causal"]:
         attrs["is_causal"] = 1
     out = e.emit("Attention", inputs, **attrs)

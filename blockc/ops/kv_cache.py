@@ -38,8 +38,9 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.types import TensorType
 from ._rules import fmt, norm_axis, same_dtype
-from .fused import ATTENTION_ATTRS, attention, attention_attrs
-from .fused_onnx import MASK_BIAS, _dtype, check_group_query_attention, emit_group_query_attention, emit_guard
+from .fused import ATTENTION_ATTRS, attention, attention_attrs, kv_as_read
+from .fused_onnx import (MASK_BIAS, check_group_query_attention, emit_group_query_attention, emit_guard,
+                         runtime_dtype)
 from .registry import DIM, INT, REQUIRED, NotApplicable, define
 
 cache_write = define("cache_write", ("cache", "update"), attrs={"axis": (INT, REQUIRED), "start": (DIM, REQUIRED)},
@@ -119,7 +120,8 @@ cache_attention = define(
 
 def _read(cache, rows, grouped: bool):
     """The first ``rows`` of a cache ``[b, kv, len, d]``, as attention reads them."""
-    return cache[:, :, None, :rows] if grouped else cache[:, :, :rows]
+    head = cache[:, :, :rows]
+    return head.reshape(kv_as_read(head.shape, grouped))
 
 
 @cache_attention.infer
@@ -129,7 +131,7 @@ def _(types, attrs):
     for new, cache in ((k, cache_k), (v, cache_v)):
         written = cache_write.infer_fn([cache, new], {"axis": 2, "start": attrs["start"]})
         total = attrs["start"] + new.shape[2]
-        shape = written.shape[:2] + ((1,) if q.rank == 5 else ()) + (total,) + written.shape[3:]
+        shape = kv_as_read((*written.shape[:2], total, *written.shape[3:]), q.rank == 5)
         kinds.append((written, TensorType(written.dtype, shape)))
     if q.rank not in (4, 5):
         raise ShapeError(f"cache_attention: q must be [b, heads, seq, d] or [b, kv_heads, group, seq, d], got {q}")
@@ -160,7 +162,7 @@ def _(b, node, ins):
         r = b.op("slice", w, axis=2, start=0, end=total)
         if q.type.rank == 5:
             kv, size = r.type.shape[1], r.type.shape[3]
-            r = b.op("reshape", r, shape=[0, kv, 1, -1, size])
+            r = b.op("reshape", r, shape=list(kv_as_read([0, kv, -1, size], True)))
         written.append(w)
         read.append(r)
     attrs = attention_attrs(node.attrs)
@@ -180,7 +182,7 @@ def _(e, node, ins):
     zero, where the op's meaning keeps the past's. The two agree for a
     cache filled in order from a zeroed buffer, which is how the generation
     loop makes it (``generate.loop.into_cache``)."""
-    dtype = _dtype(node, "GroupQueryAttention")
+    dtype = runtime_dtype(node, "GroupQueryAttention")
     q_t, k_t, v_t = (x.type for x in node.inputs[:3])
     grouped = q_t.rank == 5
     kv, seq, size = k_t.shape[1], k_t.shape[2], k_t.shape[3]

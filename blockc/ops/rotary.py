@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.dtypes import DType
 from ._rules import fmt, numel, same_dtype
-from .fused_onnx import MS, _dtype, needs_opset_23
+from .fused_onnx import MS, needs_opset_23, runtime_dtype
 from .registry import BOOL, NotApplicable, define, get
 
 rotary = define(
@@ -137,7 +137,7 @@ def _caches_and_positions(e, node, ins) -> tuple[str, str, str]:
 
 @rotary.onnx_encoding("contrib")
 def _(e, node, ins):
-    _dtype(node, "RotaryEmbedding")
+    runtime_dtype(node, "RotaryEmbedding")
     heads = node.inputs[0].shape[1]
     if not isinstance(heads, int):
         raise NotApplicable(f"com.microsoft.RotaryEmbedding needs num_heads, a fixed number; x is {node.inputs[0].type}")
@@ -150,7 +150,7 @@ def _(e, node, ins):
 @rotary.onnx_encoding("onnx23")
 def _(e, node, ins):
     needs_opset_23(e, "RotaryEmbedding")
-    _dtype(node, "RotaryEmbedding")
+    runtime_dtype(node, "RotaryEmbedding")
     rd, head = node.inputs[1].shape[1], node.inputs[0].shape[3]
     cos, sin, pos = _caches_and_positions(e, node, ins)
     partial = {"rotary_embedding_dim": rd} if rd < head else {}

@@ -53,6 +53,19 @@ def rank_backends() -> tuple[str, ...]:
     return tuple(r.name for r in registrations() if issubclass(r.cls, TorchBackend))
 
 
+def check_rank_backend(name: str | None) -> str:
+    """The backend a rank runs: ``name``, the first of ``rank_backends()``
+    where None; one a rank does not run is refused, by name. The one check
+    of it: ``Case``, ``compare --tp`` and the CLI's ``--tp`` all ask here."""
+    ranks = rank_backends()
+    if name is None:
+        return ranks[0]
+    if name not in ranks:
+        raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
+                          f"not {name!r}")
+    return name
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((MASTER_ADDR, 0))
@@ -106,11 +119,7 @@ class Case:
     registration: dict = field(init=False, repr=False)
 
     def __post_init__(self):
-        ranks = rank_backends()
-        self.backend = ranks[0] if self.backend is None else self.backend
-        if self.backend not in ranks:
-            raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
-                              f"not {self.backend!r}")
+        self.backend = check_rank_backend(self.backend)
         # one a rank could not register again is refused before any starts
         self.registration = carried_registration(self.backend)
 
@@ -133,12 +142,14 @@ def run_cases(cases: list[Case], tp: int, *, timeout: float = 120.0, port: int |
 
 
 def time_cases(cases: list[Case], tp: int, *, blocks: int = 5, rounds: int = 2, warmup: int = 2, repeats: int = 4,
-               seed: int = 1, timeout: float = 600.0, port: int | None = None) -> list[list[dict]]:
+               seed: int = 1, control: str, timeout: float = 600.0, port: int | None = None) -> list[list[dict]]:
     """Each case's step on ``tp`` ranks beside the same on one, timed in
     ``blocks`` blocks of fresh sessions (``parallel/rank_timing.py``):
     ``result[case][rank]`` is that rank's ``{"blocks": [{key: {"samples",
     "round_medians"}}], "collectives_s", "collectives", "split": outputs}``,
-    and on rank 0 ``"one"``: the one-rank session's outputs."""
+    and on rank 0 ``"one"``: the one-rank session's outputs. ``control``:
+    the key suffix of the A/A control, a second one-rank session of the
+    standard form (compare's ``AA``)."""
     from ..runtime.feeds import load_npz
 
     def read(path: str) -> dict:
@@ -146,7 +157,8 @@ def time_cases(cases: list[Case], tp: int, *, blocks: int = 5, rounds: int = 2, 
             timed = json.load(f)
         one = load_npz(path + ".one.npz") if os.path.exists(path + ".one.npz") else None
         return {**timed, "split": load_npz(path + ".npz"), "one": one}
-    timing = {"blocks": blocks, "rounds": rounds, "warmup": warmup, "repeats": repeats, "seed": seed}
+    timing = {"blocks": blocks, "rounds": rounds, "warmup": warmup, "repeats": repeats, "seed": seed,
+              "control": control}
     return _launch(cases, tp, timeout, port, None, read, timing=timing)
 
 
@@ -204,8 +216,7 @@ def _pickled(choices: dict) -> bytes:
 def _launch(cases, tp, timeout, port, on_start, read, watch=None, timing=None) -> list[list]:
     from .worker import collective_timeout
     collective_timeout()   # a malformed $BLOCKC_TP_TIMEOUT, refused before any rank starts
-    for case in cases:
-        _check_shards(case, tp)
+    _check_shards(cases, tp)
     port = master_port() if port is None else port
     check_port(port)
     with tempfile.TemporaryDirectory(prefix="blockc-tp-") as folder:
@@ -243,15 +254,20 @@ def write_job(cases: list[Case], folder: str, timeout: float = 120.0, timing: di
     return path
 
 
-def _check_shards(case: Case, tp: int) -> None:
+def _check_shards(cases: list[Case], tp: int) -> None:
     """Shard here first: what does not divide, or weights no rank can read
-    in slices, are refused before any rank starts."""
+    in slices, are refused before any rank starts. Each model once, however
+    many cases run it (compare --tp's backends and forms)."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
     from .rank_model import check_weights_file
-    if case.weights is not None:
-        check_weights_file(case.weights)
-    shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
+    models = {}
+    for case in cases:
+        if case.weights is not None:
+            check_weights_file(case.weights)
+        models[case.model, tuple(sorted(case.overrides.items())), case.pad_vocab] = case
+    for case in models.values():
+        shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
 
 
 def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:

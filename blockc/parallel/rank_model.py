@@ -5,26 +5,57 @@ cases with these, and ``rank_timing.py`` times them.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 from ..errors import WeightsError
 
 
 def rank_graph_and_weights(job: dict, rank: int, world: int):
-    """This rank's graph (sharded, then fused if asked) and its weights."""
-    from ..frontends import build_model, init_weights, trace
-    from ..passes.manager import optimize
+    """This rank's graph (sharded, then fused if asked) and its weights.
+    The cases of one model share what they can (``_traced``, ``_fused``,
+    ``_rank_weights``): compare --tp runs each model as several cases
+    (backends by forms), which would otherwise trace and split it per case,
+    and rank 0 twice (the one-rank graph beside its part)."""
+    key = (job["model"], tuple(sorted((job.get("overrides") or {}).items())), bool(job.get("pad_vocab")))
+    graph = _fused(key, world, rank) if job.get("fused") else _traced(key, world)[1].graphs[rank]
+    return graph, dict(_rank_weights(key, world, rank, job.get("weights"), job.get("seed", 0)))
+
+
+# A rank process runs one job, so what it memoises here is its cases' models, each built and traced once (the
+# graphs are not changed by what uses them: shard and optimize make new ones, a session lowers one as it is).
+@functools.lru_cache(maxsize=None)
+def _built(key: tuple):
+    """The model and its trace."""
+    from ..frontends import build_model, trace
+    model_name, overrides, _ = key
+    model = build_model(model_name, dict(overrides))
+    return model, trace(model)
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(key: tuple, world: int):
     from ..passes.shard import shard
-    model = build_model(job["model"], job.get("overrides") or {})
-    sharded = shard(trace(model), world, pad_vocab=bool(job.get("pad_vocab")))
-    graph = sharded.graphs[rank]
-    if job.get("fused"):
-        graph = optimize(graph, check=False).graph
-    if job.get("weights"):
-        weights = read_rank_weights(job["weights"], sharded, rank)
-    else:
-        weights = sharded.rank_weights(init_weights(model, seed=job.get("seed", 0)), rank)
-    return graph, weights
+    model, traced = _built(key)
+    return model, shard(traced, world, pad_vocab=key[2])
+
+
+@functools.lru_cache(maxsize=None)
+def _fused(key: tuple, world: int, rank: int):
+    from ..passes.manager import optimize
+    return optimize(_traced(key, world)[1].graphs[rank], check=False).graph
+
+
+@functools.lru_cache(maxsize=2)   # rank 0's two (its part and the one-rank graph's), case after case
+def _rank_weights(key: tuple, world: int, rank: int, path: str | None, seed: int) -> dict:
+    """This rank's slice of each weight, read from ``path`` or made from
+    ``seed``: made once for the cases that share them (the made weights
+    are what a case costs most, more than its trace)."""
+    from ..frontends import init_weights
+    model, sharded = _traced(key, world)
+    if path:
+        return read_rank_weights(path, sharded, rank)
+    return sharded.rank_weights(init_weights(model, seed=seed), rank)
 
 
 def check_weights_file(path: str) -> None:

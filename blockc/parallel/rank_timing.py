@@ -40,11 +40,12 @@ from __future__ import annotations
 import json
 import os
 
-from ..runtime.timing import AA
 
 
-def contestant_key(backend: str, form: str, ranks: int, control: bool = False) -> str:
-    return f"{backend}/{form}/tp{ranks}" + (AA if control else "")
+def contestant_key(backend: str, form: str, ranks: int, control: str = "") -> str:
+    """A contestant's key; ``control``: the suffix of compare's A/A control (``compare.results.AA``), which
+    the job carries (``time["control"]``), as compare's meaning, not the ranks'."""
+    return f"{backend}/{form}/tp{ranks}{control}"
 
 
 def case_form(fused: bool) -> str:
@@ -59,7 +60,8 @@ def time_job(job: dict, rank: int, world: int) -> None:
     timing, makers, keys, extra = job["time"], {}, [], []
     for i, case in enumerate(job["cases"]):
         feeds = load_npz(case["feeds"])
-        mine, collectives = _contestants(case, feeds, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world)
+        mine, collectives = _contestants(case, feeds, os.path.join(job["out"], f"case{i}.rank{rank}"), rank, world,
+                                         timing["control"])
         makers.update(mine)
         keys.append(list(mine))
         extra.append(collectives)
@@ -72,7 +74,7 @@ def time_job(job: dict, rank: int, world: int) -> None:
             json.dump(doc, f)
 
 
-def _contestants(case: dict, feeds, out: str, rank: int, world: int):
+def _contestants(case: dict, feeds, out: str, rank: int, world: int, control: str):
     """The case's makers (``measure_in_blocks``'), after one run of each
     whose outputs are kept (``{out}.npz``, rank 0's ``{out}.one.npz``); and
     a function timing the split step's collectives alone."""
@@ -94,7 +96,7 @@ def _contestants(case: dict, feeds, out: str, rank: int, world: int):
         return prepare
     makers = {contestant_key(backend, form, world): fresh(split), contestant_key(backend, form, 1): fresh(one)}
     if form == "standard":
-        makers[contestant_key(backend, form, 1, control=True)] = fresh(one)
+        makers[contestant_key(backend, form, 1, control)] = fresh(one)
     return makers, lambda timing: time_collectives(split[0], feeds, timing["warmup"], timing["repeats"])
 
 

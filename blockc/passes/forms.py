@@ -54,12 +54,18 @@ def to_form(graph: Graph, form: str, *, progress: Progress | None = None, **opti
 
 
 _CACHED_OPTIONS = {"disable", "check"}   # optimize's options that change only the result, not what it prints
+_PRINTING = ("print_after", "print_after_all")   # optimize's options that ask for printing, when not empty
+_PRINT_OUT = "out"                               # where it prints: nothing asked, nothing printed there
 
 
 def _cacheable(form: str, optimize_options: dict) -> bool:
     """Whether ``form`` with these options may come from the compile cache:
-    the fused form, asked for nothing but its result."""
-    return form == "fused" and not set(optimize_options) - _CACHED_OPTIONS
+    the fused form, asked for nothing but its result. Decided on the values:
+    an empty ``print_after`` or a false ``print_after_all`` asks for no
+    printing, as leaving it out does, so callers pass their options as given."""
+    printing = any(optimize_options.get(name) for name in _PRINTING)
+    others = set(optimize_options) - _CACHED_OPTIONS - {*_PRINTING, _PRINT_OUT}
+    return form == "fused" and not printing and not others
 
 
 def optimized(graph: Graph, progress: Progress | None = None, **optimize_options) -> Graph:

@@ -98,14 +98,20 @@ def _not_taken(names: Sequence[str], option: str) -> BlockcError:
     return BlockcError(f"{who} not take the option {option!r} ({'; '.join(notes)}){own}")
 
 
-def make_backend(name: str, **options) -> Backend:
-    """The backend registered as ``name``, built with ``options``; an option
-    it does not take is a ``BlockcError`` naming the backend and the option."""
+def make_backend(name: str, subclass: type[Backend] | None = None, **options) -> Backend:
+    """The backend registered as ``name``, built with ``options`` and its
+    registration's fixed ones (applied here only); an option it does not
+    take is a ``BlockcError`` naming the backend and the option.
+    ``subclass``: built as that subclass of the registered class (compare's
+    ``TorchPeer``: the backend as a peer), what the name fixes the same."""
     entry = registration(name)
     for option in options:
         if option not in backend_options(name):
             raise _not_taken([name], option)
-    backend = entry.cls(**options, **entry.fixed)
+    cls = entry.cls if subclass is None else subclass
+    if not issubclass(cls, entry.cls):
+        raise TypeError(f"{cls.__name__} is not a {entry.cls.__name__}, which {name!r} is registered as")
+    backend = cls(**options, **entry.fixed)
     backend.name = name
     return backend
 

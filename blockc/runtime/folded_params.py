@@ -51,7 +51,7 @@ from ..frontends.prepared import prepared_arrays
 from ..frontends.weights import FileRegion, contiguous, file_region, mapped_files, release_pages
 from ..ir.graph import Graph, Node, Value
 from ..ir.load_time import load_time_nodes
-from ..ir.printer import format_attr
+from ..ir.printer import format_attrs
 from ..ops import registry
 from ..ops.evaluate import Env, evaluate_node
 
@@ -121,7 +121,7 @@ def _derived_names(nodes: list[Node]) -> dict[int, str]:
     names: dict[int, str] = {}
     for n in nodes:
         args = ",".join(v.name if v.kind == "param" else names[id(v)] for v in n.inputs)
-        attrs = "{" + ",".join(f"{k}={format_attr(a)}" for k, a in n.attrs.items()) + "}" if n.attrs else ""
+        attrs = format_attrs(n.attrs, sep=",") if n.attrs else ""
         for o in n.outputs:
             names[id(o)] = f"{n.op}({args}){attrs}" + (f"#{o.index}" if len(n.outputs) > 1 else "")
     return names

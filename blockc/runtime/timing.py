@@ -192,11 +192,6 @@ def ratio_interval(ratios: list[float], *, confidence: float = 0.95, resamples: 
     return RatioInterval(float(np.exp(logs.mean())), float(np.exp(lo)), float(np.exp(hi)), len(logs))
 
 
-# The key suffix of an A/A control: a second fresh session of a contestant, timed like any other, whose ratio to
-# the first shows how far apart two identical contestants come out on this machine.
-AA = " (A/A)"
-
-
 def measure_in_blocks(makers: dict[str, Callable[[], tuple[Callable[[], object], Callable[[], None]]]], *,
                       blocks: int, rounds: int = 2, warmup: int = 3, min_time_s: float = 0.4, seed: int = 1,
                       min_repeats: int | None = None, progress: Callable = iter) -> list[dict[str, Interleaved]]:

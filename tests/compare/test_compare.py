@@ -754,3 +754,15 @@ def test_the_planned_time_uses_the_best_matmul_rate_this_machine_has_shown(tmp_p
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "a-file"))   # no cache folder can be made there
     assert rate() == 5e8
+
+
+def test_a_torch_peer_is_its_registered_backend_as_a_peer():
+    """make_peer builds torch-eager and torch-compile through their
+    registrations (torch-compile fixes compile=True there), so each peer
+    is the backend its name is, named so."""
+    from blockc.compare.peers import TorchPeer, make_peer
+    eager, compiled = (make_peer(name, None, None) for name in ("torch-eager", "torch-compile"))
+    assert isinstance(eager, TorchPeer) and isinstance(compiled, TorchPeer)
+    assert (eager.name, eager.compile_module) == ("torch-eager", False)
+    assert (compiled.name, compiled.compile_module) == ("torch-compile", True)
+    assert compiled.row_backend == "torch"

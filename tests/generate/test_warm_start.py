@@ -98,6 +98,9 @@ def test_a_changed_option_or_version_misses(llama, monkeypatch):
     for options in ({}, {}, {"disable": ["fuse_attention"]}):
         forms.form_of(trace_key(step), make, "fused", **options)
     assert len(traced) == 2
+    # printing asked for by empty values is none asked for: the kept form, not a trace
+    forms.form_of(trace_key(step), make, "fused", print_after=[], print_after_all=False, out=None)
+    assert len(traced) == 2
     monkeypatch.setattr(forms, "code_version", lambda: "0.0.0+other")
     forms.form_of(trace_key(step), make, "fused")
     assert len(traced) == 3

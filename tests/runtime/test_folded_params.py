@@ -56,6 +56,21 @@ def test_docstring_example():
     assert folded.leaves == {"concat(w_q,w_k,w_v){axis=1}": ["w_q", "w_k", "w_v"]}
 
 
+def test_a_folded_name_writes_the_attributes_as_the_printer_does_joined_by_a_bare_comma():
+    """The name keeps each attribute as ``format_attrs`` prints it (a float's
+    repr, a string quoted), the attributes joined by ``,`` alone."""
+    before = parse_graph(ir("""
+        graph g(%x: f32[batch,8]) {
+          param @w: f32[8,16]
+          %0:f32[8,4] = slice @w {axis=1, start=2, end=6}
+          %1:f32[batch,4] = matmul %x, %0
+          return y=%1
+        }
+    """))
+    folded = fold_params(before, random_weights(before))
+    assert list(folded.leaves) == ["slice(w){axis=1,start=2,end=6}"]
+
+
 CHAINS = """
     graph g(%x: f32[batch,seq,8], %ids: i64[batch,seq]) {
       param @w: f32[8,8]
