@@ -64,8 +64,34 @@ def kernel_ptx():
         cmd = [nvcc.path, "-ptx", "-std=c++17", f"-arch={arch}", f"-I{folder}", "-include",
                str(toolchain.EMU_HEADER), str(Path(folder) / "model.cu"), "-o", str(out)]
         subprocess.run(cmd, check=True, capture_output=True)
-        return {chunk.split("(", 1)[0]: chunk for chunk in out.read_text().split(".entry ")[1:]}
+        return _entries(out)
     return ptx
+
+
+def _entries(ptx: Path) -> dict:
+    """Each kernel's body in a PTX file, by mangled name."""
+    return {chunk.split("(", 1)[0]: chunk for chunk in ptx.read_text().split(".entry ")[1:]}
+
+
+@pytest.fixture(scope="session")
+def nvcc_keeping_ptx():
+    """``build(cuda_model, folder, archs)``: ``toolchain.compile_nvcc`` of the model's
+    model.cu (warnings as errors), and each arch's PTX that nvcc made on the way
+    (``-keep``), each kernel's body by mangled name. A test of ptxas's report and
+    a test of the PTX share one nvcc run instead of running cicc twice."""
+    nvcc = toolchain.find_nvcc()
+    if nvcc.path is None:
+        pytest.skip(nvcc.reason)
+
+    def build(cm, folder, archs=("sm_80", "sm_90")) -> tuple:
+        from blockc.codegen.cuda.build import write_build
+        folder, kept = Path(folder), Path(folder) / "kept"
+        write_build(cm, str(folder))
+        kept.mkdir()
+        result = toolchain.compile_nvcc(str(folder / "model.cu"), list(archs), werror=True,
+                                        extra_flags=[f"-I{folder}", "-keep", f"--keep-dir={kept}"])
+        return result, {arch: _entries(kept / f"model.compute_{arch[3:]}.ptx") for arch in archs}
+    return build
 
 
 @pytest.fixture

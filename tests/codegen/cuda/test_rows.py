@@ -329,15 +329,20 @@ def every_variant() -> str:
             + f"\n  return {', '.join(outputs)}\n}}\n")
 
 
+@pytest.fixture(scope="module")
+def every_variant_build(tmp_path_factory, nvcc_keeping_ptx):
+    """every_variant() generated, and its one nvcc build for sm_80 and sm_90:
+    ptxas's report and each arch's PTX (the nvcc run is most of this file's time)."""
+    cm = generate(blockc.parse_graph(every_variant()), {})
+    return (cm, *nvcc_keeping_ptx(cm, tmp_path_factory.mktemp("every_variant")))
+
+
 @needs_nvcc
-def test_every_variant_compiles_for_sm80_and_sm90_without_spills(tmp_path):
+def test_every_variant_compiles_for_sm80_and_sm90_without_spills(every_variant_build):
     """Warnings as errors; ptxas's report: each kernel every launcher can run
     (each tier of each op in each dtype), for both architectures, and no
     spill in any of them."""
-    cm = generate(blockc.parse_graph(every_variant()), {})
-    cuda_build.write_build(cm, str(tmp_path))
-    result = toolchain.compile_nvcc(str(tmp_path / "model.cu"), ["sm_80", "sm_90"], werror=True,
-                                    extra_flags=[f"-I{tmp_path}"])
+    cm, result, _ = every_variant_build
     found = {(re.sub(r"^void ", "", k.demangled.split("(")[0]), k.arch): k for k in result.kernels
              if not k.short_name.startswith("ew_")}
     launched = set()
@@ -357,21 +362,15 @@ def test_every_variant_compiles_for_sm80_and_sm90_without_spills(tmp_path):
 
 @needs_nvcc
 @pytest.mark.parametrize("t", ["f32", "f16"])
-def test_every_vector_of_a_row_is_one_128_bit_access(t, tmp_path, kernel_ptx):
+def test_every_vector_of_a_row_is_one_128_bit_access(t, every_variant_build):
     """In each register kernel, PACKS vectors a lane: one 128-bit load of
     each operand read by vectors (x; the residual, gamma and beta) and one
     128-bit store of each output (y; the sum) for each, none split into
-    scalar accesses; in the shared-memory kernels one of each."""
-    graph = blockc.parse_graph(f"""graph vectors(%x: {t}[r,n], %res: {t}[r,n], %g: {t}[n], %b: {t}[n]) {{
-  %0:{t}[r,n] = softmax %x {{axis=-1}}
-  %1:{t}[r,n] = rmsnorm %x, %g {{eps=1e-05}}
-  %2:{t}[r,n], %3:{t}[r,n] = add_layernorm %x, %res, %g, %b {{eps=1e-05, with_sum=true}}
-  %4:{t}[r,n] = neg %0
-  return a=%4, b=%1, c=%2, d=%3
-}}
-""")
+    scalar accesses; in the shared-memory kernels one of each. Read in
+    every_variant()'s sm_80 PTX, whose softmax, rmsnorm and add_layernorm
+    with its sum are these ops at a symbolic length."""
     per_vector = {f"softmax_{t}_n": (1, 1), f"rmsnorm_{t}_n": (2, 1), f"add_layernorm_{t}_n_sum": (4, 2)}
-    bodies = kernel_ptx(generate(graph, {}), tmp_path)
+    bodies = every_variant_build[2]["sm_80"]
     counted = set()
     for mangled, body in bodies.items():
         for name, (loads, stores) in per_vector.items():
