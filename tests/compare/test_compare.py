@@ -215,6 +215,24 @@ def test_cli_writes_the_html_report(cli_run):
     assert "tiny" in page and "ort-cpu" in page and page.count("data:image/png;base64,") >= 3
 
 
+def test_threads_not_given_are_blockc_threads_else_every_core(monkeypatch):
+    """compare names one count for every contestant (and records it): one not
+    given is $BLOCKC_THREADS where set (a process sharing its cores: a CI
+    worker), else the CPU count; --threads wins over both."""
+    from blockc.cli import build_parser
+    from blockc.cli.compare import compare_options
+    from blockc.runtime.threads import THREADS_VARIABLE
+
+    def threads(*argv):
+        args = build_parser().parse_args(["compare", "tiny", *argv])
+        args.argv = ["compare", "tiny", *argv]
+        return compare_options(args).threads
+    monkeypatch.setenv(THREADS_VARIABLE, "3")
+    assert threads() == CompareOptions().threads == 3 and threads("--threads", "2") == 2
+    monkeypatch.delenv(THREADS_VARIABLE)
+    assert threads() == CompareOptions().threads == (os.cpu_count() or 1)
+
+
 def _plan(**kw):
     return plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=kw.pop("backends", ("ort-cpu",)),
                                           peers=kw.pop("peers", ()), seqs=(8,), threads=1, kernels=False, **{**QUICK, **kw}))
