@@ -58,3 +58,20 @@ def test_given(shared):
     marks = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
     assert marks["test_shared"] == ["test_mod.py::shared"] and marks["test_case[b]"] == ["test_mod.py::case#1"]
     assert marks["test_alone[1]"] == [] and marks["test_given"] == ["mine"]
+
+
+def test_the_tests_marked_long_are_collected_first_in_their_order(pytester):
+    here = Path(__file__).parent
+    pytester.makeconftest((here / "conftest.py").read_text())
+    pytester.makepyfile(xdist_groups=(here / "xdist_groups.py").read_text())
+    pytester.makepyfile(test_mod=MODULE + """
+@pytest.mark.long
+def test_long_a():
+    pass
+
+@pytest.mark.long
+def test_long_b(shared):
+    pass
+""")
+    collected = pytester.runpytest("--collect-only", "-q").outlines   # in the order the run takes them
+    assert collected[:3] == ["test_mod.py::test_long_a", "test_mod.py::test_long_b", "test_mod.py::test_shared"]

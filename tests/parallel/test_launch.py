@@ -54,6 +54,7 @@ def alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.long
 def test_tp2_on_gloo_equals_the_unsharded_model_fused_and_unfused(tmp_path):
     from blockc.codegen.onnx_export import save_onnx
     model = build_model("llama-tiny", {"layers": "1"})
