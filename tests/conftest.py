@@ -10,6 +10,8 @@ cases of a parametrized fixture still spread over the workers): loadgroup then
 runs the group in one worker, which makes the fixture once. A test already
 marked with a group keeps it (two fixtures that share a file, as in
 frontends/test_onnx_import.py). Without ``-n`` the marks change nothing.
+The tests marked ``long`` are collected first, so that a worker starts
+them early rather than in the run's tail (``long_tests_first``).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from xdist_groups import module_fixture_group  # noqa: E402
+from xdist_groups import long_tests_first, module_fixture_group  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the marks
@@ -29,6 +31,7 @@ def pytest_collection_modifyitems(items):
             group = module_fixture_group(item)
             if group is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+    long_tests_first(items)
 
 
 def _one_thread_per_worker() -> None:

@@ -340,6 +340,7 @@ def test_export_fused_as(tmp_path, capsys):
     assert ("com.microsoft", "SkipLayerNormalization") in ops
 
 
+@pytest.mark.long
 def test_compare_with_no_arguments_prints_the_table():
     """The README's main job, exactly as typed (its time is recorded in
     docs/PERFORMANCE.md, not asserted here)."""

@@ -45,7 +45,8 @@ def test_tests_sharing_a_module_fixture_join_its_group_and_each_case_its_own(pyt
 
 
 def test_the_conftest_marks_each_test_with_its_group_and_keeps_a_group_given(pytester):
-    """The suite's own conftest, run on a module whose last test has a group of its own."""
+    """The suite's own conftest, run on a module whose last test has a group
+    of its own, and whose last two are marked long: those are collected first."""
     here = Path(__file__).parent
     pytester.makeconftest((here / "conftest.py").read_text())
     pytester.makepyfile(xdist_groups=(here / "xdist_groups.py").read_text())
@@ -53,8 +54,19 @@ def test_the_conftest_marks_each_test_with_its_group_and_keeps_a_group_given(pyt
 @pytest.mark.xdist_group("mine")
 def test_given(shared):
     pass
+
+@pytest.mark.long
+def test_long_a():
+    pass
+
+@pytest.mark.long
+def test_long_b(shared):
+    pass
 """)
-    items, _ = pytester.inline_genitems()
+    items, calls = pytester.inline_genitems()
     marks = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
     assert marks["test_shared"] == ["test_mod.py::shared"] and marks["test_case[b]"] == ["test_mod.py::case#1"]
     assert marks["test_alone[1]"] == [] and marks["test_given"] == ["mine"]
+    (hook,) = calls.getcalls("pytest_collection_modifyitems")   # its list, in the order the run takes it
+    assert [item.name for item in hook.items][:3] == ["test_long_a", "test_long_b", "test_shared"]
+

@@ -18,3 +18,12 @@ def module_fixture_group(item) -> str | None:
             # no "]" in a group's name: loadgroup reads a name only after the test id's last "]"
             return f"{item.nodeid.split('::')[0]}::{name}" + ("" if index is None else f"#{index}")
     return None
+
+
+def long_tests_first(items: list) -> None:
+    """Moves the tests marked ``long`` to the front, keeping every other
+    order. loadgroup hands out the groups, largest first, then single tests
+    in collection order: one of the longest tests collected late (the
+    default ``blockc compare``, in tests/test_cli.py) started in the run's
+    tail and ran there alone, one core idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)   # stable: False (marked) first

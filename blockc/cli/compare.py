@@ -1,8 +1,6 @@
 """``blockc compare``: fused against unfused, measured side by side with the peers."""
 from __future__ import annotations
 
-import os
-
 from ..errors import BlockcError
 from .common import int_list, parse_dims, write_text
 from .options import (dim_arg, dtype_arg, fused_as_arg, json_arg, model_args, tp_args, tp_backends_help,
@@ -56,8 +54,8 @@ def add_arguments(p) -> None:
 
 def _timing_args(p) -> None:
     """How the contestants are measured: threads, blocks, rounds, repeats, memory."""
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="intra-op threads for ONNX Runtime and torch (default: the CPU count)")
+    p.add_argument("--threads", type=int, help="intra-op threads for ONNX Runtime and torch (default: "
+                   "$BLOCKC_THREADS where set, else the CPU count)")
     p.add_argument("--blocks", type=int, default=5, help="independent repetitions, each preparing a fresh session of "
                    "every contestant: ratios are geometric means over blocks with a 95%% interval (default 5; "
                    "fewer than 5 give no verdict)")
@@ -87,11 +85,13 @@ def compare_options(args):
 
     from ..compare import CompareOptions
     from ..files import parse_size
+    from ..runtime.threads import default_threads
     return CompareOptions(
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
         peers=_name_list(args.peers), batches=int_list("--batch", args.batch),
         seqs=None if args.seq is None else int_list("--seq", args.seq),
-        dims=parse_dims(args.dim), threads=args.threads, warmup=args.warmup, min_repeats=args.repeats,
+        dims=parse_dims(args.dim), threads=default_threads() if args.threads is None else args.threads,
+        warmup=args.warmup, min_repeats=args.repeats,
         min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
         max_memory=None if args.max_memory is None else parse_size(args.max_memory, "--max-memory"),
         fused_as=args.backend_options.get("fused_as"), peak_gbps=args.peak_gbps, seed=args.seed,

@@ -25,7 +25,6 @@ straddles it.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +42,7 @@ from ..report.compare_html import SCHEMA
 from ..runtime.backend import (HOST_CLOCK, Backend, Compiled, backend_names, check_distinct, compare_backends,
                                make_backend, split_options)
 from ..runtime.timing import Interleaved, measure_interleaved
+from ..runtime.threads import default_threads
 from . import memory
 from .pace import BOOKKEEPING, ORACLE, Pace, load_pace, modelled_prepare_s, modelled_run_s, pace_key, record_pace
 from .peers import PEERS, make_peer
@@ -66,7 +66,7 @@ class CompareOptions:
     batches: tuple[int, ...] = (1,)
     seqs: tuple[int, ...] | None = None   # None: DEFAULT_SEQS, each fitted to the model's limits
     dims: dict[str, int] = field(default_factory=dict)   # other symbolic dims a user model has
-    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = field(default_factory=default_threads)   # $BLOCKC_THREADS, else every core
     blocks: int = 5                   # independent repetitions, each of fresh sessions
     warmup: int = 2                   # per session
     min_repeats: int = 4              # per session, over its block's rounds

@@ -179,39 +179,40 @@ class OpDef:
 
 
 def _coerce(op: str, key: str, kind: str, v):
-    bad = BlockcError(f"{op}: attribute {key}={v!r} is not a {kind}")
+    def bad() -> BlockcError:   # made only when raised: repr of a tensor attribute formats the whole array
+        return BlockcError(f"{op}: attribute {key}={v!r} is not a {kind}")
     if kind == INT:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise bad
+            raise bad()
         return int(v)
     if kind == FLOAT:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise bad
+            raise bad()
         return float(v)
     if kind == STR:
         if not isinstance(v, str):
-            raise bad
+            raise bad()
         return v
     if kind == BOOL:
         if not isinstance(v, (bool, np.bool_)):
-            raise bad
+            raise bad()
         return bool(v)
     if kind == DIM:
         if isinstance(v, np.integer):
             v = int(v)
         if not is_dim(v):
-            raise bad
+            raise bad()
         return v
     if kind == DIMS:
         if not isinstance(v, (list, tuple)):
-            raise bad
+            raise bad()
         items = [int(x) if isinstance(x, np.integer) else x for x in v]
         if not all(is_dim(x) for x in items):
-            raise bad
+            raise bad()
         return tuple(items)
     if kind == TENSOR:
         if not isinstance(v, np.ndarray):
-            raise bad
+            raise bad()
         return v
     raise AssertionError(kind)
 

@@ -181,27 +181,56 @@ def test_a_list_naming_a_backend_twice_or_none_is_refused_when_planned(backends,
         plan_comparison(CompareOptions(model="tiny", settings=SMALL, backends=backends, peers=peers, **QUICK))
 
 
-def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
-    out = tmp_path / "r.json"
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """One ``blockc compare`` on the command line, asked for both its JSON and
+    its HTML report (each test below checks one of them): its exit code, its
+    printed table, and the folder it wrote to."""
+    import contextlib
+    import io
+    folder = tmp_path_factory.mktemp("cli")
     argv = ["compare", "tiny", *sum((["--set", s] for s in SMALL), []), "--seq", "8", "--backends",
             "ort-cpu,ort-cuda", "--peers", "none", "--repeats", "2", "--min-time", "0", "--warmup", "1",
-            "--blocks", "2", "--json", str(out), "--no-progress"]
-    assert main(argv) == 0
-    text = capsys.readouterr().out
+            "--blocks", "2", "--json", str(folder / "r.json"), "--report", str(folder / "rep"), "--no-progress"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(argv)
+    return code, printed.getvalue(), folder
+
+
+def test_cli_prints_the_table_and_writes_json(cli_run):
+    code, text, folder = cli_run
+    assert code == 0
     assert "ort-cpu" in text and "fused" in text and "vs standard" in text
     assert "ort-cuda: skipped" in text or "ort-cuda: onnxruntime" in text
-    doc = json.loads(out.read_text())
+    doc = json.loads((folder / "r.json").read_text())
     _validate(doc)
     assert doc["command"].startswith("blockc compare tiny")
 
 
-def test_cli_writes_the_html_report(tmp_path, capsys):
-    argv = ["compare", "tiny", *sum((["--set", s] for s in SMALL), []), "--seq", "8", "--backends", "ort-cpu",
-            "--peers", "none", "--repeats", "2", "--min-time", "0", "--warmup", "1", "--blocks", "2", "--report",
-            str(tmp_path / "rep"), "--no-progress"]
-    assert main(argv) == 0
-    page = (tmp_path / "rep" / "index.html").read_text()
+def test_cli_writes_the_html_report(cli_run):
+    code, _, folder = cli_run
+    assert code == 0
+    page = (folder / "rep" / "index.html").read_text()
     assert "tiny" in page and "ort-cpu" in page and page.count("data:image/png;base64,") >= 3
+
+
+def test_threads_not_given_are_blockc_threads_else_every_core(monkeypatch):
+    """compare names one count for every contestant (and records it): one not
+    given is $BLOCKC_THREADS where set (a process sharing its cores: a CI
+    worker), else the CPU count; --threads wins over both."""
+    from blockc.cli import build_parser
+    from blockc.cli.compare import compare_options
+    from blockc.runtime.threads import THREADS_VARIABLE
+
+    def threads(*argv):
+        args = build_parser().parse_args(["compare", "tiny", *argv])
+        args.argv = ["compare", "tiny", *argv]
+        return compare_options(args).threads
+    monkeypatch.setenv(THREADS_VARIABLE, "3")
+    assert threads() == CompareOptions().threads == 3 and threads("--threads", "2") == 2
+    monkeypatch.delenv(THREADS_VARIABLE)
+    assert threads() == CompareOptions().threads == (os.cpu_count() or 1)
 
 
 def _plan(**kw):
