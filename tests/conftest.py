@@ -51,3 +51,6 @@ def _one_thread_per_worker() -> None:
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _one_thread_per_worker()
+
+# the verifier after every pass, not only on the result, in every test and every process a test starts
+os.environ.setdefault("BLOCKC_VERIFY_EACH_PASS", "1")

@@ -1,7 +1,8 @@
 """The verifier: SSA, definition before use, use-lists, and types.
 
-Run after every pass in tests (like JAX's ``check_jaxpr`` or torch.fx's
-``graph.lint()``). Raises ``VerifyError`` naming the first broken node.
+Run on the optimizer's result, and after every pass in tests
+(``BLOCKC_VERIFY_EACH_PASS``, ``passes/manager.py``; like JAX's
+``check_jaxpr`` or torch.fx's ``graph.lint()``). Raises ``VerifyError`` naming the first broken node.
 """
 from __future__ import annotations
 

@@ -400,7 +400,8 @@ class _Positions:
     nodes the pass started with, ranked ``(i, 0)``; the k nodes a rewrite adds
     go just before its anchor, ranked ``(i, j - k)``, which is exactly where
     the Builder put them. ``rank()`` is a topological rank: the list order
-    while that is one (the verifier holds every pass's input to it), or,
+    while that is one (each pass hands on a graph in that order: the verifier
+    checks it on the pipeline's result, and after every pass in tests), or,
     once a rewrite has handed a value to a user that stands before the value's
     new producer, ranks recomputed from the graph when next asked for.
     """
