@@ -260,12 +260,12 @@ def _check_shards(cases: list[Case], tp: int) -> None:
     many cases run it (compare --tp's backends and forms)."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
-    from .rank_model import check_weights_file
+    from .rank_model import check_weights_file, model_key
     models = {}
     for case in cases:
         if case.weights is not None:
             check_weights_file(case.weights)
-        models[case.model, tuple(sorted(case.overrides.items())), case.pad_vocab] = case
+        models[model_key(case.model, case.overrides, case.pad_vocab)] = case
     for case in models.values():
         shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
 
