@@ -53,16 +53,18 @@ def rank_backends() -> tuple[str, ...]:
     return tuple(r.name for r in registrations() if issubclass(r.cls, TorchBackend))
 
 
-def check_rank_backend(name: str | None) -> str:
+def check_rank_backend(name: str | None, option: str | None = None) -> str:
     """The backend a rank runs: ``name``, the first of ``rank_backends()``
     where None; one a rank does not run is refused, by name. The one check
-    of it: ``Case``, ``compare --tp`` and the CLI's ``--tp`` all ask here."""
+    of it: ``Case``, ``compare --tp`` and the CLI's ``--tp`` all ask here.
+    ``option``: the flag the user gave it by (``--backend``, ``--backends``),
+    which the refusal then tells them to give again."""
     ranks = rank_backends()
     if name is None:
         return ranks[0]
     if name not in ranks:
-        raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
-                          f"not {name!r}")
+        fix = f"give {option}" if option else "its backend is"
+        raise LaunchError(f"a tensor-parallel rank runs on PyTorch: {fix} {' or '.join(ranks)}, not {name!r}")
     return name
 
 
