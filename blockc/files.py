@@ -37,6 +37,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -472,15 +473,22 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+# what flock(2) fails with where the filesystem cannot lock (NFS with no lock manager: ENOLCK; a filesystem
+# without lock support: EOPNOTSUPP, ENOSYS, EINVAL); others (EBADF, ENOMEM, ...) say nothing of the filesystem
+_NO_FLOCK = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+
+
 def _flock(fd: int, operation: int, path) -> None:
     """``fcntl.flock`` (flock(2) on Linux), a failure refused naming the
     file: a filesystem without working locks (NFS with no lock manager
-    says "No locks available") cannot hold the cache (docs/CACHE.md)."""
+    says "No locks available") cannot hold the cache (docs/CACHE.md), and
+    the refusal says so only when the errno means that."""
     try:
         fcntl.flock(fd, operation)
     except OSError as e:
-        raise BlockcError(f"cannot lock {path}: {e.strerror or e} (its filesystem gives no working flock; "
-                          f"set BLOCKC_CACHE to a folder on a local disk)") from None
+        hint = (" (its filesystem gives no working flock; set BLOCKC_CACHE to a folder on a local disk)"
+                if e.errno in _NO_FLOCK else "")
+        raise BlockcError(f"cannot lock {path}: {e.strerror or e}{hint}") from None
 
 
 def _fingerprint(path: Path, verify: str = "sha256") -> dict:

@@ -209,3 +209,25 @@ def test_a_prune_locks_the_use_file_of_an_entry_that_has_none_yet(tmp_path, monk
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("code, hinted", [("ENOLCK", True), ("EOPNOTSUPP", True), ("ENOSYS", True), ("EINVAL", True),
+                                          ("EBADF", False), ("ENOMEM", False)])
+def test_a_failed_lock_names_its_file_and_blames_the_filesystem_only_when_it_is_to_blame(
+        code, hinted, tmp_path, monkeypatch):
+    """flock(2)'s errnos for a filesystem that cannot lock get the hint to
+    move the cache; others (a bad descriptor, no memory) only the file."""
+    import errno
+    import fcntl
+    from blockc.files import file_lock
+
+    def failing(fd, operation):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+    monkeypatch.setattr(fcntl, "flock", failing)
+    lock = tmp_path / "x.lock"
+    with pytest.raises(BlockcError) as e:
+        with file_lock(lock):
+            pass
+    assert str(e.value).startswith(f"cannot lock {lock}: {os.strerror(getattr(errno, code))}")
+    assert ("its filesystem gives no working flock; set BLOCKC_CACHE to a folder on a local disk" in str(e.value)) \
+        == hinted, str(e.value)

@@ -129,7 +129,7 @@ def rank_backend(args) -> str:
     refuses it, rather than ignored."""
     from ..parallel.launch import check_rank_backend
     from ..runtime.backend import make_backend
-    backend = check_rank_backend(args.backend or None)
+    backend = check_rank_backend(args.backend or None, option="--backend")
     make_backend(backend, **getattr(args, "backend_options", {}))
     return backend
 

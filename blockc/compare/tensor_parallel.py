@@ -64,7 +64,7 @@ class TpRow:
 
 def check_tp_options(backends, tp: int, blocks: int, rounds: int, warmup: int, repeats: int) -> tuple[str, ...]:
     """The backends asked for, each one a rank runs, and the counts; else refused by name."""
-    backends = tuple(check_rank_backend(b) for b in backends)
+    backends = tuple(check_rank_backend(b, option="--backends") for b in backends)
     if not backends:
         raise BlockcError(f"compare --tp times the backends a rank runs: give --backends from "
                           f"{' and '.join(rank_backends())}")

@@ -142,9 +142,9 @@ def prepared_arrays(recipe: str, specs: Mapping[str, tuple[np.dtype, tuple[int, 
     prune after each build would remove the entry the next run looks for.
     An error of ``make``'s own is raised as it is, and a made array of
     another dtype or shape than its spec is a ``WeightsError``.
-    ``sources`` (what ``source_identity`` was given for ``key``) are looked
-    at again once the arrays are made: if they changed meanwhile, the entry
-    is not kept and the arrays are made in memory."""
+    ``sources`` (whose ``source_identity`` is part of KEY) are looked at
+    again once the arrays are made: if they changed meanwhile, the entry is
+    not kept and the arrays are made in memory."""
     if sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in specs.values()) > cache_limit() // 2:
         # one text for every call, so Python shows it once per process
         warnings.warn(UncachedWeightsWarning(

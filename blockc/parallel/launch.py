@@ -53,16 +53,18 @@ def rank_backends() -> tuple[str, ...]:
     return tuple(r.name for r in registrations() if issubclass(r.cls, TorchBackend))
 
 
-def check_rank_backend(name: str | None) -> str:
+def check_rank_backend(name: str | None, option: str | None = None) -> str:
     """The backend a rank runs: ``name``, the first of ``rank_backends()``
     where None; one a rank does not run is refused, by name. The one check
-    of it: ``Case``, ``compare --tp`` and the CLI's ``--tp`` all ask here."""
+    of it: ``Case``, ``compare --tp`` and the CLI's ``--tp`` all ask here.
+    ``option``: the flag the user gave it by (``--backend``, ``--backends``),
+    which the refusal then tells them to give again."""
     ranks = rank_backends()
     if name is None:
         return ranks[0]
     if name not in ranks:
-        raise LaunchError(f"a tensor-parallel rank runs on PyTorch: its backend is {' or '.join(ranks)}, "
-                          f"not {name!r}")
+        fix = f"give {option}" if option else "its backend is"
+        raise LaunchError(f"a tensor-parallel rank runs on PyTorch: {fix} {' or '.join(ranks)}, not {name!r}")
     return name
 
 
@@ -260,12 +262,12 @@ def _check_shards(cases: list[Case], tp: int) -> None:
     many cases run it (compare --tp's backends and forms)."""
     from ..frontends import build_model, trace
     from ..passes.shard import shard
-    from .rank_model import check_weights_file
+    from .rank_model import check_weights_file, model_key
     models = {}
     for case in cases:
         if case.weights is not None:
             check_weights_file(case.weights)
-        models[case.model, tuple(sorted(case.overrides.items())), case.pad_vocab] = case
+        models[model_key(case.model, case.overrides, case.pad_vocab)] = case
     for case in models.values():
         shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
 

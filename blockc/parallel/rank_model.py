@@ -17,9 +17,16 @@ def rank_graph_and_weights(job: dict, rank: int, world: int):
     ``_rank_weights``): compare --tp runs each model as several cases
     (backends by forms), which would otherwise trace and split it per case,
     and rank 0 twice (the one-rank graph beside its part)."""
-    key = (job["model"], tuple(sorted((job.get("overrides") or {}).items())), bool(job.get("pad_vocab")))
+    key = model_key(job["model"], job.get("overrides"), job.get("pad_vocab"))
     graph = _fused(key, world, rank) if job.get("fused") else _traced(key, world)[1].graphs[rank]
     return graph, dict(_rank_weights(key, world, rank, job.get("weights"), job.get("seed", 0)))
+
+
+def model_key(model: str, overrides, pad_vocab) -> tuple:
+    """What makes a model's graph (built, traced and split): the one key of
+    the rank memo below, and of ``launch._check_shards``' one check per
+    model. A job field that changes the graph belongs here."""
+    return model, tuple(sorted((overrides or {}).items())), bool(pad_vocab)
 
 
 # A rank process runs one job, so what it memoises here is its cases' models, each built and traced once (the

@@ -231,7 +231,7 @@ def one_line_error(code, err, needle):
      "12 heads do not divide among 8 ranks (--tp must divide the heads and the K/V heads)"),
     (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "3"], "does not divide by 3 ranks (pad it to a multiple of 3: --pad-vocab)"),
     (["run", "gpt2", "--set", "layers=1", "--tp", "2", "--backend", "ort"],
-     "a tensor-parallel rank runs on PyTorch: its backend is torch-eager or torch-compile, not 'ort'"),
+     "a tensor-parallel rank runs on PyTorch: give --backend torch-eager or torch-compile, not 'ort'"),
     (["run", "gpt2", "--tp", "2", "--fused-as", "contrib"], "backend 'torch-eager' does not take the option "
                                                             "'fused_as' (ort, ort-cpu, ort-cuda take it)"),
     (["run", "gpt2", "--tp", "2", "--form", "fused", "--disable", "fuse_attention"],
@@ -241,11 +241,11 @@ def one_line_error(code, err, needle):
     (["compare", "gpt2", "--tp", "1"], "compare --tp N times N ranks against one: give --tp 2 or more (not 1)"),
     (["compare", "gpt2", "--tp", "2", "--fused-as", "contrib"], "--fused-as is not taken with --tp"),
     (["compare", "gpt2", "--tp", "2", "--backends", "ort-cpu"],
-     "a tensor-parallel rank runs on PyTorch: its backend is torch-eager or torch-compile, not 'ort-cpu'"),
+     "a tensor-parallel rank runs on PyTorch: give --backends torch-eager or torch-compile, not 'ort-cpu'"),
     (["compare", "gpt2", "--tp", "2", "--batch", "1,8"], "compare --tp measures one shape: give one --batch and one"),
     (["show", "gpt2", "--pad-vocab"], "--pad-vocab pads the vocabulary to split it over --tp ranks: give --tp N"),
     (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--backend", "ort-cpu"],
-     "a tensor-parallel rank runs on PyTorch: its backend is torch-eager or torch-compile, not 'ort-cpu'"),
+     "a tensor-parallel rank runs on PyTorch: give --backend torch-eager or torch-compile, not 'ort-cpu'"),
     (["generate", "llama-tiny", "--prompt-ids", "1", "--tp", "2", "--cache-pairs", "a=b"],
      "--cache-pairs (an ONNX decoder file's cache names) is not taken with --tp"),
 ])

@@ -168,6 +168,23 @@ def test_source_identity_is_what_stat_says_and_none_while_racy(tmp_path, not_rac
     assert prepared.source_identity({str(path): path.stat()}) is None
 
 
+@pytest.mark.parametrize("where, exempt", [
+    ("cache/weights/KEY/prepared.safetensors", True),   # the cache's own prepared file
+    ("cache/weights/KEY/model.safetensors", False),     # beside it, not it
+    ("cache/weights/KEY/prepared.safetensors.build.tmp", False),
+    ("cache/weights/prepared.safetensors", False),
+    ("cache/model/KEY/prepared.safetensors", False),    # another kind of entry
+    ("elsewhere/weights/KEY/prepared.safetensors", False),   # another cache root
+])
+def test_only_the_caches_own_prepared_files_are_exempt_from_the_racy_rule(tmp_path, fresh_cache, where, exempt):
+    """A file written just now (the real clock: racy) is refused as a source,
+    unless it is a prepared file of this cache (``_own_entry``)."""
+    path = tmp_path / where
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x" * 16)
+    assert (prepared.source_identity({str(path): path.stat()}) is not None) == exempt
+
+
 def test_an_entry_whose_sources_change_while_it_is_made_is_not_kept(tmp_path, fresh_cache, not_racy):
     """git re-stats after hashing too: the arrays are what this process read,
     but the key named the file as it was before."""
