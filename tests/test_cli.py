@@ -394,7 +394,8 @@ def test_run_times_the_weights_the_build_and_the_run_apart(capsys, tmp_path, mon
 
     from blockc.runtime.backends.reference import ReferenceBackend, ReferenceCompiled
     real_compile, real_runner = ReferenceBackend.compile, ReferenceCompiled.unchecked_runner
-    monkeypatch.setattr(ReferenceBackend, "compile", lambda *a, **k: clock.sleep(0.4) or real_compile(*a, **k))
+    monkeypatch.setattr(ReferenceBackend, "compile",   # hints: taken, as a wrapper must (the reference has none)
+                        lambda *a, hints=None, **k: clock.sleep(0.4) or real_compile(*a, **k))
     made = []
     monkeypatch.setattr(ReferenceCompiled, "unchecked_runner", lambda self, feeds, bindings: made.append(
         all(type(w) is np.ndarray for w in self.weights.values())) or real_runner(self, feeds, bindings))

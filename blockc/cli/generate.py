@@ -169,8 +169,8 @@ def _decoder(args):
 
 def _weights(args, model):
     """The weights: an ONNX decoder's are its file's (--weights replaces them, as on any ONNX model)."""
-    from ..frontends.onnx.decoder import OnnxDecoder
-    return make_weights(args, model.model if isinstance(model, OnnxDecoder) else model)
+    from ..frontends.models import DecoderLM   # not the ONNX frontend: a DecoderLM's run never imports it
+    return make_weights(args, model if isinstance(model, DecoderLM) else model.model)
 
 
 def cache_pairs(text: str) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -33,7 +34,9 @@ from ..files import cache_key
 from ..ir.dtypes import DType
 from .models import BlockModel, DecoderLM, Encoder
 from .module import Model
-from .onnx.model import OnnxModel
+
+if TYPE_CHECKING:
+    from .onnx.model import OnnxModel
 
 _KEYED = (DecoderLM, Encoder, BlockModel)   # built-in classes whose trace their config determines
 _STEP = ("cache", "cache_len", "padded")     # DecoderLM's step settings (absent on the others)
@@ -42,10 +45,10 @@ _STEP = ("cache", "cache_len", "padded")     # DecoderLM's step settings (absent
 def trace_key(model: Model) -> str | None:
     """Everything ``trace(model)`` depends on besides blockc's code, as text;
     ``None`` where only tracing can tell (see the module docstring)."""
-    if type(model) is OnnxModel:
-        return _file_key(model)
     if type(model) not in _KEYED:
-        return None
+        # the ONNX frontend for an ONNX model alone (who made one imported it): a built-in's run never loads it
+        from .onnx.model import OnnxModel
+        return _file_key(model) if type(model) is OnnxModel else None
     step = {name: getattr(model, name) for name in _STEP if hasattr(model, name)}
     tree = _module_tree(model)
     if tree is None:

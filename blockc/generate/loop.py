@@ -37,7 +37,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,7 +46,6 @@ from ..frontends.models import DecoderLM
 from ..frontends.module import trace
 from ..frontends.trace_key import trace_key
 from ..ir.graph import Graph
-from ..frontends.onnx.decoder import OnnxDecoder
 from ..passes.forms import form_of, to_form
 from ..passes.shard import shard
 from ..runtime.backend import CompileHints, make_backend
@@ -55,6 +54,9 @@ from .cache import CacheKind, cache_length, cache_names, into_cache
 from .decoder import as_decoder
 from .sampling import greedy
 from .stopping import EosIds, MaxNewTokens, StoppingCriteriaList, StoppingCriterion
+
+if TYPE_CHECKING:   # imported for an ONNX decoder alone (``decoder.as_decoder``)
+    from ..frontends.onnx.decoder import OnnxDecoder
 
 Pick = Callable[[np.ndarray, list[list[int]]], np.ndarray]
 # on_token(tokens): each prompt's new ids so far, after every step
@@ -285,7 +287,7 @@ class Step:
 def _steps(model, prompts, length: int | None, decodes: bool) -> tuple[list, StepNames]:
     """The prefill's and the decode step's graphs, to be traced (no decode
     graph where one token is asked for: None), and the names they take."""
-    if isinstance(model, OnnxDecoder):   # the file's own step, with a past of 0 rows for the prefill
+    if not isinstance(model, DecoderLM):   # an OnnxDecoder (as_decoder's other kind): the file's own step, with a past of 0 rows for the prefill
         c = model.cache
         names = StepNames(list(c.pairs), c.input_ids, c.attention_mask, model.position_ids,
                           model.empty_past(len(prompts), model.model.dtype.numpy))

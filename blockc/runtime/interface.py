@@ -273,9 +273,10 @@ class Backend:
         return self.compile(graph, weights, **options)
 
     def run(self, graph: Graph, weights: Mapping[str, np.ndarray], feeds: Feeds) -> Outputs:
-        """Compile ``graph``, run it once on ``feeds``, release it."""
+        """Compile ``graph``, run it once on ``feeds``, release it: compiled
+        as a graph run once (``CompileHints(runs=1)``)."""
         bindings = bind_inputs(graph, feeds)   # before compiling: a bad feed should not cost a compile
-        with self.compile(graph, weights) as compiled:
+        with self.compile_hinted(graph, weights, CompileHints(runs=1)) as compiled:
             return compiled.unchecked_runner(feeds, bindings)()
 
 

@@ -368,9 +368,11 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
             **kw) -> dict[str, np.ndarray]:
     """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
 
-    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``).
+    ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``). A graph run
+    once is not prepacked (``backends/ort.prepacks``).
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
+    kw.setdefault("prepack", False)
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:
         return s.run_unchecked(feeds)
 

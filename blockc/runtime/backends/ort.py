@@ -124,12 +124,6 @@ class OrtBackend(Backend):
             folder.cleanup()
         return OrtCompiled(session, graph=graph, kernels=count_onnx_nodes(optimized), close=close)
 
-    def run(self, graph, weights, feeds):
-        # One run needs no kernel count: skip writing ONNX Runtime's optimized model.
-        from ..ort_runner import run_ort
-        return run_ort(graph, weights, feeds, provider=self.provider, optimization=self.variants[0],
-                       fused_as=self.fused_as)
-
 
 REGISTRATIONS = (Registration("ort", OrtBackend),
                  Registration("ort-cpu", OrtBackend, {"provider": "cpu"}, compare=True),

@@ -90,3 +90,34 @@ def test_a_graph_run_once_or_on_one_row_is_not_prepacked():
     assert ort_backend.prepacks(CompileHints(rows=4, runs=None))
     assert not ort_backend.prepacks(CompileHints(rows=1))
     assert not ort_backend.prepacks(CompileHints(runs=1))
+
+
+def prepacked_sessions(monkeypatch) -> list:
+    """Whether each ONNX Runtime session made from now on prepacks its weights."""
+    from blockc.runtime import ort_runner
+    made, real = [], ort_runner.session_options
+
+    def spy(*args, **kwargs):
+        made.append(inspect.signature(real).bind(*args, **kwargs).arguments.get("prepack", True))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ort_runner, "session_options", spy)
+    return made
+
+
+def test_a_one_shot_run_is_compiled_as_a_graph_run_once(monkeypatch):
+    """``Backend.run``, ``blockc run`` and ``run_ort`` compile a graph for
+    one run, as generate does its prefill (``prepacks``): no prepacked copy
+    of each weight, the same outputs."""
+    from blockc.cli.run import build_and_run
+    from blockc.runtime.ort_runner import run_ort
+    g, w = mlp()
+    feeds = {"x": np.ones((3, 128), np.float32)}
+    made = prepacked_sessions(monkeypatch)
+    backend = make_backend("ort-cpu")
+    once = backend.run(g, w, feeds)["y"]
+    _, _, outputs = build_and_run(backend, g, w, feeds)
+    np.testing.assert_array_equal(run_ort(g, w, feeds)["y"], once)
+    with backend.compile(g, w) as compiled:   # many runs, as compare's timing sessions: prepacked
+        np.testing.assert_allclose(compiled.run(feeds)["y"], once, rtol=1e-5, atol=1e-4)
+    assert made == [False, False, False, True]
+    np.testing.assert_array_equal(outputs["y"], once)
