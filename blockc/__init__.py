@@ -48,7 +48,23 @@ def _defining_module(name: str):
     return module
 
 
+_SUBPACKAGES = ("frontends", "passes", "runtime", "ir")
+
+
+def _every_name() -> None:
+    """Every facade name resolved, as ``import blockc`` did before they were
+    lazy: the subpackages those imports made attributes (``blockc.passes``,
+    ``blockc.frontends.onnx``, ``blockc.runtime.reference``) are there again."""
+    for name in __all__:
+        if name not in globals():
+            __getattr__(name)
+
+
 def __getattr__(name: str):
+    if name in _SUBPACKAGES:   # asked of the package before any facade name imported it
+        _every_name()
+        if name in globals():
+            return globals()[name]
     module = _defining_module(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

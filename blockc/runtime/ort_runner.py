@@ -22,7 +22,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import Graph, Value
 from ..ir.printer import print_graph
 from ..version import code_version
-from .interface import CachedStep
+from .interface import CachedStep, CompileHints
 from .bindings import bind_inputs
 from .folded_params import folded_over_files
 from .threads import intra_op_threads
@@ -369,10 +369,10 @@ def run_ort(graph: Graph, weights: Mapping[str, np.ndarray], feeds: Mapping[str,
     """Export ``graph``, run it once on ONNX Runtime, return ``{output name: array}``.
 
     ``kw`` goes to ``OrtSession`` (``fused_as``, ``opset``). A graph run
-    once is not prepacked (``backends/ort.prepacks``).
+    once is not prepacked (``CompileHints.packs_weights``).
     """
     bind_inputs(graph, feeds)  # before the export: a bad feed should not cost one
-    kw.setdefault("prepack", False)
+    kw.setdefault("prepack", CompileHints(runs=1).packs_weights)
     with OrtSession(graph, weights, provider=provider, optimization=optimization, threads=threads, **kw) as s:
         return s.run_unchecked(feeds)
 

@@ -58,3 +58,15 @@ def test_the_facade_still_gives_every_name():
     assert {"matmul", "gelu", "softmax"} <= set(OPS)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         blockc.nothing
+
+
+def test_a_bare_import_still_gives_the_subpackages_it_gave():
+    """Before the names were lazy, ``import blockc`` left ``blockc.passes.manager``,
+    ``blockc.frontends.onnx`` and ``blockc.runtime.reference`` reachable: still so,
+    in a fresh process (this one has imported them already)."""
+    code = ("import sys, blockc; assert 'blockc.frontends.onnx' not in sys.modules; "
+            "assert blockc.passes.manager.optimize is blockc.optimize; "
+            "assert blockc.frontends.onnx.load_onnx is blockc.load_onnx; "
+            "assert blockc.runtime.reference.run_reference is blockc.run_reference")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

@@ -241,7 +241,7 @@ def test_prefill_and_decode_read_one_copy_of_the_weights_file(tmp_path, monkeypa
     of one prompt multiplies one row by each weight, so its session keeps
     them as they are (no prepacked copy); with more rows it repacks them.
     The prefill runs once, so its session never repacks them: its one
-    product packs each weight as it goes (``backends/ort.prepacks``)."""
+    product packs each weight as it goes (``CompileHints.packs_weights``)."""
     import onnx
     import onnxruntime as ort
 

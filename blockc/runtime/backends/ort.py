@@ -26,20 +26,6 @@ def count_onnx_nodes(path: str) -> int | None:
         return None
 
 
-def prepacks(hints: CompileHints) -> bool:
-    """Whether ONNX Runtime repacks each MatMul weight into a copy of its own
-    when the session loads. Not for one-row products, which MLAS runs as
-    GEMV over the weight as it is (1.03x, one 768x3072 MatMul, best of 200);
-    nor for a graph run once (a prefill): its product packs each weight's
-    panels as it goes, the same work, with no copy made and kept. Measured
-    on the 125M Llama's prefill, session made and run once, interleaved:
-    128 rows 1.17 s unpacked against 1.81 s prepacked, 512 rows 2.99 against
-    4.37, 8 rows 0.88 against 1.61 (loaded machine, the run itself within
-    the noise); a graph run many times keeps prepacking (2-3x faster at 4
-    rows and more)."""
-    return hints.rows != 1 and hints.runs != 1
-
-
 class OrtCompiled(Compiled):
     """A session as a ``Compiled``; its ``cached`` steps keep their state in
     ONNX Runtime (``ort_runner.OrtCachedStep``: IO binding, a cache written in place)."""
@@ -107,7 +93,7 @@ class OrtBackend(Backend):
                 hints=CompileHints()):
         from ..ort_runner import OrtSession
         options = dict(provider=self.provider, optimization=variant or self.variants[0], threads=threads,
-                       fused_as=self.fused_as, prepack=prepacks(hints))
+                       fused_as=self.fused_as, prepack=hints.packs_weights)
         if not count_kernels:   # saving the optimized model was a third of a GPT-2's start: only when asked
             session = OrtSession(graph, weights, **options)
             return OrtCompiled(session, graph=graph, close=session.close)

@@ -86,10 +86,10 @@ def test_generate_saves_no_optimized_model(monkeypatch):
 def test_a_graph_run_once_or_on_one_row_is_not_prepacked():
     """Prepacking copies every MatMul weight at load: worth it only for many runs of many rows."""
     from blockc.runtime.interface import CompileHints
-    assert ort_backend.prepacks(CompileHints())
-    assert ort_backend.prepacks(CompileHints(rows=4, runs=None))
-    assert not ort_backend.prepacks(CompileHints(rows=1))
-    assert not ort_backend.prepacks(CompileHints(runs=1))
+    assert CompileHints().packs_weights
+    assert CompileHints(rows=4, runs=None).packs_weights
+    assert not CompileHints(rows=1).packs_weights
+    assert not CompileHints(runs=1).packs_weights
 
 
 def prepacked_sessions(monkeypatch) -> list:
@@ -106,7 +106,7 @@ def prepacked_sessions(monkeypatch) -> list:
 
 def test_a_one_shot_run_is_compiled_as_a_graph_run_once(monkeypatch):
     """``Backend.run``, ``blockc run`` and ``run_ort`` compile a graph for
-    one run, as generate does its prefill (``prepacks``): no prepacked copy
+    one run, as generate does its prefill (``packs_weights``): no prepacked copy
     of each weight, the same outputs."""
     from blockc.cli.run import build_and_run
     from blockc.runtime.ort_runner import run_ort
