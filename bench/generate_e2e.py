@@ -115,16 +115,27 @@ print(json.dumps({"tokens": tokens, "start_s": start_s, "first_token_s": stamps[
 """
 
 
+def in_child(code: str, *a, **k) -> None:
+    """``code`` run in a Python of its own with ``a`` and ``k`` bound. A
+    process this script starts inherits its size as the start of its peak
+    RSS (``ru_maxrss`` counts the forked child before its exec), so what
+    makes a model (torch, a whole model's weights) must not grow this one:
+    a run once reported 1.15 GiB for every contestant after this script
+    had made the GPT-2 directory itself."""
+    prelude = f"import sys, json; sys.path[:0] = {[ROOT, os.path.join(ROOT, 'tests', 'frontends')]!r}; " \
+              f"a, k = json.loads(sys.argv[1]), json.loads(sys.argv[2]); "
+    subprocess.run([sys.executable, "-c", prelude + code, json.dumps(a), json.dumps(k)], check=True)
+
+
 def make_dirs(work: str, names: list[str], genai: bool) -> dict[str, dict]:
     """Each model's Hugging Face directory (made once under ``work``) and,
     for llama with GenAI present, the GenAI model its builder makes of it."""
-    from hf_dirs import save_hf_dir
     out = {}
     for name in names:
         family, config = MODELS[name]
         hf = os.path.join(work, name, "hf")
         if not os.path.exists(os.path.join(hf, "config.json")):
-            save_hf_dir(family, hf, seed=0, **config)
+            in_child("from hf_dirs import save_hf_dir; save_hf_dir(*a, seed=0, **k)", family, hf, **config)
         og = os.path.join(work, name, "genai")
         if genai and family != "gpt2" and not os.path.exists(os.path.join(og, "genai_config.json")):
             build_genai(hf, og, os.path.join(work, name, "genai-cache"))
@@ -282,8 +293,8 @@ def builtin_gpt2(work: str, blocks: int) -> tuple[list[str], list[str]]:
     """``blockc generate gpt2 --weights gpt2.safetensors``, 128-token prompt, 8 new, cold and warm."""
     weights = os.path.join(work, "gpt2.safetensors")
     if not os.path.exists(weights):
-        from blockc.frontends import build_model, init_weights, save_weights
-        save_weights(weights, init_weights(build_model("gpt2"), seed=0))
+        in_child("from blockc.frontends import build_model, init_weights, save_weights; "
+                 "save_weights(a[0], init_weights(build_model('gpt2'), seed=0))", weights)
     ids = ",".join(str(i * 37 % 50000) for i in range(PROMPT_LEN))
     cmd = [sys.executable, "-m", "blockc.cli", "generate", "gpt2", "--weights", weights, "--prompt-ids", ids,
            "--max-new", "8"]
@@ -341,14 +352,12 @@ def main() -> None:
     if not GENAI_PYTHON:
         print("BLOCKC_GENAI_PYTHON is not set: ONNX Runtime GenAI is left out (it names a Python with "
               "onnxruntime-genai)", file=sys.stderr)
-    import onnxruntime
-    import torch
-    import transformers
+    from importlib.metadata import version   # not imported here: a child's peak RSS starts at this process's size
     os.makedirs(args.work, exist_ok=True)
     names = args.models.split(",")
     dirs = make_dirs(args.work, names, bool(GENAI_PYTHON))
     out = [f"{cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, onnxruntime "
-           f"{onnxruntime.__version__}, torch {torch.__version__}, transformers {transformers.__version__}; "
+           f"{version('onnxruntime')}, torch {version('torch')}, transformers {version('transformers')}; "
            f"`python bench/{os.path.basename(__file__)} {' '.join(sys.argv[1:])}`. GenAI's builder has no GPT-2. "
            "torch's CPU GEMMs can be 2-3x slower than ONNX Runtime's."]
     rows, record = [], {}
