@@ -199,10 +199,17 @@ def eos_ids(hf: str) -> set[int]:
     return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
 
+def in_empty_cache(run):
+    """``run(cache)`` with an empty ``BLOCKC_CACHE`` of its own, removed after
+    (a cold run's entries are about 0.6 GB: kept, a full matrix filled 30 GB)."""
+    with tempfile.TemporaryDirectory(prefix="blockc-cold-") as cache:
+        return run(cache)
+
+
 def contestants(dirs: dict, prompts, new: int, warm_cache: str, threads: int) -> dict:
     """name -> a call that runs it once, fresh process, and returns its figures."""
     runs = {
-        "blockc cold": lambda: run_blockc(dirs["hf"], prompts, new, tempfile.mkdtemp(prefix="blockc-cold-")),
+        "blockc cold": lambda: in_empty_cache(lambda cache: run_blockc(dirs["hf"], prompts, new, cache)),
         "blockc warm": lambda: run_blockc(dirs["hf"], prompts, new, warm_cache),
         "blockc warm (A/A)": lambda: run_blockc(dirs["hf"], prompts, new, warm_cache),
         "hf": lambda: run_child(sys.executable, HF_CHILD, dirs["hf"], prompts, new, threads),
@@ -216,16 +223,17 @@ def measure_config(dirs: dict, new: int, batch: int, blocks: int, threads: int, 
     """Every contestant ``blocks`` times, shuffled in each block; the tokens checked equal."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, 390) for _ in range(PROMPT_LEN)] for _ in range(batch)]
-    warm = tempfile.mkdtemp(prefix="blockc-warm-")
-    run_blockc(dirs["hf"], prompts, new, warm)   # fills the compile cache
-    runs = contestants(dirs, prompts, new, warm, threads)
-    got: dict[str, list] = {name: [] for name in runs}
+    got: dict[str, list] = {}
+    with tempfile.TemporaryDirectory(prefix="blockc-warm-") as warm:
+        run_blockc(dirs["hf"], prompts, new, warm)   # fills the compile cache
+        runs = contestants(dirs, prompts, new, warm, threads)
+        got = {name: [] for name in runs}
+        for _ in range(blocks):
+            order = list(runs)
+            rng.shuffle(order)
+            for name in order:
+                got[name].append(runs[name]())
     eos = eos_ids(dirs["hf"])
-    for _ in range(blocks):
-        order = list(runs)
-        rng.shuffle(order)
-        for name in order:
-            got[name].append(runs[name]())
     tokens = {name: until_eos(r[0]["tokens"], eos) for name, r in got.items()}
     if len({json.dumps(t) for t in tokens.values()}) != 1:
         raise SystemExit("greedy tokens differ: " + "; ".join(f"{n}: {t[0][:12]}" for n, t in tokens.items()))
@@ -298,13 +306,13 @@ def builtin_gpt2(work: str, blocks: int) -> tuple[list[str], list[str]]:
     ids = ",".join(str(i * 37 % 50000) for i in range(PROMPT_LEN))
     cmd = [sys.executable, "-m", "blockc.cli", "generate", "gpt2", "--weights", weights, "--prompt-ids", ids,
            "--max-new", "8"]
-    warm = tempfile.mkdtemp(prefix="blockc-warm-")
-    timed(cmd, {"BLOCKC_CACHE": warm, "PYTHONPATH": ROOT})
+    run = lambda cache: timed(cmd, {"BLOCKC_CACHE": cache, "PYTHONPATH": ROOT})[:2]   # noqa: E731
     got = {"cold": [], "warm": []}
-    for _ in range(blocks):
-        for kind in random.sample(list(got), 2):
-            cache = warm if kind == "warm" else tempfile.mkdtemp(prefix="blockc-cold-")
-            got[kind].append(timed(cmd, {"BLOCKC_CACHE": cache, "PYTHONPATH": ROOT})[:2])
+    with tempfile.TemporaryDirectory(prefix="blockc-warm-") as warm:
+        run(warm)
+        for _ in range(blocks):
+            for kind in random.sample(list(got), 2):
+                got[kind].append(run(warm) if kind == "warm" else in_empty_cache(run))
     lines = [f"| `blockc generate gpt2 --weights` {kind} | {spread([w for w, _ in runs])} s | "
              f"peak RSS {spread([m for _, m in runs], 2 ** -30)} GiB |" for kind, runs in got.items()]
     rows = [f"| gpt2 --weights, 8 new, {kind} <= {limit} s | {verdict([w / limit for w, _ in got[kind]], 1.0, True)} |"
@@ -352,12 +360,13 @@ def main() -> None:
     if not GENAI_PYTHON:
         print("BLOCKC_GENAI_PYTHON is not set: ONNX Runtime GenAI is left out (it names a Python with "
               "onnxruntime-genai)", file=sys.stderr)
-    from importlib.metadata import version   # not imported here: a child's peak RSS starts at this process's size
+    from importlib.metadata import version   # torch not imported here: a child's peak RSS starts at this size
+    import onnxruntime   # its distribution has several names (onnxruntime-gpu)
     os.makedirs(args.work, exist_ok=True)
     names = args.models.split(",")
     dirs = make_dirs(args.work, names, bool(GENAI_PYTHON))
     out = [f"{cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, onnxruntime "
-           f"{version('onnxruntime')}, torch {version('torch')}, transformers {version('transformers')}; "
+           f"{onnxruntime.__version__}, torch {version('torch')}, transformers {version('transformers')}; "
            f"`python bench/{os.path.basename(__file__)} {' '.join(sys.argv[1:])}`. GenAI's builder has no GPT-2. "
            "torch's CPU GEMMs can be 2-3x slower than ONNX Runtime's."]
     rows, record = [], {}
