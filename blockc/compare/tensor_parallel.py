@@ -33,7 +33,7 @@ from ..errors import BlockcError
 from ..frontends import build_model, trace
 from ..frontends.module import check_seed
 from ..parallel.launch import Case, check_rank_backend, rank_backends, time_cases
-from ..parallel.rank_timing import case_form, contestant_key
+from ..parallel.rank_timing import contestant_key
 from ..passes.shard import shard
 from ..report.communication import collective_bytes
 from ..runtime.interface import HOST_CLOCK
@@ -89,16 +89,16 @@ def compare_tp(model: str, tp: int, *, overrides: Mapping[str, str] | None = Non
     feeds = {s.name: s.sample(dims, rng) for s in built.inputs()}
     sent = sum(c.sent for c in collective_bytes(shard(trace(built), tp, pad_vocab=pad_vocab).graphs[0], dims)
                if c.op == "all_reduce")
+    contestants = [(backend, form) for backend in backends for form in FORMS]
     cases = [Case(model, feeds, overrides=overrides, seed=seed, weights=weights, pad_vocab=pad_vocab,
-                  fused=form == "fused", backend=backend) for backend in backends for form in FORMS]
+                  fused=form == "fused", backend=backend) for backend, form in contestants]
     ranks = time_cases(cases, tp, blocks=blocks, rounds=rounds, warmup=warmup, repeats=repeats, seed=seed + 1,
                        control=AA, timeout=timeout)
     times, rows, outputs = {}, [], []
-    for case, timed in zip(cases, ranks):
-        form = case_form(case.fused)
-        times.update(_case_times(case.backend, form, tp, timed))
-        rows += _case_rows(case.backend, form, tp, timed, times)
-        outputs.append(_output_check(case.backend, form, timed))
+    for (backend, form), timed in zip(contestants, ranks):
+        times.update(_case_times(backend, form, tp, timed))
+        rows += _case_rows(backend, form, tp, timed, times)
+        outputs.append(_output_check(backend, form, timed))
     return {"schema": SCHEMA, "model": model, "settings": overrides, "tp": tp, "pad_vocab": pad_vocab,
             "shape": dims, "timing": {"blocks": blocks, "rounds": rounds, "warmup": warmup, "repeats": repeats,
                                       "clock": HOST_CLOCK, "sessions": "fresh each block, in one launch"},

@@ -125,8 +125,9 @@ class Checkpoint:
 
     def __init__(self, files: SafetensorsFiles, takes: dict[str, tuple[Take, DType, tuple[int, ...]]]):
         self.files, self.takes = files, takes
-        self.copying = [name for name, (take, dtype, _) in takes.items()
-                        if take.copies(files.shapes[take.key], files.dtype_of(take.key), dtype)]
+        # an ordered set (the recipe follows its order; every read asks membership)
+        self.copying = dict.fromkeys(name for name, (take, dtype, _) in takes.items()
+                                     if take.copies(files.shapes[take.key], files.dtype_of(take.key), dtype))
         self._prepared: dict[str, np.ndarray] | None = None
 
     def reader(self, name: str):

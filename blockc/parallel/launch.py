@@ -260,16 +260,12 @@ def _check_shards(cases: list[Case], tp: int) -> None:
     """Shard here first: what does not divide, or weights no rank can read
     in slices, are refused before any rank starts. Each model once, however
     many cases run it (compare --tp's backends and forms)."""
-    from ..frontends import build_model, trace
-    from ..passes.shard import shard
-    from .rank_model import check_weights_file, model_key
-    models = {}
+    from .rank_model import check_weights_file, model_key, sharded_model
     for case in cases:
         if case.weights is not None:
             check_weights_file(case.weights)
-        models[model_key(case.model, case.overrides, case.pad_vocab)] = case
-    for case in models.values():
-        shard(trace(build_model(case.model, dict(case.overrides))), tp, pad_vocab=case.pad_vocab)
+    for key in dict.fromkeys(model_key(case.model, case.overrides, case.pad_vocab) for case in cases):
+        sharded_model(key, tp)
 
 
 def _start(folder: str, tp: int, port: int) -> list[subprocess.Popen]:

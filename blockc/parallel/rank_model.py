@@ -47,6 +47,13 @@ def _traced(key: tuple, world: int):
     return model, shard(traced, world, pad_vocab=key[2])
 
 
+def sharded_model(key: tuple, world: int):
+    """The model ``key`` names, traced and split over ``world`` ranks, made
+    once a process (``launch._check_shards`` refuses what does not divide
+    with it, before any rank starts)."""
+    return _traced(key, world)[1]
+
+
 @functools.lru_cache(maxsize=None)
 def _fused(key: tuple, world: int, rank: int):
     from ..passes.manager import optimize

@@ -41,7 +41,6 @@ import json
 import os
 
 
-
 def contestant_key(backend: str, form: str, ranks: int, control: str = "") -> str:
     """A contestant's key; ``control``: the suffix of compare's A/A control (``compare.results.AA``), which
     the job carries (``time["control"]``), as compare's meaning, not the ranks'."""
