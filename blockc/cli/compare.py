@@ -85,13 +85,12 @@ def compare_options(args):
 
     from ..compare import CompareOptions
     from ..files import parse_size
-    from ..runtime.threads import default_threads
+    given = {} if args.threads is None else {"threads": args.threads}   # else CompareOptions' default
     return CompareOptions(
         model=args.model, settings=args.set, dtype=args.dtype, backends=_name_list(args.backends),
         peers=_name_list(args.peers), batches=int_list("--batch", args.batch),
         seqs=None if args.seq is None else int_list("--seq", args.seq),
-        dims=parse_dims(args.dim), threads=default_threads() if args.threads is None else args.threads,
-        warmup=args.warmup, min_repeats=args.repeats,
+        dims=parse_dims(args.dim), **given, warmup=args.warmup, min_repeats=args.repeats,
         min_time_s=args.min_time, rounds=args.rounds, blocks=args.blocks,
         max_memory=None if args.max_memory is None else parse_size(args.max_memory, "--max-memory"),
         fused_as=args.backend_options.get("fused_as"), peak_gbps=args.peak_gbps, seed=args.seed,

@@ -32,9 +32,6 @@ from ..runtime.backend import Backend, Compiled, make_backend
 from ..runtime.backends.ort import OrtBackend, count_onnx_nodes
 from ..runtime.backends.pytorch import TorchBackend
 
-PEERS = ("ort-optimizer", "ort-original", "torch-eager", "torch-compile")
-
-
 def attention_shape(fused: Graph) -> tuple[str, int, int]:
     """(optimizer model_type, num_heads, hidden_size) for ONNX Runtime's
     transformer optimizer, from the first attention of ``fused`` (blockc's
@@ -242,14 +239,21 @@ class TorchPeer(TorchBackend):
     runs = "the standard-form graph, one torch call per IR node"
 
 
+# each peer's name and how it is made from (model, fused): the one list of peers
+_MAKERS = {
+    "ort-optimizer": lambda model, fused: OrtOptimizerPeer(model, fused),
+    "ort-original": lambda model, fused: OrtOriginalPeer(model),
+    # what the name fixes, its registration applies
+    "torch-eager": lambda model, fused: make_backend("torch-eager", TorchPeer),
+    "torch-compile": lambda model, fused: make_backend("torch-compile", TorchPeer),
+}
+PEERS = tuple(_MAKERS)
+
+
 def make_peer(name: str, model, fused: Graph) -> Backend:
     """A peer of ``model`` (``fused``: its fused form, where the optimizer's
     settings are read): a ``Backend`` that compare runs on the standard-form
     graph, its rows under ``row_backend``."""
-    if name == "ort-optimizer":
-        return OrtOptimizerPeer(model, fused)
-    if name == "ort-original":
-        return OrtOriginalPeer(model)
-    if name in ("torch-eager", "torch-compile"):
-        return make_backend(name, TorchPeer)   # what the name fixes, its registration applies
-    raise BlockcError(f"unknown peer {name!r}; peers: {', '.join(PEERS)}")
+    if name not in _MAKERS:
+        raise BlockcError(f"unknown peer {name!r}; peers: {', '.join(PEERS)}")
+    return _MAKERS[name](model, fused)
