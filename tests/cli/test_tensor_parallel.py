@@ -11,7 +11,8 @@ import pytest
 
 from blockc.cli import main
 
-SMALL = ["--set", "layers=2", "--set", "vocab=64"]
+# narrow (GPT-2 is 768 wide): the split is the point, and 4 heads still split over 2 ranks
+SMALL = ["--set", "layers=2", "--set", "vocab=64", "--set", "d_model=64", "--set", "heads=4"]
 # GPT-3 175B (Brown et al. 2020, table 2.1): 96 layers of d=12288, 96 heads, 2048 positions.
 GPT3 = ["gpt2", "--set", "d_model=12288", "--set", "heads=96", "--set", "layers=96", "--set", "max_positions=2048"]
 

@@ -15,12 +15,15 @@ that imports and matches fails the test, so the table only ever shrinks.
 Newer onnx releases (onnx PR #7959) build the node cases in memory instead
 of shipping ``node/test_*/model.onnx`` and ``test_data_set_*/*.pb``;
 ``load_model_tests(kind="node")`` gives them either way, and ``_case_data``
-reads the files where an older onnx still has them.
+reads the files where an older onnx still has them (``_node_cases`` makes
+them in memory without the generators of cases no rule could select).
 """
 from __future__ import annotations
 
 import glob
+import importlib
 import os
+import pkgutil
 import re
 import warnings
 from dataclasses import dataclass
@@ -31,7 +34,8 @@ import onnx
 import onnx.defs
 import pytest
 from onnx import numpy_helper
-from onnx.backend.test.loader import load_model_tests
+from onnx.backend.test.case.utils import import_recursive
+from onnx.backend.test.loader import DATA_DIR, load_model_tests
 
 from blockc import BlockcError
 from blockc.frontends.onnx import load_onnx
@@ -129,10 +133,45 @@ def _array(v) -> np.ndarray:
     return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
 
 
+def _never_selected() -> set[str]:
+    """The case generator modules (each named after its operator, as
+    ``averagepool``) that make only cases no rule could import: their
+    operator is one of ONNX's that the importer's table lacks, and no
+    version of it has a function body (so no ``_expanded`` case, written in
+    other operators)."""
+    from blockc.frontends.onnx.rules import DOMAINS
+    known = {op.lower() for op in DOMAINS[""]}
+    expandable = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == "":
+            name = schema.name.lower()
+            expandable[name] = expandable.get(name, False) or schema.has_function or \
+                schema.has_context_dependent_function
+    return {name for name, expands in expandable.items() if name not in known and not expands}
+
+
+def _node_cases() -> list:
+    """``load_model_tests(kind="node")``'s cases, less those ``_never_selected``
+    leaves out unmade: an onnx that builds them in memory runs each
+    generator module at import, and the pooling ones' loops were most of
+    this module's collection time, paid again in every xdist worker."""
+    import onnx.backend.test.case.node as generators
+    made = getattr(generators, "_NodeTestCases", None)
+    if os.path.isdir(os.path.join(DATA_DIR, "node")) or made is None:   # on disk, or not as onnx 1.23 builds them
+        return load_model_tests(kind="node")
+    never = _never_selected()
+    for module in pkgutil.iter_modules(generators.__path__):
+        if module.ispkg and onnx.ONNX_ML:   # ai_onnx_ml: whole, where load_model_tests makes it
+            import_recursive(importlib.import_module(f"{generators.__name__}.{module.name}"))
+        elif not module.ispkg and module.name.replace("_", "") not in never:
+            importlib.import_module(f"{generators.__name__}.{module.name}")
+    return made
+
+
 def _selected() -> dict[str, tuple]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # the case generators' own numpy warnings (overflowing casts)
-        cases = load_model_tests(kind="node")
+        cases = _node_cases()
     chosen = {}
     for case in cases:
         model, data = _case_data(case)
