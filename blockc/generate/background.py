@@ -4,6 +4,7 @@ user waits for it only where the prefill is the shorter.
 
     later = CompileAhead(target, decode_graph, weights, CompileHints(rows=4))   # starts now
     with later, target.compile_hinted(prefill_graph, weights, hints) as prefill:
+        later.compile_unless_ahead()      # a backend that cannot compile beside it: now
         out = prefill.run(feeds)          # meanwhile, the decode step compiles
         decode = later.get()              # what is left of it waited for: ``later.waited_s``
 
@@ -12,8 +13,8 @@ decode step's session (``CompileHints.packs_weights``), 0.4 s of a 125M
 model's warm start, which the prefill's own compile and run now cover.
 
 Only where the backend says it is safe (``Backend.compiles_concurrently``);
-elsewhere the graph is compiled at once, in the caller's thread, before
-anything else, as it always was. ``get`` raises an error of the compile as
+elsewhere the graph is compiled in the caller's thread, after the prefill's
+compile and before its run, as it always was (``compile_unless_ahead``). ``get`` raises an error of the compile as
 the compile raised it (its type, its message). ``close``, in every path,
 waits for a compile still running and closes what it made; it never raises
 the compile's error (the caller is raising its own, or never asked for the
@@ -35,34 +36,44 @@ from ..runtime.interface import Backend, Compiled, CompileHints
 
 
 class CompileAhead:
-    """``target.compile_hinted(graph, weights, hints)``, begun now; ``get()``
-    is its result, ``waited_s`` how long ``get`` and ``close`` waited for it."""
+    """``target.compile_hinted(graph, weights, hints)``, begun now in a
+    second thread where ``target.compiles_concurrently``, else made in the
+    caller's thread by ``compile_unless_ahead``; ``get()`` is its result,
+    ``waited_s`` how long ``get`` and ``close`` waited for it."""
 
     def __init__(self, target: Backend, graph: Graph, weights: Mapping[str, np.ndarray], hints: CompileHints):
         self._future: Future = Future()
+        self._compile = lambda: target.compile_hinted(graph, weights, hints)
         self.waited_s = 0.0
-        if not target.compiles_concurrently:   # an error raises here, in the caller, as it did before any thread
-            self._future.set_result(target.compile_hinted(graph, weights, hints))
-            return
-        thread = threading.Thread(target=self._compile, args=(target, graph, weights, hints),
-                                  name="blockc-compile-ahead", daemon=True)
-        thread.start()
+        self.ahead = target.compiles_concurrently
+        if self.ahead:
+            threading.Thread(target=self._run, name="blockc-compile-ahead", daemon=True).start()
 
-    def _compile(self, target, graph, weights, hints) -> None:
+    def _run(self) -> None:
         try:
-            compiled = target.compile_hinted(graph, weights, hints)
+            compiled = self._compile()
         except BaseException as err:   # every error goes to ``get``, none is lost with the thread
             self._future.set_exception(err)
         else:
             self._future.set_result(compiled)
 
+    def compile_unless_ahead(self) -> None:
+        """Where the backend compiles in the caller's thread alone: compile
+        now (an error raised here), where generation always did: after the
+        prefill's compile, before it runs."""
+        if not self.ahead and not self._future.done():
+            self._future.set_result(self._compile())
+
     def get(self) -> Compiled:
         """The compiled graph, once it is made (an error of its compile raised here)."""
+        self.compile_unless_ahead()
         with self._waiting():
             return self._future.result()
 
     def close(self) -> None:
         """Wait for the compile if it still runs (counted in ``waited_s``); close what it made."""
+        if not self.ahead and not self._future.done():
+            return   # never compiled: the prefill's compile failed first
         with self._waiting():
             failed = self._future.exception()   # waits; a Ctrl-C meanwhile is raised, not swallowed
         if failed is None:

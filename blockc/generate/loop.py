@@ -70,17 +70,16 @@ class Generation:
     """What ``generate`` made: each prompt's new ids (up to and including
     a stop id where one came), and how long it took. ``first_token_s``: from
     the prefill's start to the first tokens picked; ``step_s``: each decode
-    step, feeds to picked tokens; ``compile_s``: tracing and compiling both
-    graphs, once, before any of it; ``load_s``: loading the weights, as the
-    caller measured it (``generate(..., load_s=)``); ``form``: the graph
-    form that ran. What a user waits for is ``whole_s``: the start
-    (``start_s``: loading and compiling) and the generation.
-    ``compile_s``: tracing and compiling until the prefill can run; where
-    the backend compiles the decode step meanwhile, in a second thread
-    (``background.CompileAhead``), what the run still had to wait for it
-    after the prefill is ``decode_wait_s``: counted in the first decode
-    step's time (``step_s[0]``), or, where no step ran, at the end (in
-    ``whole_s``)."""
+    step, feeds to picked tokens; ``compile_s``: tracing both graphs and
+    compiling, once, until the prefill can run; ``load_s``: loading the
+    weights, as the caller measured it (``generate(..., load_s=)``);
+    ``form``: the graph form that ran. What a user waits for is
+    ``whole_s``: the start (``start_s``: loading and compiling) and the
+    generation. Where the backend compiles the decode step in a second
+    thread while the prefill compiles and runs (``background.CompileAhead``),
+    what the run still had to wait for it after the prefill is
+    ``decode_wait_s``: counted in the first decode step's time
+    (``step_s[0]``), or, where no step ran, at the end (in ``whole_s``)."""
 
     tokens: list[list[int]]
     first_token_s: float
@@ -93,7 +92,7 @@ class Generation:
 
     @property
     def start_s(self) -> float:
-        """Loading the weights and compiling both graphs: before the first token is asked for."""
+        """Loading the weights and compiling: all before the prefill runs."""
         return self.load_s + self.compile_s
 
     @property
@@ -253,12 +252,14 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     (prefill_graph, prefill_weights), (decode_graph, decode_weights) = \
         _graphs(steps, weights, form, names.pairs, rank_of, pad_vocab)
     # the prefill runs once; each decode step multiplies one row a prompt by every weight: a backend may use
-    # that, or not. The decode step compiles first, in a second thread where the backend allows it, while the
-    # prefill compiles and runs; the first decode step waits for what is left of it.
+    # that, or not. The decode step compiles in a second thread where the backend allows it, begun first, while
+    # the prefill compiles and runs; the first decode step waits for what is left of it.
     decode = CompileAhead(target, decode_graph, decode_weights, CompileHints(rows=len(prompts))) \
         if decode_graph is not None else None
     with decode or contextlib.nullcontext(), \
             target.compile_hinted(prefill_graph, prefill_weights, CompileHints(runs=1)) as prefill:
+        if decode is not None:
+            decode.compile_unless_ahead()   # a backend that cannot compile it beside: now, in the start, as before
         compile_s = time.perf_counter() - t0
         loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length,
                           ranks=RankDecisions(rank_of[0]) if rank_of is not None and rank_of[1] > 1 else None)

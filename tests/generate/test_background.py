@@ -155,3 +155,31 @@ def test_ort_generates_the_same_tokens_with_the_decode_compiled_concurrently(row
     after = generate(model, weights, prompts, 5, backend="ort-cpu", form=form)
     assert after.tokens == before.tokens
     assert before.decode_wait_s == 0   # compiled before the prefill: nothing left to wait for after it
+
+
+class InOrder(Gated):
+    compiles_concurrently = False
+
+
+def test_a_backend_that_cannot_compile_beside_compiles_in_order_in_one_thread(gated, tiny):
+    """The prefill, then the decode step, both before the prefill runs, as
+    always; a failed prefill compile leaves the step never compiled."""
+    order = []
+    gated.hooks.update(on_prefill_compile=lambda: order.append("prefill"),
+                       on_decode_compile=lambda: order.append("decode"),
+                       on_prefill_run=lambda: order.append("run"))
+    register("in-order", InOrder)
+    try:
+        got = generate(*tiny, PROMPTS, 3, backend="in-order")
+        assert order == ["prefill", "decode", "run"] and got.decode_wait_s == 0
+        assert {t for _, t in gated.made} == {threading.main_thread()} and len(gated.closed) == 2
+
+        def refuse():
+            raise BlockcError("no prefill here")
+        gated.hooks.update(on_prefill_compile=refuse)
+        order.clear()
+        with pytest.raises(BlockcError, match="no prefill here"):
+            generate(*tiny, PROMPTS, 3, backend="in-order")
+        assert order == []
+    finally:
+        unregister("in-order")
