@@ -26,7 +26,11 @@ def _build(tmp_path_factory, sanitize: str | None, threads: bool | None = None) 
         except toolchain.ToolchainError as e:
             pytest.skip(str(e))
     out = tmp_path_factory.mktemp("emu") / f"kernels_{sanitize or ('threads' if threads else 'fibers')}.so"
-    return toolchain.compile_emulated(KERNEL_SOURCES, out, sanitize=sanitize, threads=threads, opt="-O1")
+    # A model's emulated build's flags (runtime.cuda_runner.emulated_library: -O2, -DBLOCKC_EMULATE, which
+    # only blockc_cuda.h reads, not these kernels): its emulator runtime and precompiled header, cached
+    # per set of flags, are then built once a session for both, not twice (-O1 here cost 3 sets, ~30 CPU-s)
+    return toolchain.compile_emulated(KERNEL_SOURCES, out, sanitize=sanitize, threads=threads,
+                                      extra_flags=["-DBLOCKC_EMULATE"])
 
 
 @pytest.fixture(scope="session")

@@ -342,7 +342,8 @@ def spread_lib(tmp_path_factory):
         pytest.skip("no g++")
     src = tmp_path_factory.mktemp("spread") / "spread.cu"
     src.write_text(SPREAD)
-    return toolchain.compile_emulated([src], src.with_suffix(".so"), racecheck=False,
+    # a model's emulated build's flags (racecheck on): the session's cached emulator runtime is theirs
+    return toolchain.compile_emulated([src], src.with_suffix(".so"),
                                       extra_flags=["-DBLOCKC_EMULATE", f"-I{TEMPLATE_DIR}"])
 
 
@@ -399,7 +400,7 @@ def test_the_gemm_launcher_keeps_every_grid_dim_within_the_devices_limits_at_100
     name, = re.findall(r"static void (\w+)_launch\(", cm.source)
     (tmp_path / "model.cu").write_text(cm.source)
     (tmp_path / "launcher.cu").write_text(LAUNCHER.replace("NAME_", name + "_"))
-    lib = toolchain.compile_emulated([tmp_path / "launcher.cu"], tmp_path / "launcher.so", racecheck=False,
+    lib = toolchain.compile_emulated([tmp_path / "launcher.cu"], tmp_path / "launcher.so",
                                      extra_flags=["-DBLOCKC_EMULATE", f"-I{tmp_path}", f"-I{TEMPLATE_DIR}"])
     grid_and_limits, = run_emulated(lib, "run_launcher", [np.zeros(6, np.int64), 100_000 * 3])
     grid, limits = grid_and_limits[:3], grid_and_limits[3:]
