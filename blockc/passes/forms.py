@@ -53,7 +53,9 @@ def to_form(graph: Graph, form: str, *, progress: Progress | None = None, **opti
     raise BlockcError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
 
 
-_CACHED_OPTIONS = {"disable", "check"}   # optimize's options that change only the result, not what it prints
+# optimize's options that change only the result, not what it prints: each with its default and its value as
+# the cache key holds it (the passes disabled are a set)
+_CACHED_OPTIONS = {"disable": ((), sorted), "check": (True, lambda check: check)}
 _PRINTING = ("print_after", "print_after_all")   # optimize's options that ask for printing, when not empty
 _PRINT_OUT = "out"                               # where it prints: nothing asked, nothing printed there
 
@@ -64,7 +66,7 @@ def _cacheable(form: str, optimize_options: dict) -> bool:
     an empty ``print_after`` or a false ``print_after_all`` asks for no
     printing, as leaving it out does, so callers pass their options as given."""
     printing = any(optimize_options.get(name) for name in _PRINTING)
-    others = set(optimize_options) - _CACHED_OPTIONS - {*_PRINTING, _PRINT_OUT}
+    others = set(optimize_options) - {*_CACHED_OPTIONS, *_PRINTING, _PRINT_OUT}
     return form == "fused" and not printing and not others
 
 
@@ -93,7 +95,7 @@ def _kept(kind: str, source: str, optimize_options: dict, make: Callable[[], Gra
     as ``KIND/KEY/fused.json`` under a key of ``source``, the options that
     change the result and the code version; made now, the graph itself
     (what it would be without a cache), else the one read back."""
-    options = {"disable": sorted(optimize_options.get("disable", ())), "check": optimize_options.get("check", True)}
+    options = {name: keyed(optimize_options.get(name, default)) for name, (default, keyed) in _CACHED_OPTIONS.items()}
     fresh = []
 
     def dump() -> bytes:
