@@ -127,7 +127,7 @@ class Checkpoint:
         self.files, self.takes = files, takes
         # an ordered set (the recipe follows its order; every read asks membership)
         self.copying = dict.fromkeys(name for name, (take, dtype, _) in takes.items()
-                                     if take.copies(files.shapes[take.key], files.dtype_of(take.key), dtype))
+                                     if take.copies(files.dtype_of(take.key), dtype))
         self._prepared: dict[str, np.ndarray] | None = None
 
     def reader(self, name: str):
@@ -140,7 +140,9 @@ class Checkpoint:
                 self._prepared = self._prepare()
             if name in self._prepared:
                 return self._prepared[name]
-        return self.make(name)
+            return self.make(name)
+        take = self.takes[name][0]
+        return take.view(self.files[take.key])
 
     def make(self, name: str) -> np.ndarray:
         take, dtype, _ = self.takes[name]

@@ -304,6 +304,35 @@ def file_region(array: np.ndarray) -> FileRegion | None:
     return FileRegion(base.path, array.ctypes.data - base.address, array.nbytes)
 
 
+@dataclass(frozen=True)
+class FileView:
+    """An array's place in a ``.safetensors`` file: its first byte's
+    ``offset`` in the file ``path``, and numpy's ``shape`` and ``strides``
+    (in bytes) over the bytes from there: a checkpoint's tensor as a model
+    reads it (transposed, a slice of its columns) without a copy."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def file_view(array: np.ndarray) -> FileView | None:
+    """Where ``array``'s bytes lie in a ``.safetensors`` file when it is a
+    little-endian view over a ``SafetensorsFiles`` map in any order (a
+    transpose, a column slice; not reversed); None for anything else. A
+    C-contiguous one also has a ``file_region``, which ONNX Runtime can map;
+    the others are made contiguous once, into the cache
+    (``runtime/folded_params.py``)."""
+    if not isinstance(array, np.ndarray) or array.nbytes == 0 or array.dtype.byteorder == ">" \
+            or any(s < 0 for s in array.strides):
+        return None
+    base = _file_map(array)
+    if base is None:
+        return None
+    return FileView(base.path, array.ctypes.data - base.address, tuple(array.shape), tuple(array.strides))
+
+
 def _file_map(array: np.ndarray) -> _FileMap | None:
     """The ``SafetensorsFiles`` map ``array`` is a view of, if it is one."""
     base = array
