@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import check_writable, replace_together, same_file
+from ..files import check_writable, replace_together, same_file, start_writeback
 from ..ir.dtypes import DType, is_float_numpy
 from ..ir.graph import Graph
 
@@ -143,7 +143,9 @@ def write_safetensors(path: str | os.PathLike, specs: Mapping[str, tuple[np.dtyp
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
         for name in order:
+            start = f.tell()
             f.write(_checked(name, make(name), specs[name]).reshape(-1).view(np.uint8))
+            start_writeback(f, start, f.tell() - start)   # on its way to disk while the next is made
         f.flush()
         os.fsync(f.fileno())
 
