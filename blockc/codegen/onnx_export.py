@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import BlockcError, WeightsError
 from ..files import output_target, replace_together
+from ..frontends.weights import contiguous
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ops.registry import fused_ops
@@ -307,14 +308,16 @@ def _add_weights(target: onnx.GraphProto, graph: Graph, weights: Mapping[str, np
     tick = ticker(progress, WRITING_WEIGHTS, len(graph.params), every=1)  # a weight is made, then copied
     for done, (name, w) in enumerate(checked_weights(graph, weights), 1):
         # add + CopyFrom, not append: append serializes, which fails past 2 GiB
-        target.initializer.add().CopyFrom(numpy_helper.from_array(w, name))
+        target.initializer.add().CopyFrom(numpy_helper.from_array(contiguous(w), name))
         del w
         tick(done)
 
 
 def checked_weights(graph: Graph, weights: Mapping[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
-    """``(name, contiguous array)`` for each parameter of ``graph``, read from
-    ``weights`` once and checked against the parameter's type; after the last,
+    """``(name, array)`` for each parameter of ``graph``, read from ``weights``
+    once and checked against the parameter's type, not copied (a view of a
+    checkpoint out of order stays one: ``runtime/folded_params.py`` puts it
+    in order once, into the cache, where it can); after the last,
     every problem is raised at once as a ``WeightsError``."""
     problems = []
     for name, v in graph.params.items():
@@ -329,7 +332,7 @@ def checked_weights(graph: Graph, weights: Mapping[str, np.ndarray]) -> Iterator
         elif tuple(w.shape) != tuple(v.shape) or w.dtype != v.dtype.numpy:
             problems.append(f"{name}: got {w.dtype}{list(w.shape)}, the graph expects {v.type}")
         else:
-            yield name, np.ascontiguousarray(w)
+            yield name, w
         del w
     if problems:
         raise WeightsError(f"{len(problems)} weight(s) do not match the graph:\n  " + "\n  ".join(problems))

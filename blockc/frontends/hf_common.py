@@ -109,16 +109,19 @@ class Take:
     start: int
     stop: int
 
-    def copies(self, shape: tuple[int, ...], stored: np.dtype, dtype: DType) -> bool:
-        """Whether ``apply`` to a stored tensor of ``shape`` and dtype ``stored``
-        makes a new array, rather than handing out a view of the stored one:
-        where its cut is not contiguous (a transpose, columns of a matrix),
-        or a cast. Asked of ``apply``'s own cut, on a stand-in that has the
-        stored tensor's strides but no data (never read)."""
-        itemsize = np.dtype(stored).itemsize
-        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * itemsize for i in range(len(shape)))
-        stand_in = np.lib.stride_tricks.as_strided(np.empty(1, stored), shape, strides, writeable=False)
-        return not self._cut(stand_in).flags.c_contiguous or np.dtype(stored) != dtype.numpy
+    def copies(self, stored: np.dtype, dtype: DType) -> bool:
+        """Whether the parameter, read from a stored tensor of dtype ``stored``,
+        is a new array (a cast) rather than ``view``'s view of the stored one."""
+        return np.dtype(stored) != dtype.numpy
+
+    def view(self, tensor: Any) -> np.ndarray:
+        """The stored tensor as the parameter reads it, in its stored dtype and
+        without a copy: transposed or cut to columns it is not C-ordered. A
+        runtime that wants it in order makes that copy once, into its cache,
+        beside the merges it folds over such views (``runtime/folded_params.py``):
+        so a checkpoint's q/k/v bytes are written once, merged, not also as
+        transposed copies that no session reads."""
+        return self._cut(to_numpy(tensor))
 
     def apply(self, tensor: Any, dtype: DType) -> np.ndarray:
         # no copy where none is needed: a checkpoint's own tensor stays a view of its file (a runtime maps it)

@@ -11,11 +11,12 @@ and ``--weights`` still replaces them.
 
 Nothing is read whole: the shards' headers (names, shapes, dtypes) are read
 when the model is built, and every missing, unexpected or misshapen tensor
-is refused then (``hf_common.plan_checkpoint``). A weight that is a
-checkpoint's tensor as it is stays a view of its memory-mapped file
-(``weights.SafetensorsFiles``); those made by a copy (a transposed
-``nn.Linear`` weight, GPT-2's q/k/v columns, a cast) are made once into a
-prepared file of the cache and are views of it on later runs (``Checkpoint``,
+is refused then (``hf_common.plan_checkpoint``). A weight is a view of the
+checkpoint's memory-mapped file (``weights.SafetensorsFiles``), out of
+order where it is a transposed ``nn.Linear`` weight or GPT-2's q/k/v
+columns (ONNX Runtime's sessions put it in order once, into the cache:
+``runtime/folded_params.py``); only a cast is a copy, made once into a
+prepared file of the cache and a view of it on later runs (``Checkpoint``,
 ``prepared.py``). The model keeps the checkpoint's float dtype (float16,
 bfloat16) unless ``--set dtype=...`` casts it.
 
@@ -114,20 +115,22 @@ def load_hf_dir(path: str, overrides: dict[str, str] | None = None) -> Model:
 
 class Checkpoint:
     """The parameters a checkpoint's tensors become (``takes``: name -> its
-    ``Take``, dtype and shape). A take that needs no copy is a view of the
-    checkpoint's file. The others (a transposed ``nn.Linear`` weight, a
-    column slice of GPT-2's ``c_attn``, a cast) are made together, on the
-    first read of any of them, into one prepared file of the cache
-    (``prepared.prepared_arrays``), keyed by the checkpoint's files'
-    ``source_identity``, those takes and the code's version, so they are
-    views of a file too and later runs make none. A checkpoint written just
-    now (racy) has them made in memory, each on its own read."""
+    ``Take``, dtype and shape). A take of the stored dtype is a view of the
+    checkpoint's file (``Take.view``), transposed or cut to columns or not:
+    no load copies it, and the sessions that need it in order make that
+    copy once, beside the merges they fold over such views, so no byte is
+    written twice (``runtime/folded_params.py``). The casts are made
+    together, on the first read of any of them, into one prepared file of
+    the cache (``prepared.prepared_arrays``), keyed by the checkpoint's
+    files' ``source_identity``, those takes and the code's version, so they
+    are views of a file too and later runs make none. A checkpoint written
+    just now (racy) has them made in memory, each on its own read."""
 
     def __init__(self, files: SafetensorsFiles, takes: dict[str, tuple[Take, DType, tuple[int, ...]]]):
         self.files, self.takes = files, takes
         # an ordered set (the recipe follows its order; every read asks membership)
         self.copying = dict.fromkeys(name for name, (take, dtype, _) in takes.items()
-                                     if take.copies(files.shapes[take.key], files.dtype_of(take.key), dtype))
+                                     if take.copies(files.dtype_of(take.key), dtype))
         self._prepared: dict[str, np.ndarray] | None = None
 
     def reader(self, name: str):
@@ -140,7 +143,9 @@ class Checkpoint:
                 self._prepared = self._prepare()
             if name in self._prepared:
                 return self._prepared[name]
-        return self.make(name)
+            return self.make(name)
+        take = self.takes[name][0]
+        return take.view(self.files[take.key])
 
     def make(self, name: str) -> np.ndarray:
         take, dtype, _ = self.takes[name]

@@ -88,8 +88,8 @@ def _own_entry(path: str) -> bool:
     need not hold back: its bytes follow from its key (the path names its
     sources, its recipe and the code), and it is only ever replaced whole
     (``files.cached_entry``), by the same bytes. Merges folded over a
-    checkpoint's copies (``runtime/folded_params.py``) are thus kept by the
-    run that made the copies, seconds before, not left to every session of
+    checkpoint's casts (``runtime/folded_params.py``) are thus kept by the
+    run that made the casts, seconds before, not left to every session of
     it and made by the next run."""
     try:
         entries = (cache_root() / KIND).resolve()

@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import BlockcError, WeightsError, printable
-from ..files import check_writable, replace_together, same_file
+from ..files import check_writable, replace_together, same_file, start_writeback
 from ..ir.dtypes import DType, is_float_numpy
 from ..ir.graph import Graph
 
@@ -143,7 +143,9 @@ def write_safetensors(path: str | os.PathLike, specs: Mapping[str, tuple[np.dtyp
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
         for name in order:
+            start = f.tell()
             f.write(_checked(name, make(name), specs[name]).reshape(-1).view(np.uint8))
+            start_writeback(f, start, f.tell() - start)   # on its way to disk while the next is made
         f.flush()
         os.fsync(f.fileno())
 
@@ -302,6 +304,35 @@ def file_region(array: np.ndarray) -> FileRegion | None:
     if base is None:
         return None
     return FileRegion(base.path, array.ctypes.data - base.address, array.nbytes)
+
+
+@dataclass(frozen=True)
+class FileView:
+    """An array's place in a ``.safetensors`` file: its first byte's
+    ``offset`` in the file ``path``, and numpy's ``shape`` and ``strides``
+    (in bytes) over the bytes from there: a checkpoint's tensor as a model
+    reads it (transposed, a slice of its columns) without a copy."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def file_view(array: np.ndarray) -> FileView | None:
+    """Where ``array``'s bytes lie in a ``.safetensors`` file when it is a
+    little-endian view over a ``SafetensorsFiles`` map in any order (a
+    transpose, a column slice; not reversed); None for anything else. A
+    C-contiguous one also has a ``file_region``, which ONNX Runtime can map;
+    the others are made contiguous once, into the cache
+    (``runtime/folded_params.py``)."""
+    if not isinstance(array, np.ndarray) or array.nbytes == 0 or array.dtype.byteorder == ">" \
+            or any(s < 0 for s in array.strides):
+        return None
+    base = _file_map(array)
+    if base is None:
+        return None
+    return FileView(base.path, array.ctypes.data - base.address, tuple(array.shape), tuple(array.strides))
 
 
 def _file_map(array: np.ndarray) -> _FileMap | None:

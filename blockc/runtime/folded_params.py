@@ -48,7 +48,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..frontends.prepared import prepared_arrays
-from ..frontends.weights import FileRegion, contiguous, file_region, mapped_files, release_pages
+from ..frontends.weights import FileView, contiguous, file_region, file_view, mapped_files, release_pages
 from ..ir.graph import Graph, Node, Value
 from ..ir.load_time import load_time_nodes
 from ..ir.printer import format_attrs
@@ -68,10 +68,6 @@ class FoldedParams:
     derived: dict[str, Value]
     leaves: dict[str, list[str]]
     make: Callable[[str], np.ndarray]
-
-    def specs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-        """``{name: (numpy dtype, shape)}`` of each new parameter."""
-        return {name: (v.dtype.numpy, tuple(v.shape)) for name, v in self.derived.items()}
 
 
 def foldable_nodes(graph: Graph, only: Callable[[str], bool] = lambda name: True) -> list[Node]:
@@ -149,37 +145,50 @@ def _evaluate(v: Value, weights: Mapping[str, np.ndarray], made: dict) -> np.nda
 
 def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[Graph, dict[str, np.ndarray]]:
     """``graph`` and ``weights`` as ONNX Runtime gets them: each node that
-    reads only parameters whose arrays lie in ``.safetensors`` files
-    (``weights.file_region``) folded (``fold_params``), its array made once
-    into a cache file and mapped from it on every later start
-    (``prepared.prepared_arrays``: a file view, which every session maps
-    and none copies). Left as they are (ONNX Runtime folds such nodes itself,
-    in each session) where no such node reads only file views, or where a
-    file was written just now or replaced since it was mapped
-    (``source_identity`` None). The key names the files' identity, each
-    array's recipe (the node chain in its name, its type, the regions it
-    reads) and this code."""
-    regions = {name: r for name, a in weights.items() if (r := file_region(a)) is not None}
-    folded = fold_params(graph, weights, only=regions.__contains__)
-    if folded is None:
+    reads only parameters whose arrays are views of ``.safetensors`` files
+    (``weights.file_view``) folded (``fold_params``), and each parameter
+    left whose view is out of order (a checkpoint's transposed
+    ``nn.Linear`` weight, GPT-2's q/k/v columns: ``hf_common.Take.view``)
+    put in order; those arrays made once into one cache file and mapped from
+    it on every later start (``prepared.prepared_arrays``: a file view,
+    which every session maps and none copies). So each byte is written
+    once: a q/k/v merge is made from the checkpoint's own views, never from
+    transposed copies of them. Left as they are (ONNX Runtime folds such
+    nodes itself, in each session, and gets a copy of each out-of-order
+    view) where there is nothing to make, or where a file was written just
+    now or replaced since it was mapped (``source_identity`` None). The key
+    names the files' identity, each array's recipe (the node chain in its
+    name, its type, the views it reads) and this code."""
+    views = {name: v for name, a in weights.items() if (v := file_view(a)) is not None}
+    folded = fold_params(graph, weights, only=views.__contains__)
+    exported = graph if folded is None else folded.graph
+    ordered = {name: exported.params[name] for name in exported.params
+               if name in views and file_region(weights[name]) is None}
+    derived = {} if folded is None else folded.derived
+    types = {**{name: v.type for name, v in derived.items()}, **{name: v.type for name, v in ordered.items()}}
+    if not types:
         return graph, dict(weights)
-    sources = mapped_files(weights[p] for leaves in folded.leaves.values() for p in leaves)
+    leaves = {**({} if folded is None else folded.leaves), **{name: [name] for name in ordered}}
+    sources = mapped_files(weights[p] for names in leaves.values() for p in names)
     ran = []
 
     def make(name: str) -> np.ndarray:
         ran.append(name)
-        return folded.make(name)
-    made = prepared_arrays(_recipe(graph, folded, regions), folded.specs(), make, sources)
+        return contiguous(weights[name]) if name in ordered else folded.make(name)
+    specs = {name: (t.dtype.numpy, tuple(t.shape)) for name, t in types.items()}
+    made = prepared_arrays(_recipe(graph, types, leaves, views), specs, make, sources)
     if made is None:
         return graph, dict(weights)
     if ran:   # made on a miss, every byte of their sources was read through this process's map: not its memory
-        release_pages(weights[p] for leaves in folded.leaves.values() for p in leaves)
-    return folded.graph, {**{name: weights[name] for name in folded.graph.params if name in weights}, **made}
+        release_pages(weights[p] for names in leaves.values() for p in names)
+    return exported, {**{name: weights[name] for name in exported.params if name in weights}, **made}
 
 
-def _recipe(graph: Graph, folded: FoldedParams, regions: Mapping[str, FileRegion]) -> str:
-    """What each folded array is made from, as one text: its name (the node
-    chain), its type, and each parameter it reads with its type and region."""
-    return json.dumps([[name, str(v.type), [[p, str(graph.params[p].type), regions[p].path, regions[p].offset,
-                                             regions[p].length] for p in folded.leaves[name]]]
-                       for name, v in folded.derived.items()])
+def _recipe(graph: Graph, types: Mapping[str, object], leaves: Mapping[str, list[str]],
+            views: Mapping[str, FileView]) -> str:
+    """What each made array is made from, as one text: its name (the node
+    chain, or the parameter put in order), its type, and each parameter it
+    reads with its type and its view of its file."""
+    return json.dumps([[name, str(t), [[p, str(graph.params[p].type), views[p].path, views[p].offset,
+                                         views[p].shape, views[p].strides] for p in leaves[name]]]
+                       for name, t in types.items()])

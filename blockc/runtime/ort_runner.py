@@ -17,7 +17,7 @@ import numpy as np
 from ..codegen.onnx_export import checked_weights, export_onnx_decided
 from ..errors import BlockcError
 from ..files import cache_key, cached_value
-from ..frontends.weights import FileRegion, check_still_mapped, file_region
+from ..frontends.weights import FileRegion, check_still_mapped, contiguous, file_region
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Value
 from ..ir.printer import print_graph
@@ -213,6 +213,8 @@ class OrtSession:
         if regions and len({os.path.splitdrive(r.path)[0] for r in regions.values()}) > 1:
             regions = {}   # files on two drives have no common folder to name them from: bound instead
         bound = [name for name in self._weights if name not in regions]
+        # in order, as ONNX Runtime reads them: a view out of order (a checkpoint's transpose no cache holds) copied
+        self._weights.update({name: contiguous(self._weights[name]) for name in bound})
         self._weight_values = [_to_ortvalue(ort, self._weights[name], params[name].dtype) for name in bound]
         if bound:
             options.add_external_initializers(bound, self._weight_values)

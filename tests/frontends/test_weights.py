@@ -130,6 +130,25 @@ def test_the_writer_streams_one_tensor_at_a_time_into_a_standard_file(tmp_path):
         assert files[name].size == 0 or files[name].ctypes.data % files[name].itemsize == 0, name
 
 
+def test_the_writer_starts_each_tensors_writeback_as_it_is_written_and_still_syncs_the_file(tmp_path, monkeypatch):
+    """Each tensor's bytes are handed to the disk as soon as they are written
+    (``files.start_writeback``), and the whole file is still ``fsync``ed
+    after the last: a cache entry is renamed in only once it is durable."""
+    arrays = {"a": np.arange(6, dtype=np.float32), "b": np.ones((2, 3), np.float16)}
+    calls = []
+    real_start = weights.start_writeback
+    monkeypatch.setattr(weights, "start_writeback", lambda f, start, n: calls.append(("start", start, n))
+                        or real_start(f, start, n))
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(("fsync",)) or real_fsync(fd))
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, {n: (a.dtype, a.shape) for n, a in arrays.items()}, arrays.__getitem__)
+    data = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    assert calls == [("start", data, 24), ("start", data + 24, 12), ("fsync",)]
+    loaded = safetensors.numpy.load_file(str(path))
+    assert all(np.array_equal(loaded[n], a) for n, a in arrays.items())
+
+
 def test_the_writer_refuses_a_made_array_unlike_its_spec(tmp_path):
     with pytest.raises(WeightsError, match=r"'?w'? was made as float64\[2\], but the file's header says "
                                            r"float32\[2\]"):
