@@ -174,7 +174,8 @@ def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[
 
     def make(name: str) -> np.ndarray:
         ran.append(name)
-        return contiguous(weights[name]) if name in ordered else folded.make(name)
+        # a view out of order as it is: the file's writer puts it in order a band at a time (``in_order_bands``)
+        return weights[name] if name in ordered else folded.make(name)
     specs = {name: (t.dtype.numpy, tuple(t.shape)) for name, t in types.items()}
     made = prepared_arrays(_recipe(graph, types, leaves, views), specs, make, sources)
     if made is None:

@@ -130,6 +130,23 @@ def test_the_writer_streams_one_tensor_at_a_time_into_a_standard_file(tmp_path):
         assert files[name].size == 0 or files[name].ctypes.data % files[name].itemsize == 0, name
 
 
+def test_the_writer_puts_a_transpose_in_order_a_band_at_a_time(tmp_path):
+    """A made array out of order (a checkpoint's transposed weight) is written
+    in C order without a copy of its size held: in a new process each page
+    of one is a fault to take (``weights.in_order_bands``)."""
+    import tracemalloc
+    source = np.arange(512 * 2048, dtype=np.float32).reshape(512, 2048)
+    view = source.T   # [2048, 512], 4 MiB, out of order
+    tracemalloc.start()
+    try:
+        write_safetensors(tmp_path / "t.safetensors", {"t": (view.dtype, view.shape)}, lambda name: view)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < view.nbytes // 4, peak   # a band of 256 rows, 512 KiB: not the whole 4 MiB
+    np.testing.assert_array_equal(safetensors.numpy.load_file(str(tmp_path / "t.safetensors"))["t"], view)
+
+
 def test_the_writer_starts_each_tensors_writeback_as_it_is_written_and_still_syncs_the_file(tmp_path, monkeypatch):
     """Each tensor's bytes are handed to the disk as soon as they are written
     (``files.start_writeback``), and the whole file is still ``fsync``ed
