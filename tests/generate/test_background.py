@@ -2,9 +2,7 @@
 and runs (``generate/background.py``): concurrently where the backend says
 it may (``Backend.compiles_concurrently``), with the same tokens, the same
 errors, and the step's compile always closed and its thread always ended."""
-import sys
 import threading
-import time
 
 import pytest
 
@@ -74,24 +72,6 @@ def tiny():
     return model, weights_of(model)
 
 
-def _waiting_in_main(function: str) -> bool:
-    """Whether the main thread is now inside a call of ``function``."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None and frame.f_code.co_name != function:
-        frame = frame.f_back
-    return frame is not None
-
-
-def _until(condition) -> bool:
-    """Polls ``condition`` for up to ``WAIT_S``: whether it came true."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
-
-
 def test_the_decode_step_compiles_while_the_prefill_runs(gated, tiny):
     """The decode step's compile waits until the prefill has run, and the
     prefill's run until that compile has begun: compiled one after the
@@ -102,9 +82,6 @@ def test_the_decode_step_compiles_while_the_prefill_runs(gated, tiny):
         began.set()
         if not ran.wait(WAIT_S):
             raise AssertionError("the prefill did not run while the decode step compiled")
-        # and ends only once the first step waits for it, so that wait is there to be counted
-        if not _until(lambda: _waiting_in_main("result")):
-            raise AssertionError("the first decode step never waited for its compile")
 
     def prefill_run():
         ran.set()
@@ -160,8 +137,8 @@ def test_the_decode_step_is_closed_when_the_prefill_raises(gated, tiny, where, e
     assert len(decode) == 1 and decode[0] in gated.closed
 
 
-class ConcurrentOrt(OrtBackend):
-    compiles_concurrently = True   # ONNX Runtime's sessions made in two threads (ort-cpu makes them in one)
+class SequentialOrt(OrtBackend):
+    compiles_concurrently = False   # the decode step compiled before the prefill, in one thread, as before
 
 
 @pytest.mark.parametrize("rows", [1, 4])
@@ -170,12 +147,12 @@ def test_ort_generates_the_same_tokens_with_the_decode_compiled_concurrently(row
     model = build_model("llama-tiny", {"layers": "1"})
     weights = weights_of(model)
     prompts = [[5, 17, 99, 3], [200, 1, 64, 9], [7, 7, 2, 11], [30, 31, 32, 33]][:rows]   # one length: one graph
-    before = generate(model, weights, prompts, 5, backend="ort-cpu", form=form)
-    register("ort-concurrent", ConcurrentOrt)
+    register("ort-sequential", SequentialOrt)
     try:
-        after = generate(model, weights, prompts, 5, backend="ort-concurrent", form=form)
+        before = generate(model, weights, prompts, 5, backend="ort-sequential", form=form)
     finally:
-        unregister("ort-concurrent")
+        unregister("ort-sequential")
+    after = generate(model, weights, prompts, 5, backend="ort-cpu", form=form)
     assert after.tokens == before.tokens
     assert before.decode_wait_s == 0   # compiled before the prefill: nothing left to wait for after it
 

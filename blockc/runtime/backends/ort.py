@@ -45,12 +45,10 @@ class OrtBackend(Backend):
 
     variants = ("basic", "all")
     kernel_variant = "basic"   # blockc's fused ops as written, not ONNX Runtime's re-fusions
-    # Not beside the prefill: creating a session and running one release the GIL and are thread-safe, but
-    # the prefill's run already takes every core it is given, so the decode step's session (its prepacking
-    # at 4 rows) took its time out of the prefill's: on 2 cores the start halved and the first token came
-    # later by as much, the time to the second token unchanged (docs/PERFORMANCE.md, "The decode step
-    # compiled beside the prefill"). Two compiler processes of one thread each do overlap (GeneratedCuda).
-    compiles_concurrently = False
+    # Creating an InferenceSession (its optimizations, prepacking the weights) and running one release the
+    # GIL, and ONNX Runtime documents both as thread-safe; the caches a session is made from (the weightless
+    # export, the folded merges) are built under file locks, which two threads hold apart as two processes.
+    compiles_concurrently = True
     # The session reads the caller's arrays (``OrtSession``); ONNX Runtime adds its prepacked matmul weights and
     # folded constants (a transposed tied head). Kept from the serialized days' measurement: an upper bound.
     weight_copies = 2.0
