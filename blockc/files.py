@@ -15,9 +15,7 @@
   (``remove_stale_partials``) without touching a live writer's files.
 * ``cache_root``: the one cache folder (``$BLOCKC_CACHE``, else
   ``$XDG_CACHE_HOME/blockc``, else ``~/.cache/blockc``); ``cached_file``
-  builds an entry in it under a lock (an ``flock`` on a descriptor of its
-  own: two threads of one process wait for each other as two processes do),
-  renames it into place when complete,
+  builds an entry in it under a lock, renames it into place when complete,
   records its size and SHA-256 beside it (or, for a large entry, what
   ``stat`` says of it), and rebuilds an entry that no longer matches (a
   truncated or corrupted file). The cache holds at most ``cache_limit()``
@@ -50,7 +48,6 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -614,10 +611,8 @@ def _build(path: Path, stamp: Path, make: Callable[[Path], None], verify: str) -
 
 
 # What each kind of cached artifact did in this process: CACHE_COUNTS[kind, "hit" | "miss"] (tests and
-# benches read it). Counted under a lock: two threads read entries at once (generation compiles its decode
-# step beside the prefill), and a Counter's ``+=`` is a read and a write another thread may come between.
+# benches read it)
 CACHE_COUNTS: Counter = Counter()
-_COUNTING = threading.Lock()
 
 
 def cache_key(*parts: str | bytes) -> str:
@@ -663,8 +658,7 @@ def cached_entry(kind: str, key: str, name: str, write: Callable[[Path], None], 
                 entry.with_name(entry.name + ".ok").unlink()
             continue
         use.close()   # what read kept of the entry takes its own EntryUse (frontends/prepared.py)
-        with _COUNTING:
-            CACHE_COUNTS[kind, "miss" if made else "hit"] += 1
+        CACHE_COUNTS[kind, "miss" if made else "hit"] += 1
         return value
     raise AssertionError("unreachable")
 

@@ -231,36 +231,3 @@ def test_a_failed_lock_names_its_file_and_blames_the_filesystem_only_when_it_is_
     assert str(e.value).startswith(f"cannot lock {lock}: {os.strerror(getattr(errno, code))}")
     assert ("its filesystem gives no working flock; set BLOCKC_CACHE to a folder on a local disk" in str(e.value)) \
         == hinted, str(e.value)
-
-
-def test_two_threads_reading_one_missing_entry_build_it_once_and_both_read_it(tmp_path, monkeypatch):
-    """``cached_entry``'s lock is an ``flock`` on a descriptor of each call's
-    own, so two threads of one process (generation's prefill and its decode
-    step, compiled beside it) wait for each other as two processes do; and
-    both are counted. The first build waits until the second thread has
-    asked for the entry too."""
-    import threading
-
-    from blockc import files
-    monkeypatch.setenv("BLOCKC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(files, "CACHE_COUNTS", files.Counter())
-    building, second_asks, builds = threading.Event(), threading.Event(), []
-
-    def write(tmp):
-        builds.append(threading.current_thread().name)
-        building.set()
-        assert second_asks.wait(20), "the second thread never asked"
-        tmp.write_bytes(b"made once")
-    got = {}
-
-    def read_entry(name):
-        if name == "second":
-            second_asks.set()
-        got[name] = files.cached_entry("test", "k", "entry.bin", write, lambda path: path.read_bytes())
-    first = threading.Thread(target=read_entry, args=("first",), name="first")
-    first.start()
-    assert building.wait(20)
-    read_entry("second")   # while the first builds
-    first.join()
-    assert builds == ["first"] and got == {"first": b"made once", "second": b"made once"}
-    assert files.CACHE_COUNTS == {("test", "miss"): 1, ("test", "hit"): 1}

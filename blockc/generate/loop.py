@@ -34,7 +34,6 @@ prompt and the tokens picked so far: ``sampling.greedy`` and
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -51,7 +50,6 @@ from ..passes.forms import form_of, to_form
 from ..passes.shard import shard
 from ..runtime.backend import CompileHints, make_backend
 from .agreement import RankDecisions
-from .background import CompileAhead
 from .cache import CacheKind, cache_length, cache_names, into_cache
 from .decoder import as_decoder
 from .sampling import greedy
@@ -70,16 +68,11 @@ class Generation:
     """What ``generate`` made: each prompt's new ids (up to and including
     a stop id where one came), and how long it took. ``first_token_s``: from
     the prefill's start to the first tokens picked; ``step_s``: each decode
-    step, feeds to picked tokens; ``compile_s``: tracing both graphs and
-    compiling, once, until the prefill can run; ``load_s``: loading the
-    weights, as the caller measured it (``generate(..., load_s=)``);
-    ``form``: the graph form that ran. What a user waits for is
-    ``whole_s``: the start (``start_s``: loading and compiling) and the
-    generation. Where the backend compiles the decode step in a second
-    thread while the prefill compiles and runs (``background.CompileAhead``),
-    what the run still had to wait for it after the prefill is
-    ``decode_wait_s``: counted in the first decode step's time
-    (``step_s[0]``), or, where no step ran, at the end (in ``whole_s``)."""
+    step, feeds to picked tokens; ``compile_s``: tracing and compiling both
+    graphs, once, before any of it; ``load_s``: loading the weights, as the
+    caller measured it (``generate(..., load_s=)``); ``form``: the graph
+    form that ran. What a user waits for is ``whole_s``: the start
+    (``start_s``: loading and compiling) and the generation."""
 
     tokens: list[list[int]]
     first_token_s: float
@@ -88,17 +81,16 @@ class Generation:
     backend: str = ""
     form: str = ""
     load_s: float = 0.0
-    decode_wait_s: float = 0.0
 
     @property
     def start_s(self) -> float:
-        """Loading the weights and compiling: all before the prefill runs."""
+        """Loading the weights and compiling both graphs: before the first token is asked for."""
         return self.load_s + self.compile_s
 
     @property
     def whole_s(self) -> float:
         """The start, the first token and every decode step: the whole run."""
-        return self.start_s + self.first_token_s + sum(self.step_s) + (0.0 if self.step_s else self.decode_wait_s)
+        return self.start_s + self.first_token_s + sum(self.step_s)
 
     @property
     def step_median_s(self) -> float | None:
@@ -122,12 +114,12 @@ class Generation:
     def from_json(cls, d: dict) -> "Generation":
         """The ``Generation`` that ``as_json`` wrote (a tensor-parallel rank's, read by its launcher)."""
         return cls(d["tokens"], d["first_token_s"], d["step_s"], d["compile_s"], d["backend"], d["form"],
-                   d["load_s"], d["decode_wait_s"])
+                   d["load_s"])
 
     def as_json(self) -> dict:
         return {"backend": self.backend, "form": self.form, "tokens": self.tokens, "whole_s": self.whole_s,
                 "start_s": self.start_s, "load_s": self.load_s, "compile_s": self.compile_s,
-                "decode_wait_s": self.decode_wait_s, "first_token_s": self.first_token_s, "step_s": self.step_s,
+                "first_token_s": self.first_token_s, "step_s": self.step_s,
                 "step_median_s": self.step_median_s, "step_p90_s": self.step_p90_s,
                 "tokens_per_s": self.tokens_per_s}
 
@@ -252,20 +244,19 @@ def generate(model: DecoderLM, weights: Mapping[str, np.ndarray], prompts: Seque
     (prefill_graph, prefill_weights), (decode_graph, decode_weights) = \
         _graphs(steps, weights, form, names.pairs, rank_of, pad_vocab)
     # the prefill runs once; each decode step multiplies one row a prompt by every weight: a backend may use
-    # that, or not. The decode step compiles in a second thread where the backend allows it, begun first, while
-    # the prefill compiles and runs; the first decode step waits for what is left of it.
-    decode = CompileAhead(target, decode_graph, decode_weights, CompileHints(rows=len(prompts))) \
-        if decode_graph is not None else None
-    with decode or contextlib.nullcontext(), \
-            target.compile_hinted(prefill_graph, prefill_weights, CompileHints(runs=1)) as prefill:
-        if decode is not None:
-            decode.compile_unless_ahead()   # a backend that cannot compile it beside: now, in the start, as before
-        compile_s = time.perf_counter() - t0
-        loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length,
-                          ranks=RankDecisions(rank_of[0]) if rank_of is not None and rank_of[1] > 1 else None)
-        made = loop.run(prefill, decode)
-    return replace(made, compile_s=compile_s, backend=target.name, form=form, load_s=load_s,
-                   decode_wait_s=decode.waited_s if decode is not None else 0.0)
+    # that, or not
+    with target.compile_hinted(prefill_graph, prefill_weights, CompileHints(runs=1)) as prefill:
+        decode = target.compile_hinted(decode_graph, decode_weights, CompileHints(rows=len(prompts))) \
+            if decode_graph is not None else None
+        try:
+            compile_s = time.perf_counter() - t0
+            loop = DecodeLoop(model.cfg.vocab, names, pick, criteria, on_token, prompts, length,
+                              ranks=RankDecisions(rank_of[0]) if rank_of is not None and rank_of[1] > 1 else None)
+            return replace(loop.run(prefill, decode), compile_s=compile_s, backend=target.name, form=form,
+                           load_s=load_s)
+        finally:
+            if decode is not None:
+                decode.close()
 
 
 def _rank_part(graph, weights: dict, rank_of, pad_vocab: bool, names: list, split: dict | None = None):
@@ -412,8 +403,7 @@ class DecodeLoop:
                 self.new[row].append(int(token))
                 self.history[row].append(int(token))
 
-    def run(self, prefill, decode: CompileAhead | None) -> Generation:
-        """The prefill, then the decode steps (``decode``: the step's compile, waited for at the first)."""
+    def run(self, prefill, decode) -> Generation:
         self.criteria.begin()
         start = time.perf_counter()
         ids, self.mask, self.positions = left_pad(self.prompts)
@@ -423,18 +413,15 @@ class DecodeLoop:
             self._decode(decode, out)
         return Generation(self.new, self.first_token_s, self.step_s)
 
-    def _decode(self, later: CompileAhead, out) -> None:
-        # the first step's time holds the wait for the step's compile (``decode_wait_s`` too) and the cache's setup
-        start = time.perf_counter()
-        decode = later.get()
+    def _decode(self, decode, out) -> None:
         pairs = self.names.pairs
         state = {past: out[present] if self.cache_len is None else into_cache(out[present], self.cache_len)
                  for past, present in pairs}
         self.positions = self.positions[:, -1:]
         with decode.cached({present: past for past, present in pairs}, state) as step:
             while not self.done.all():
+                start = time.perf_counter()
                 self.mask = np.concatenate([self.mask, np.ones((len(self.prompts), 1), np.int64)], axis=1)
                 self.positions = self.positions + 1
                 out = step.run(self.names.feeds(self.chosen[:, None], self.mask, self.positions))
                 self.step_s.append(self.take(out["logits"][:, -1], start))
-                start = time.perf_counter()

@@ -113,17 +113,13 @@ class TextLines:
 def format_timings(gen: Generation) -> str:
     """The whole run first, then its parts: the start (loading the weights,
     compiling), the time to first token, each decode step's median and p90,
-    the wait for the decode step's compile where there was one
-    (``Generation.decode_wait_s``), tokens per second while generating."""
+    tokens per second while generating."""
     lines = [f"whole run {gen.whole_s:.2f} s: start {gen.start_s:.2f} s (load {gen.load_s:.2f} s, compile "
              f"{gen.compile_s:.2f} s), then {gen.whole_s - gen.start_s:.2f} s generating",
              f"time to first token {gen.first_token_s * 1e3:.2f} ms"]
     if gen.step_s:
         lines.append(f"decode step {gen.step_median_s * 1e3:.2f} ms median, {gen.step_p90_s * 1e3:.2f} ms p90 "
                      f"over {len(gen.step_s)} steps")
-    if gen.decode_wait_s:   # the decode step compiled beside the prefill: what was still left of it after
-        lines.append(f"waited {gen.decode_wait_s * 1e3:.2f} ms for the decode step's compile after the prefill ("
-                     + ("in the first step's time)" if gen.step_s else "at the end)"))
     total = sum(len(t) for t in gen.tokens)
     prompts = f"{len(gen.tokens)} prompt{'' if len(gen.tokens) == 1 else 's'}"
     lines.append(f"{total} tokens at {gen.tokens_per_s:.1f} tokens/s ({prompts} batched, on {gen.backend}"

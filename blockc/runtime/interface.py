@@ -206,12 +206,6 @@ class Backend:
     kernel_variant: str | None = None    # the variant compare times fused kernels alone on; None: not here
     clock = HOST_CLOCK                   # how a run is timed, in words (compare's report records it)
     on_gpu = False                       # runs on a GPU (compare's report names the GPU)
-    # Whether ``compile`` may run in a second thread while this process compiles or runs another graph on
-    # the same backend (generation compiles its decode step while the prefill is compiled and runs:
-    # ``generate/background.py``). Declared True only where it is safe and pays: the compile waits with the
-    # GIL released (a runtime's session creation, a compiler's child process) and touches no process-wide
-    # state another compile or run changes.
-    compiles_concurrently = False
     # For planning memory (``compare/memory.py``), measured per backend on a 2-layer GPT-2 at batch 8,
     # seq 512 (resident memory after compiling, then after one run), 1 and 1 where unmeasured: the
     # host copies of the weights a compiled graph keeps beside the caller's, and how many times its

@@ -51,18 +51,6 @@ def test_the_whole_run_is_the_headline_with_the_start_apart():
     assert (got["whole_s"], got["start_s"], got["load_s"], got["compile_s"]) == pytest.approx((0.79, 0.75, 0.25, 0.5))
 
 
-def test_the_wait_for_the_decode_steps_compile_is_shown_and_kept():
-    """Counted in the first step where a step ran (``whole_s`` holds it once), at the end where none did."""
-    gen = Generation([[1, 2, 3]], 0.010, [0.130, 0.010], 0.5, "ort-cpu", load_s=0.25, decode_wait_s=0.120)
-    assert "waited 120.00 ms for the decode step's compile after the prefill (in the first step's time)" \
-        in format_timings(gen).splitlines()
-    assert gen.whole_s == pytest.approx(0.25 + 0.5 + 0.010 + 0.140)
-    assert Generation.from_json(gen.as_json()) == gen and gen.as_json()["decode_wait_s"] == 0.120
-    alone = Generation([[1]], 0.010, [], 0.5, "ort-cpu", decode_wait_s=0.120)
-    assert "(at the end)" in format_timings(alone) and alone.whole_s == pytest.approx(0.5 + 0.010 + 0.120)
-    assert "waited" not in format_timings(Generation([[1, 2]], 0.010, [0.010], 0.5, "reference"))
-
-
 def test_generate_counts_the_callers_load_in_the_start():
     from blockc.frontends import build_model, init_weights
     from blockc.generate import generate

@@ -103,10 +103,6 @@ class GeneratedCuda(Backend):
     """What the GPU and the emulated backend share."""
 
     kernel_variant = ""   # compare times fused kernels alone here
-    # Compiling is generating the source (Python), then a g++ or nvcc child process (most of the time,
-    # the GIL released while it runs) into a build cache entry under its own file lock, and writing the
-    # weights into a temporary folder of its own: nothing another compile or run in this process shares.
-    compiles_concurrently = True
     build_copies = 3.0    # packing the weights into the model's blob: 2.92x more at its peak, measured on the emulator
 
     def supports(self, form):

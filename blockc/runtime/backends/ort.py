@@ -45,10 +45,6 @@ class OrtBackend(Backend):
 
     variants = ("basic", "all")
     kernel_variant = "basic"   # blockc's fused ops as written, not ONNX Runtime's re-fusions
-    # Creating an InferenceSession (its optimizations, prepacking the weights) and running one release the
-    # GIL, and ONNX Runtime documents both as thread-safe; the caches a session is made from (the weightless
-    # export, the folded merges) are built under file locks, which two threads hold apart as two processes.
-    compiles_concurrently = True
     # The session reads the caller's arrays (``OrtSession``); ONNX Runtime adds its prepacked matmul weights and
     # folded constants (a transposed tied head). Kept from the serialized days' measurement: an upper bound.
     weight_copies = 2.0

@@ -14,9 +14,6 @@ class TorchBackend(Backend):
     ``torch.compile`` (one compile per shape)."""
 
     runs = "one torch call per IR node"   # what the module is, for ``detail``
-    # Not concurrently: a session sets torch's thread count for the process while it runs
-    # (``torch.set_num_threads``), and torch.compile's tracing (dynamo) is not thread-safe.
-    compiles_concurrently = False
 
     def __init__(self, *, compile: bool = False):
         self.compile_module = compile

@@ -9,8 +9,6 @@ class ReferenceBackend(Backend):
     """The numpy interpreter, one numpy call per IR node: in the graph's own
     dtypes, or with ``float64=True`` in float64 (the oracle)."""
 
-    compiles_concurrently = False   # its compile keeps the graph and the weights: nothing to overlap
-
     def __init__(self, *, float64: bool = False):
         self.float64 = float64
         # it reads the caller's arrays as they are; in float64 it widens each (float32 -> twice the bytes)
