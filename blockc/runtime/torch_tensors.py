@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from ..frontends.weights import contiguous
 from ..ir.dtypes import DType
 
 TORCH_DTYPES = {
@@ -22,7 +23,9 @@ def to_torch(array: np.ndarray, dtype: DType, *, copy: bool) -> torch.Tensor:
         array, copy = array.astype(dtype.numpy), False
     if dtype == DType.bfloat16:
         array = array.view(np.int16)
-    if copy or not array.flags.writeable or not array.flags.c_contiguous:
+    if not array.flags.c_contiguous:   # a checkpoint's transposed view: put in order tile by tile, a new array
+        array = contiguous(array)
+    elif copy or not array.flags.writeable:
         array = np.array(array, order="C")
     t = torch.from_numpy(array)
     return t.view(torch.bfloat16) if dtype == DType.bfloat16 else t

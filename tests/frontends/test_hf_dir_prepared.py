@@ -238,3 +238,21 @@ def test_generation_under_a_cap_smaller_than_its_prepared_weights_is_hugging_fac
         model, weights = load(path)
         with pytest.warns(UncachedWeightsWarning, match="BLOCKC_CACHE_MAX"):
             assert generate(model, weights, prompt, new).tokens == [expected], run
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_other_backends_take_the_checkpoints_views_in_order(copy_of, fresh_cache, not_racy, family):
+    """torch's tensors and the generated CUDA's weights blob of a checkpoint's
+    out-of-order views hold the values the state-dict path makes in memory."""
+    from blockc.codegen.cuda.build import weights_blob
+    from blockc.ir.dtypes import DType
+    from blockc.runtime.torch_tensors import to_torch
+    path = copy_of(family)
+    model, got = load(path)
+    expected = want(family, path, model)
+    views = [name for name, a in got.items() if not a.flags.c_contiguous]
+    assert views   # the point: transposed (llama) or cut to columns (gpt2)
+    for name in views:
+        np.testing.assert_array_equal(to_torch(got[name], DType.from_numpy(got[name].dtype), copy=False).numpy(),
+                                      expected[name], err_msg=name)
+    assert weights_blob([(n, got[n]) for n in views]) == weights_blob([(n, expected[n]) for n in views])

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...errors import BlockcError
 from ...files import cache_key, cache_root, replace_together, user_mode
+from ...frontends.weights import contiguous
 from . import toolchain
 from .kernels.elementwise import ELEMENTWISE
 from .kernels.gemm import EMULATED_GEMM, GPU_GEMM, GemmChoice
@@ -43,7 +44,7 @@ def weights_blob(params: list) -> bytes:
     header = b"BLKCWTS1" + struct.pack("<Q", len(params))
     table, chunks, offset = [], [], 0
     for _, array in params:
-        data = np.ascontiguousarray(array).tobytes()
+        data = contiguous(array).tobytes()   # a checkpoint's transposed view, tile by tile
         table.append(struct.pack("<QQ", offset, len(data)))
         pad = (-len(data)) % 256
         chunks.append(data + b"\0" * pad)
