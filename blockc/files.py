@@ -124,7 +124,9 @@ def writes_through(target: str) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
-SYNC_FILE_RANGE_WRITE = 2   # Linux's <fcntl.h>: start writing the dirty pages of the range, wait for none
+# Linux's <fcntl.h>: start writing the dirty pages of the range, normally waiting for none (a full device
+# queue can block it)
+SYNC_FILE_RANGE_WRITE = 2
 
 
 @functools.cache
@@ -140,9 +142,10 @@ def _sync_file_range():
 
 def start_writeback(f: IO, start: int, length: int) -> None:
     """Have the OS start writing bytes ``[start, start + length)`` of the
-    file open as ``f`` to its disk now, without waiting for them. A file
-    written a part at a time (``weights.write_safetensors``) is on disk as it
-    is written, while the next part is made, so the ``fsync`` that must come
+    file open as ``f`` to its disk now, normally without waiting for them
+    (a full device queue can make it block). A file written a part at a
+    time (``weights.write_safetensors``) is on disk as it is written, while
+    the next part is made, so the ``fsync`` that must come
     before its rename (``atomic_write``, ``cached_entry``: a crash never
     leaves a whole-looking entry that is not) waits for little (a 384 MB
     file: 0.2 s of ``fsync`` to 0.01 s, measured). A hint alone: nothing

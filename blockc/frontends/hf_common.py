@@ -116,24 +116,21 @@ class Take:
 
     def view(self, tensor: Any) -> np.ndarray:
         """The stored tensor as the parameter reads it, in its stored dtype and
-        without a copy: transposed or cut to columns it is not C-ordered. A
-        runtime that wants it in order makes that copy once, into its cache,
-        beside the merges it folds over such views (``runtime/folded_params.py``):
-        so a checkpoint's q/k/v bytes are written once, merged, not also as
-        transposed copies that no session reads."""
-        return self._cut(to_numpy(tensor))
-
-    def apply(self, tensor: Any, dtype: DType) -> np.ndarray:
-        # no copy where none is needed: a checkpoint's own tensor stays a view of its file (a runtime maps it)
-        return contiguous(self._cut(to_numpy(tensor))).astype(dtype.numpy, copy=False)
-
-    def _cut(self, array: np.ndarray) -> np.ndarray:
-        """The stored tensor as the parameter reads it, a view: transposed, then the columns."""
+        without a copy: transposed, then cut to its columns (out of C order
+        where either applies). A runtime that wants it in order makes that
+        copy once, into its cache, beside the merges it folds over such views
+        (``runtime/folded_params.py``): so a checkpoint's q/k/v bytes are
+        written once, merged, not also as transposed copies that no session reads."""
+        array = to_numpy(tensor)
         if self.transpose:
             array = array.T
         if array.ndim and (self.start, self.stop) != (0, array.shape[-1]):
             array = array[..., self.start:self.stop]
         return array
+
+    def apply(self, tensor: Any, dtype: DType) -> np.ndarray:
+        """The parameter as a new array in C order and ``dtype`` (a cast, or a state dict's tensor in memory)."""
+        return contiguous(self.view(tensor)).astype(dtype.numpy, copy=False)
 
 
 def plan_checkpoint(shapes: Mapping[str, tuple], model: Model, layout: Layout, read: Callable[[str], Any],

@@ -326,13 +326,10 @@ def file_region(array: np.ndarray) -> FileRegion | None:
     ``SafetensorsFiles[name]`` hands out, reshaped or not); None for anything
     else (a copy, a transposed view, an array made in memory). The file must
     not change while the bytes are in use."""
-    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or array.nbytes == 0 \
-            or array.dtype.byteorder == ">":
+    view = file_view(array)   # the one rule for where an array lies in a file; a region is a view in order
+    if view is None or not array.flags.c_contiguous:
         return None
-    base = _file_map(array)
-    if base is None:
-        return None
-    return FileRegion(base.path, array.ctypes.data - base.address, array.nbytes)
+    return FileRegion(view.path, view.offset, array.nbytes)
 
 
 @dataclass(frozen=True)
