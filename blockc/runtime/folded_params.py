@@ -48,7 +48,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..frontends.prepared import prepared_arrays
-from ..frontends.weights import FileView, contiguous, file_region, file_view, mapped_files, release_pages
+from ..frontends.weights import (FileView, SideBySide, contiguous, file_region, file_view, mapped_files,
+                                release_pages)
 from ..ir.graph import Graph, Node, Value
 from ..ir.load_time import load_time_nodes
 from ..ir.printer import format_attrs
@@ -172,17 +173,31 @@ def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[
     sources = mapped_files(weights[p] for names in leaves.values() for p in names)
     ran = []
 
-    def make(name: str) -> np.ndarray:
+    def make(name: str) -> np.ndarray | SideBySide:
         ran.append(name)
-        # a view out of order as it is: the file's writer puts it in order a band at a time (``in_order_bands``)
-        return weights[name] if name in ordered else folded.make(name)
+        # a view out of order as it is, a merge of views not made whole: the file's writer puts each in order
+        # a band at a time (``in_order_bands``)
+        return weights[name] if name in ordered else _side_by_side(derived[name], weights) or folded.make(name)
     specs = {name: (t.dtype.numpy, tuple(t.shape)) for name, t in types.items()}
     made = prepared_arrays(_recipe(graph, types, leaves, views), specs, make, sources)
     if made is None:
         return graph, dict(weights)
+    made = {name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in made.items()}   # made in memory
     if ran:   # made on a miss, every byte of their sources was read through this process's map: not its memory
         release_pages(weights[p] for names in leaves.values() for p in names)
     return exported, {**{name: weights[name] for name in exported.params if name in weights}, **made}
+
+
+def _side_by_side(v: Value, weights: Mapping[str, np.ndarray]) -> SideBySide | None:
+    """``v`` as parameters side by side, where it is a concat of matrices
+    along their columns (a q/k/v or gate/up merge of a checkpoint's views),
+    of one dtype; else None (``FoldedParams.make`` makes it)."""
+    n = v.producer
+    if n.op != "concat" or len(v.shape) != 2 or n.attrs.get("axis") not in (1, -1) \
+            or any(i.kind != "param" for i in n.inputs):
+        return None
+    parts = tuple(np.asarray(weights[i.name]) for i in n.inputs)
+    return SideBySide(parts) if all(p.ndim == 2 and p.dtype == v.dtype.numpy for p in parts) else None
 
 
 def _recipe(graph: Graph, types: Mapping[str, object], leaves: Mapping[str, list[str]],

@@ -147,6 +147,28 @@ def test_the_writer_puts_a_transpose_in_order_a_band_at_a_time(tmp_path):
     np.testing.assert_array_equal(safetensors.numpy.load_file(str(tmp_path / "t.safetensors"))["t"], view)
 
 
+def test_matrices_side_by_side_are_written_a_band_at_a_time_and_made_whole_for_numpy(tmp_path):
+    """A merge of a checkpoint's transposed views (``SideBySide``: a q/k/v
+    concat along the columns) is written as the concat would be, without a
+    copy of its size held; numpy gets it made whole."""
+    import tracemalloc
+    from blockc.frontends.weights import SideBySide
+    rng = np.random.default_rng(0)
+    parts = tuple(rng.standard_normal((n, 2048), dtype=np.float32).T for n in (1024, 256, 256))   # [2048, n] views
+    merge = SideBySide(parts)
+    whole = np.concatenate(parts, axis=1)
+    assert merge.shape == whole.shape and merge.dtype == whole.dtype
+    np.testing.assert_array_equal(np.asarray(merge), whole)
+    tracemalloc.start()
+    try:
+        write_safetensors(tmp_path / "m.safetensors", {"m": (merge.dtype, merge.shape)}, lambda name: merge)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < whole.nbytes // 4, peak   # a band of 256 rows, 1.5 MiB: not the whole 12 MiB
+    np.testing.assert_array_equal(safetensors.numpy.load_file(str(tmp_path / "m.safetensors"))["m"], whole)
+
+
 def test_the_writer_starts_each_tensors_writeback_as_it_is_written_and_still_syncs_the_file(tmp_path, monkeypatch):
     """Each tensor's bytes are handed to the disk as soon as they are written
     (``files.start_writeback``), and the whole file is still ``fsync``ed
