@@ -130,28 +130,33 @@ def test_the_writer_streams_one_tensor_at_a_time_into_a_standard_file(tmp_path):
         assert files[name].size == 0 or files[name].ctypes.data % files[name].itemsize == 0, name
 
 
+def written_alone(path, made):
+    """``made`` written as the one tensor ``"t"`` of a new file at ``path``:
+    what the file holds, and the most memory numpy held meanwhile."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        write_safetensors(path, {"t": (made.dtype, made.shape)}, lambda name: made)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return safetensors.numpy.load_file(str(path))["t"], peak
+
+
 def test_the_writer_puts_a_transpose_in_order_a_band_at_a_time(tmp_path):
     """A made array out of order (a checkpoint's transposed weight) is written
     in C order without a copy of its size held: in a new process each page
     of one is a fault to take (``weights.in_order_bands``)."""
-    import tracemalloc
-    source = np.arange(512 * 2048, dtype=np.float32).reshape(512, 2048)
-    view = source.T   # [2048, 512], 4 MiB, out of order
-    tracemalloc.start()
-    try:
-        write_safetensors(tmp_path / "t.safetensors", {"t": (view.dtype, view.shape)}, lambda name: view)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    view = np.arange(512 * 2048, dtype=np.float32).reshape(512, 2048).T   # [2048, 512], 4 MiB, out of order
+    got, peak = written_alone(tmp_path / "t.safetensors", view)
     assert peak < view.nbytes // 4, peak   # a band of 256 rows, 512 KiB: not the whole 4 MiB
-    np.testing.assert_array_equal(safetensors.numpy.load_file(str(tmp_path / "t.safetensors"))["t"], view)
+    np.testing.assert_array_equal(got, view)
 
 
 def test_matrices_side_by_side_are_written_a_band_at_a_time_and_made_whole_for_numpy(tmp_path):
     """A merge of a checkpoint's transposed views (``SideBySide``: a q/k/v
     concat along the columns) is written as the concat would be, without a
     copy of its size held; numpy gets it made whole."""
-    import tracemalloc
     from blockc.frontends.weights import SideBySide
     rng = np.random.default_rng(0)
     parts = tuple(rng.standard_normal((n, 2048), dtype=np.float32).T for n in (1024, 256, 256))   # [2048, n] views
@@ -159,14 +164,9 @@ def test_matrices_side_by_side_are_written_a_band_at_a_time_and_made_whole_for_n
     whole = np.concatenate(parts, axis=1)
     assert merge.shape == whole.shape and merge.dtype == whole.dtype
     np.testing.assert_array_equal(np.asarray(merge), whole)
-    tracemalloc.start()
-    try:
-        write_safetensors(tmp_path / "m.safetensors", {"m": (merge.dtype, merge.shape)}, lambda name: merge)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    got, peak = written_alone(tmp_path / "m.safetensors", merge)
     assert peak < whole.nbytes // 4, peak   # a band of 256 rows, 1.5 MiB: not the whole 12 MiB
-    np.testing.assert_array_equal(safetensors.numpy.load_file(str(tmp_path / "m.safetensors"))["m"], whole)
+    np.testing.assert_array_equal(got, whole)
 
 
 def test_the_writer_starts_each_tensors_writeback_as_it_is_written_and_still_syncs_the_file(tmp_path, monkeypatch):
