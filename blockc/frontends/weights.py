@@ -160,11 +160,7 @@ def in_order_bands(a: np.ndarray | SideBySide) -> Iterator[np.ndarray]:
     if a.flags.c_contiguous or a.ndim != 2:
         yield np.ascontiguousarray(a)
         return
-    band = np.empty((min(_TILE, a.shape[0]), a.shape[1]), a.dtype)
-    for i in range(0, a.shape[0], _TILE):
-        rows = band[:min(_TILE, a.shape[0] - i)]
-        _copy_tiles(a[i:i + _TILE], rows)
-        yield rows
+    yield from SideBySide((a,)).bands()   # one matrix side by side with nothing: the same band loop
 
 
 def _copy_tiles(a: np.ndarray, out: np.ndarray) -> None:

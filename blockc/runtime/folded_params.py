@@ -182,7 +182,7 @@ def folded_over_files(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[
     made = prepared_arrays(_recipe(graph, types, leaves, views), specs, make, sources)
     if made is None:
         return graph, dict(weights)
-    made = {name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in made.items()}   # made in memory
+    made = {name: np.asarray(a) for name, a in made.items()}   # a merge made in memory (SideBySide) made whole
     if ran:   # made on a miss, every byte of their sources was read through this process's map: not its memory
         release_pages(weights[p] for names in leaves.values() for p in names)
     return exported, {**{name: weights[name] for name in exported.params if name in weights}, **made}
